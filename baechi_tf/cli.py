@@ -1,0 +1,152 @@
+"""The ``baechi`` command (also ``python -m baechi_tf``).
+
+Subcommands:
+  place-json  place an op graph given as JSON (no TensorFlow needed)
+  place       place a TensorFlow GraphDef or MetaGraphDef with a cost profile
+
+Errors in the input end the command with one line on stderr and exit status 2; nothing is
+written to ``--out`` then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from typing import Optional, Sequence
+
+from baechi_tf.errors import BaechiError
+
+__all__ = ["main", "add_placement_arguments", "options_from_args"]
+
+# name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int,
+# and imports TensorFlow only inside run(), so that `baechi --help` stays fast.
+_SUBCOMMANDS = {
+    "place-json": ("baechi_tf.cli", "place an op graph given as JSON (no TensorFlow needed)"),
+    "place": ("baechi_tf.rewriter.cli_place", "place a TensorFlow GraphDef with a cost profile"),
+}
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every placing command shares."""
+    from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
+
+    defaults = PlacementOptions()
+    parser.add_argument(
+        "--placement_method",
+        default=defaults.placement_method,
+        choices=sorted(PLACEMENT_METHODS),
+        help="placement algorithm (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grouper",
+        default=defaults.grouper,
+        choices=("tf", "coplace"),
+        help="'tf': keep TF colocation groups together; 'coplace': also put an op with a single "
+        "consumer next to it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--placer_type",
+        default=defaults.placer_type,
+        choices=("default", "fusion"),
+        help="'fusion' places a graph in which connected ops of one group are fused first "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sct_threshold",
+        type=float,
+        default=defaults.sct_threshold,
+        help="m-SCT: an LP edge value at or below this makes a favourite child (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--lp_solver",
+        default=defaults.lp_solver,
+        choices=("auto", "mosek", "highs", "cvxopt"),
+        help="m-SCT's LP solver; 'auto' takes MOSEK when licensed, else HiGHS, else cvxopt "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--placer_memory_fraction",
+        type=float,
+        default=defaults.memory_fraction,
+        help="share of each device's memory the placer may fill, in (0, 1] (default: %(default)s)",
+    )
+
+
+def options_from_args(args: argparse.Namespace):
+    from baechi_tf.placer.pipeline import PlacementOptions
+
+    options = PlacementOptions(
+        placement_method=args.placement_method,
+        grouper=args.grouper,
+        placer_type=args.placer_type,
+        sct_threshold=args.sct_threshold,
+        lp_solver=args.lp_solver,
+        memory_fraction=args.placer_memory_fraction,
+    )
+    options.validate()
+    return options
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``place-json``."""
+    parser.add_argument("graph", metavar="GRAPH.json", help="op graph, devices and costs (schema in the README)")
+    add_placement_arguments(parser)
+    parser.add_argument(
+        "--out", metavar="P.json", help="write the placement and its figures here as JSON"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``place-json``: read, place, print the summary, write ``--out``."""
+    from baechi_tf._files import atomic_write
+    from baechi_tf.json_io import load_graph_json, result_to_json
+    from baechi_tf.placer.pipeline import place
+    from baechi_tf.report import summary_table
+
+    options = options_from_args(args)
+    graph, cluster = load_graph_json(args.graph)
+    result = place(graph, cluster, options)
+    print(summary_table(result))
+    if args.out:
+        atomic_write(args.out, json.dumps(result_to_json(result), indent=1, sort_keys=True) + "\n")
+        print(f"placement written to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="baechi",
+        description="Places the ops of a dataflow graph on several devices under each device's "
+        "memory limit, with the algorithms of Baechi (SoCC 2020).",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and timings")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in _SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(sp)
+        sp.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return importlib.import_module(args._module).run(args)
+    except BaechiError as e:
+        print(f"baechi {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"baechi {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

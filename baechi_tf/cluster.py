@@ -1,0 +1,233 @@
+"""Devices and the cost of moving bytes between them.
+
+A `Cluster` is a tuple of `Device` values and a linear communication cost per ordered pair of
+distinct devices: ``slope_us_per_byte * bytes + intercept_us`` microseconds (0 on one device).
+Devices of one TF task (one host) share the ``comm`` line; devices of different tasks pay
+``inter_task_comm`` when it is given. The default line is the original Baechi's,
+``0.0001754 x + 134`` (about 5.7 GB/s plus 134 us per message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Optional, Sequence
+
+from baechi_tf.errors import ConfigError
+
+__all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task"]
+
+GiB = 1 << 30
+
+_TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
+_DEVICE = re.compile(r"(?:^|/)device:([A-Za-z_]+):(\d+)$")
+
+
+def device_task(name: str) -> str:
+    """The task part of a device name, ``'/job:worker/replica:0/task:1'``, or ``''`` if none."""
+    m = _TASK.match(name)
+    if not m:
+        return ""
+    job, replica, task = m.group(1), m.group(2) or "0", m.group(3) or "0"
+    return f"/job:{job}/replica:{replica}/task:{task}"
+
+
+def _local_part(name: str) -> str:
+    """``'device:GPU:1'`` from any spelling of a device name (case of the type kept upper)."""
+    m = _DEVICE.search(name)
+    if m:
+        return f"device:{m.group(1).upper()}:{int(m.group(2))}"
+    short = re.fullmatch(r"/?([A-Za-z_]+):(\d+)", name.strip())
+    if short:
+        return f"device:{short.group(1).upper()}:{int(short.group(2))}"
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One placement target."""
+
+    name: str  # full TF device name, e.g. '/job:localhost/replica:0/task:0/device:GPU:0'
+    memory_bytes: int  # capacity the placer may fill
+    type: str = "GPU"  # 'GPU' or 'CPU'; decides which kernels can run here
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _DEVICE.search(self.name):
+            raise ConfigError(
+                f"device name {self.name!r} is malformed: use a TF device name such as "
+                "'/device:GPU:0' or '/job:worker/replica:0/task:1/device:GPU:0'"
+            )
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int):
+            if not (isinstance(self.memory_bytes, float) and self.memory_bytes.is_integer()):
+                raise ConfigError(
+                    f"device {self.name!r} has memory_bytes={self.memory_bytes!r}; give a whole "
+                    "number of bytes"
+                )
+            object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
+        if self.memory_bytes <= 0:
+            raise ConfigError(
+                f"device {self.name!r} has memory_bytes={self.memory_bytes}; give it a positive "
+                "capacity in bytes"
+            )
+
+    @property
+    def task(self) -> str:
+        return device_task(self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommCost:
+    """A linear transfer time: ``slope_us_per_byte * bytes + intercept_us`` microseconds."""
+
+    slope_us_per_byte: float = 0.0001754
+    intercept_us: float = 134.0
+
+    def __post_init__(self) -> None:
+        for field in ("slope_us_per_byte", "intercept_us"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"communication {field}={value!r} is not a number")
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(
+                    f"communication {field}={value!r}; it must be a finite number >= 0"
+                )
+
+    def __call__(self, nbytes: float) -> float:
+        return self.slope_us_per_byte * nbytes + self.intercept_us
+
+    @classmethod
+    def parse(cls, text: str) -> "CommCost":
+        """Parses ``'slope,intercept'`` as given to ``--comm_cost_coeffs``."""
+        parts = [p.strip() for p in str(text).split(",")]
+        try:
+            slope, intercept = (float(p) for p in parts)
+        except ValueError:
+            raise ConfigError(
+                f"communication cost {text!r} is not 'slope,intercept' (two numbers, e.g. "
+                "'0.0001754,134')"
+            ) from None
+        return cls(slope, intercept)
+
+
+DEFAULT_COMM = CommCost()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Devices and the communication cost between each ordered pair of them."""
+
+    devices: tuple[Device, ...]
+    comm: CommCost = DEFAULT_COMM  # cost between devices of one task (host)
+    inter_task_comm: Optional[CommCost] = None  # cost between tasks; None: same as `comm`
+
+    def __post_init__(self) -> None:
+        devices = tuple(self.devices)
+        object.__setattr__(self, "devices", devices)
+        if not devices:
+            raise ConfigError("the cluster has no devices; give at least one device")
+        if not all(isinstance(d, Device) for d in devices):
+            raise ConfigError("Cluster.devices must be Device values")
+        seen: dict[str, str] = {}
+        for d in devices:
+            key = self._key(d.name)
+            if key in seen:
+                raise ConfigError(
+                    f"devices {seen[key]!r} and {d.name!r} are the same device; list each once"
+                )
+            seen[key] = d.name
+        object.__setattr__(self, "_index", {self._key(d.name): i for i, d in enumerate(devices)})
+        tasks = [d.task for d in devices]
+        object.__setattr__(self, "_tasks", tuple(tasks))
+
+    @staticmethod
+    def _key(name: str) -> str:
+        return device_task(name) + "/" + _local_part(name)
+
+    @classmethod
+    def homogeneous(
+        cls,
+        num_devices: int,
+        memory_bytes: int,
+        *,
+        device_type: str = "GPU",
+        comm: CommCost = DEFAULT_COMM,
+        prefix: str = "",
+    ) -> "Cluster":
+        """`num_devices` devices named ``{prefix}/device:{type}:{i}`` with equal memory."""
+        if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+            raise ConfigError(f"num_devices={num_devices!r}; give at least one device")
+        return cls(
+            tuple(
+                Device(f"{prefix}/device:{device_type}:{i}", memory_bytes, device_type)
+                for i in range(num_devices)
+            ),
+            comm,
+        )
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    def link(self, src: int, dst: int) -> CommCost:
+        """The cost line between devices `src` and `dst` (indices, src != dst)."""
+        if self.inter_task_comm is not None and self._tasks[src] != self._tasks[dst]:  # type: ignore[attr-defined]
+            return self.inter_task_comm
+        return self.comm
+
+    def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
+        """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""
+        if src == dst:
+            return 0.0
+        return self.link(src, dst)(nbytes)
+
+    def find(self, name: str) -> Optional[int]:
+        """Index of the device called `name`, in any of TF's spellings, or None."""
+        index: dict[str, int] = self._index  # type: ignore[attr-defined]
+        key = self._key(name)
+        if key in index:
+            return index[key]
+        if not device_task(name):
+            # '/device:GPU:1' or 'GPU:1' matches the one device with that local part, if unique.
+            local = "/" + _local_part(name)
+            hits = [i for k, i in index.items() if k.endswith(local)]
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+    def device_index(self, name: str) -> int:
+        """Like `find`, but raises `ConfigError` listing the devices when there is none."""
+        i = self.find(name)
+        if i is None:
+            raise ConfigError(
+                f"device {name!r} is not in the cluster; the devices are "
+                f"{', '.join(repr(n) for n in self.names)}"
+            )
+        return i
+
+    def with_memory_fraction(self, fraction: float) -> "Cluster":
+        """A copy whose capacities are multiplied by `fraction` (0 < fraction <= 1)."""
+        if not (0 < fraction <= 1):
+            raise ConfigError(f"memory fraction {fraction!r} must be in (0, 1]")
+        return dataclasses.replace(
+            self,
+            devices=tuple(
+                dataclasses.replace(d, memory_bytes=max(1, int(d.memory_bytes * fraction)))
+                for d in self.devices
+            ),
+        )
+
+
+def cluster_from_names(
+    names: Sequence[str], memory_bytes: Sequence[int], comm: CommCost = DEFAULT_COMM
+) -> Cluster:
+    """A cluster of devices with the given names and capacities, type read from the name."""
+    devices = []
+    for name, mem in zip(names, memory_bytes):
+        m = _DEVICE.search(name)
+        devices.append(Device(name, mem, m.group(1).upper() if m else "GPU"))
+    return Cluster(tuple(devices), comm)

@@ -1,0 +1,435 @@
+"""`OpGraph`: the operators of a dataflow graph with their costs, as plain arrays.
+
+An `OpGraph` is what every placer, the simulator and the LP read. It knows nothing of TensorFlow:
+the TF importer (`baechi_tf.rewriter`) and the JSON reader (`baechi_tf.json_io`) both build one.
+
+Ops have integer ids ``0..num_ops-1``. Per op: ``compute_us``, ``output_bytes`` (one entry per
+output slot), ``temp_bytes`` (scratch memory while the op runs), ``persistent_bytes`` (memory held
+for the whole step, such as variables), an optional pinned device name and the TF colocation names
+of the op (``loc:@x`` without the prefix; empty when it has none).
+
+Edges are data edges, which carry the tensor ``(src, src_output)``, and control edges
+(``src_output == -1``), which carry no bytes but still cost a message between devices. Several
+consumers of one tensor share it: a tensor is sent to a device at most once. Tensors are numbered
+``0..num_tensors-1`` in the order of their first edge.
+
+The graph is immutable; derived arrays (adjacency in CSR form, topological order) are computed on
+first use and cached. Every traversal is iterative and linear in ops plus edges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from baechi_tf.errors import InvalidGraphError
+
+__all__ = ["CONTROL", "OpGraph", "OpGraphBuilder"]
+
+CONTROL = -1
+"""`src_output` of a control edge."""
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OpGraph:
+    """Ops and edges as arrays; build one with `OpGraphBuilder` or `OpGraph.from_arrays`."""
+
+    names: tuple[str, ...]
+    compute_us: np.ndarray  # float64 [num_ops], microseconds per step
+    output_bytes: tuple[tuple[int, ...], ...]  # per op, bytes of each output slot
+    temp_bytes: np.ndarray  # int64 [num_ops], scratch memory while the op runs
+    persistent_bytes: np.ndarray  # int64 [num_ops], memory held for the whole step
+    pinned_device: tuple[Optional[str], ...]  # device the user fixed, or None
+    colocation: tuple[tuple[str, ...], ...]  # TF colocation names of each op (may be empty)
+    edge_src: np.ndarray  # int32 [num_edges]
+    edge_dst: np.ndarray  # int32 [num_edges]
+    edge_src_output: np.ndarray  # int32 [num_edges], output slot of src, CONTROL for control
+    op_types: tuple[str, ...] = ()  # optional TF op type per op, for reports
+
+    @classmethod
+    def from_arrays(
+        cls,
+        names: Sequence[str],
+        compute_us: Sequence[float],
+        output_bytes: Sequence[Sequence[int]],
+        temp_bytes: Sequence[int] | None = None,
+        persistent_bytes: Sequence[int] | None = None,
+        pinned_device: Sequence[Optional[str]] | None = None,
+        colocation: Sequence[Sequence[str]] | None = None,
+        edge_src: Sequence[int] = (),
+        edge_dst: Sequence[int] = (),
+        edge_src_output: Sequence[int] = (),
+        op_types: Sequence[str] = (),
+        *,
+        validate: bool = True,
+    ) -> "OpGraph":
+        """Builds a graph from per-op sequences and edge index arrays; validates it by default."""
+        n = len(names)
+        graph = cls(
+            names=tuple(names),
+            compute_us=_frozen(np.asarray(compute_us, dtype=np.float64).reshape(-1)),
+            output_bytes=tuple(tuple(int(b) for b in outs) for outs in output_bytes),
+            temp_bytes=_frozen(_int_array(temp_bytes, n)),
+            persistent_bytes=_frozen(_int_array(persistent_bytes, n)),
+            pinned_device=tuple(pinned_device) if pinned_device is not None else (None,) * n,
+            colocation=(
+                tuple(tuple(c) for c in colocation) if colocation is not None else ((),) * n
+            ),
+            edge_src=_frozen(np.asarray(edge_src, dtype=np.int64).astype(np.int32)),
+            edge_dst=_frozen(np.asarray(edge_dst, dtype=np.int64).astype(np.int32)),
+            edge_src_output=_frozen(np.asarray(edge_src_output, dtype=np.int64).astype(np.int32)),
+            op_types=tuple(op_types),
+        )
+        if validate:
+            graph.validate()
+        return graph
+
+    # ---------------------------------------------------------------- sizes and lookups
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_src.shape[0])
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Op name -> op id."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    def op_id(self, name: str) -> int:
+        try:
+            return self.index[name]
+        except KeyError:
+            raise InvalidGraphError(f"no op named {name!r} in the graph") from None
+
+    @functools.cached_property
+    def output_total_bytes(self) -> np.ndarray:
+        """int64 [num_ops]: sum of an op's output slots."""
+        return _frozen(np.fromiter((sum(o) for o in self.output_bytes), np.int64, self.num_ops))
+
+    @functools.cached_property
+    def is_control(self) -> np.ndarray:
+        return _frozen(self.edge_src_output == CONTROL)
+
+    @functools.cached_property
+    def edge_bytes(self) -> np.ndarray:
+        """int64 [num_edges]: bytes of the tensor an edge carries (0 for control edges)."""
+        out = np.zeros(self.num_edges, dtype=np.int64)
+        for e in np.flatnonzero(~self.is_control):
+            out[e] = self.output_bytes[self.edge_src[e]][self.edge_src_output[e]]
+        return _frozen(out)
+
+    # ---------------------------------------------------------------- tensors
+
+    @functools.cached_property
+    def _tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        key_to_id: dict[tuple[int, int], int] = {}
+        edge_tensor = np.empty(self.num_edges, dtype=np.int32)
+        for e, (s, o) in enumerate(zip(self.edge_src.tolist(), self.edge_src_output.tolist())):
+            edge_tensor[e] = key_to_id.setdefault((s, o), len(key_to_id))
+        keys = np.array(list(key_to_id), dtype=np.int64).reshape(-1, 2)
+        return _frozen(edge_tensor), _frozen(keys[:, 0].astype(np.int32)), _frozen(
+            keys[:, 1].astype(np.int32)
+        )
+
+    @property
+    def edge_tensor(self) -> np.ndarray:
+        """int32 [num_edges]: the tensor id an edge carries."""
+        return self._tensors[0]
+
+    @property
+    def tensor_src(self) -> np.ndarray:
+        """int32 [num_tensors]: the op producing each tensor."""
+        return self._tensors[1]
+
+    @property
+    def tensor_src_output(self) -> np.ndarray:
+        """int32 [num_tensors]: output slot of each tensor, CONTROL for control messages."""
+        return self._tensors[2]
+
+    @property
+    def num_tensors(self) -> int:
+        return int(self.tensor_src.shape[0])
+
+    @functools.cached_property
+    def tensor_bytes(self) -> np.ndarray:
+        """int64 [num_tensors]."""
+        out = np.zeros(self.num_tensors, dtype=np.int64)
+        out[self.edge_tensor] = self.edge_bytes
+        return _frozen(out)
+
+    # ---------------------------------------------------------------- adjacency (CSR)
+
+    @functools.cached_property
+    def _out_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self.edge_src, self.num_ops)
+
+    @functools.cached_property
+    def _in_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        return _csr(self.edge_dst, self.num_ops)
+
+    def out_edges(self, op: int) -> np.ndarray:
+        """Edge ids leaving `op`, in edge-id order."""
+        ptr, idx = self._out_csr
+        return idx[ptr[op] : ptr[op + 1]]
+
+    def in_edges(self, op: int) -> np.ndarray:
+        """Edge ids entering `op`, in edge-id order."""
+        ptr, idx = self._in_csr
+        return idx[ptr[op] : ptr[op + 1]]
+
+    @functools.cached_property
+    def successors(self) -> tuple[tuple[int, ...], ...]:
+        """Distinct successor ops of each op, ascending."""
+        return _neighbours(self.edge_src, self.edge_dst, self.num_ops)
+
+    @functools.cached_property
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """Distinct predecessor ops of each op, ascending."""
+        return _neighbours(self.edge_dst, self.edge_src, self.num_ops)
+
+    # ---------------------------------------------------------------- order
+
+    @functools.cached_property
+    def topo_order(self) -> np.ndarray:
+        """int32 [num_ops]: Kahn's order, ties broken by op id. Raises on a cycle."""
+        order = _kahn(self.successors, self.predecessors, self.num_ops)
+        if len(order) < self.num_ops:
+            raise InvalidGraphError(self._cycle_message(set(range(self.num_ops)) - set(order)))
+        return _frozen(np.asarray(order, dtype=np.int32))
+
+    @functools.cached_property
+    def topo_index(self) -> np.ndarray:
+        """int32 [num_ops]: position of each op in `topo_order`."""
+        index = np.empty(self.num_ops, dtype=np.int32)
+        index[self.topo_order] = np.arange(self.num_ops, dtype=np.int32)
+        return _frozen(index)
+
+    def _cycle_message(self, stuck: set[int]) -> str:
+        # Every op left over by Kahn's algorithm has a predecessor that is left over too; walk
+        # predecessors until an op repeats, which closes a cycle.
+        start = min(stuck)
+        seen: dict[int, int] = {}
+        path: list[int] = []
+        op = start
+        while op not in seen:
+            seen[op] = len(path)
+            path.append(op)
+            op = next(p for p in self.predecessors[op] if p in stuck)
+        cycle = path[seen[op] :][::-1]
+        names = " -> ".join(repr(self.names[i]) for i in cycle + [cycle[0]])
+        return (
+            f"the graph has a cycle: {names}; remove one of its edges (loops must go through "
+            "NextIteration -> Merge, which is left out of the DAG)"
+        )
+
+    # ---------------------------------------------------------------- checks
+
+    def validate(self) -> None:
+        """Raises `InvalidGraphError` on a malformed graph.
+
+        Checks array lengths, unique op names, edges that point at missing ops or output slots,
+        self-loops, negative or non-finite costs and cycles (naming the ops on one).
+        """
+        n = self.num_ops
+        for field, value in (
+            ("compute_us", self.compute_us),
+            ("temp_bytes", self.temp_bytes),
+            ("persistent_bytes", self.persistent_bytes),
+        ):
+            if value.shape != (n,):
+                raise InvalidGraphError(f"{field} has {value.shape[0]} entries for {n} ops")
+        for field, value in (
+            ("output_bytes", self.output_bytes),
+            ("pinned_device", self.pinned_device),
+            ("colocation", self.colocation),
+        ):
+            if len(value) != n:
+                raise InvalidGraphError(f"{field} has {len(value)} entries for {n} ops")
+        if self.op_types and len(self.op_types) != n:
+            raise InvalidGraphError(f"op_types has {len(self.op_types)} entries for {n} ops")
+        if not (self.edge_src.shape == self.edge_dst.shape == self.edge_src_output.shape):
+            raise InvalidGraphError("edge_src, edge_dst and edge_src_output differ in length")
+        if len(self.index) != n:
+            seen: set[str] = set()
+            dup = next(x for x in self.names if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+            raise InvalidGraphError(f"op name {dup!r} is used by two ops; op names must be unique")
+        for i, name in enumerate(self.names):
+            if not isinstance(name, str) or not name:
+                raise InvalidGraphError(f"op {i} has no name; every op needs a non-empty name")
+        self._check_costs()
+        self._check_edges()
+        _ = self.topo_order  # raises on a cycle
+
+    def _check_costs(self) -> None:
+        bad = np.flatnonzero(~np.isfinite(self.compute_us) | (self.compute_us < 0))
+        if bad.size:
+            i = int(bad[0])
+            raise InvalidGraphError(
+                f"op {self.names[i]!r} has compute_us={self.compute_us[i]!r}; "
+                "compute times must be finite and >= 0 microseconds"
+            )
+        for field, value in (("temp_bytes", self.temp_bytes), ("persistent_bytes", self.persistent_bytes)):
+            bad = np.flatnonzero(value < 0)
+            if bad.size:
+                i = int(bad[0])
+                raise InvalidGraphError(
+                    f"op {self.names[i]!r} has {field}={int(value[i])}; memory sizes must be >= 0"
+                )
+        for i, outs in enumerate(self.output_bytes):
+            if any(b < 0 for b in outs):
+                raise InvalidGraphError(
+                    f"op {self.names[i]!r} has output_bytes={list(outs)}; sizes must be >= 0"
+                )
+
+    def _check_edges(self) -> None:
+        n = self.num_ops
+        for arr, end in ((self.edge_src, "source"), (self.edge_dst, "destination")):
+            bad = np.flatnonzero((arr < 0) | (arr >= n))
+            if bad.size:
+                e = int(bad[0])
+                raise InvalidGraphError(
+                    f"edge {e} has {end} op id {int(arr[e])}, but the graph has ops 0..{n - 1}: "
+                    "a dangling edge; drop it or add the op"
+                )
+        loops = np.flatnonzero(self.edge_src == self.edge_dst)
+        if loops.size:
+            name = self.names[int(self.edge_src[loops[0]])]
+            raise InvalidGraphError(f"op {name!r} has an edge to itself; remove it")
+        for e in np.flatnonzero(~self.is_control):
+            s, o = int(self.edge_src[e]), int(self.edge_src_output[e])
+            if o < 0 or o >= len(self.output_bytes[s]):
+                raise InvalidGraphError(
+                    f"edge {self.names[s]!r} -> {self.names[int(self.edge_dst[e])]!r} reads output "
+                    f"{o} of {self.names[s]!r}, which has {len(self.output_bytes[s])} outputs"
+                )
+
+
+def _int_array(values: Optional[Sequence[int]], n: int) -> np.ndarray:
+    if values is None:
+        return np.zeros(n, dtype=np.int64)
+    return np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(keys, kind="stable").astype(np.int32)
+    counts = np.bincount(keys, minlength=n) if keys.size else np.zeros(n, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return _frozen(ptr), _frozen(order)
+
+
+def _neighbours(frm: np.ndarray, to: np.ndarray, n: int) -> tuple[tuple[int, ...], ...]:
+    out: list[set[int]] = [set() for _ in range(n)]
+    for a, b in zip(frm.tolist(), to.tolist()):
+        out[a].add(b)
+    return tuple(tuple(sorted(s)) for s in out)
+
+
+def _kahn(succ: Sequence[Sequence[int]], pred: Sequence[Sequence[int]], n: int) -> list[int]:
+    indeg = [len(p) for p in pred]
+    heap = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        op = heapq.heappop(heap)
+        order.append(op)
+        for s in succ[op]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, s)
+    return order
+
+
+class OpGraphBuilder:
+    """Builds an `OpGraph` op by op, by name.
+
+    >>> b = OpGraphBuilder()
+    >>> b.add_op("a", compute_us=10, output_bytes=[400])
+    0
+    >>> b.add_op("b", compute_us=5)
+    1
+    >>> b.add_edge("a", "b")
+    >>> b.build().num_edges
+    1
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._ops: list[tuple] = []
+        self._edges: list[tuple[int, int, int]] = []
+        self._edge_keys: set[tuple[int, int, int]] = set()
+
+    def add_op(
+        self,
+        name: str,
+        compute_us: float = 0.0,
+        output_bytes: Iterable[int] = (),
+        temp_bytes: int = 0,
+        persistent_bytes: int = 0,
+        device: Optional[str] = None,
+        colocation: Iterable[str] = (),
+        op_type: str = "",
+    ) -> int:
+        """Adds an op and returns its id; raises `InvalidGraphError` on a repeated name."""
+        if name in self._ids:
+            raise InvalidGraphError(f"op name {name!r} is used by two ops; op names must be unique")
+        op = len(self._ops)
+        self._ids[name] = op
+        self._ops.append(
+            (name, compute_us, tuple(output_bytes), temp_bytes, persistent_bytes, device,
+             tuple(colocation), op_type)
+        )
+        return op
+
+    def _id(self, name: str, src: str, dst: str) -> int:
+        try:
+            return self._ids[name]
+        except KeyError:
+            raise InvalidGraphError(
+                f"edge {src!r} -> {dst!r} names op {name!r}, which is not in the graph: "
+                "add the op or drop the edge"
+            ) from None
+
+    def add_edge(self, src: str, dst: str, src_output: int = 0) -> None:
+        """Adds a data edge carrying output `src_output` of `src`; a repeat is ignored."""
+        self._add(self._id(src, src, dst), self._id(dst, src, dst), int(src_output))
+
+    def add_control_edge(self, src: str, dst: str) -> None:
+        """Adds a control edge: `dst` runs after `src`, no tensor flows."""
+        self._add(self._id(src, src, dst), self._id(dst, src, dst), CONTROL)
+
+    def _add(self, s: int, d: int, o: int) -> None:
+        key = (s, d, o)
+        if key not in self._edge_keys:
+            self._edge_keys.add(key)
+            self._edges.append(key)
+
+    def build(self) -> OpGraph:
+        cols = list(zip(*self._ops)) if self._ops else [()] * 8
+        edges = list(zip(*self._edges)) if self._edges else [(), (), ()]
+        return OpGraph.from_arrays(
+            names=cols[0],
+            compute_us=[float(x) for x in cols[1]],
+            output_bytes=cols[2],
+            temp_bytes=cols[3],
+            persistent_bytes=cols[4],
+            pinned_device=cols[5],
+            colocation=cols[6],
+            edge_src=edges[0],
+            edge_dst=edges[1],
+            edge_src_output=edges[2],
+            op_types=cols[7],
+        )

@@ -1,0 +1,202 @@
+"""Op graphs and placements as JSON, so that profiles from any framework can be placed.
+
+Input (see the README)::
+
+    {"devices": [{"name": "/device:GPU:0", "memory_bytes": 8589934592}, ...],
+     "comm": {"slope_us_per_byte": 0.0001754, "intercept_us": 134},
+     "ops": [{"name": "a", "compute_us": 12.5, "output_bytes": [4096], "temp_bytes": 0,
+              "persistent_bytes": 0, "colocation_group": "g1", "device": "/device:GPU:1"}],
+     "edges": [{"src": "a", "dst": "b", "src_output": 0}, {"src": "a", "dst": "c", "control": true}]}
+
+``comm``, ``temp_bytes``, ``persistent_bytes``, ``colocation_group``, ``device``, ``src_output``
+and ``control`` are optional. Every problem is a `BaechiError` whose message names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+from baechi_tf.cluster import Cluster, CommCost, Device
+from baechi_tf.errors import BaechiError, ConfigError, InvalidGraphError
+from baechi_tf.graph import OpGraph, OpGraphBuilder
+
+__all__ = ["load_graph_json", "parse_graph_json", "result_to_json"]
+
+_OP_KEYS = {
+    "name", "compute_us", "output_bytes", "temp_bytes", "persistent_bytes", "colocation_group",
+    "device", "type",
+}
+_EDGE_KEYS = {"src", "dst", "src_output", "control"}
+_DEVICE_KEYS = {"name", "memory_bytes", "type"}
+_TOP_KEYS = {"devices", "comm", "inter_host_comm", "ops", "edges"}
+
+
+def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
+    """Reads a graph file; raises `BaechiError` naming the file and the problem."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise BaechiError(f"cannot read {path!r}: {e.strerror}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise InvalidGraphError(f"{path!r} is not UTF-8 text; give a JSON graph file") from None
+    except json.JSONDecodeError as e:
+        raise InvalidGraphError(
+            f"{path!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    except ValueError as e:
+        raise InvalidGraphError(f"{path!r}: {e}") from None
+    try:
+        return parse_graph_json(doc)
+    except BaechiError as e:
+        raise type(e)(f"{os.path.basename(path)}: {e}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows; costs must be finite numbers")
+
+
+def _field(obj: Mapping[str, Any], key: str, where: str, kinds: tuple, required: bool = True, default=None):
+    if key not in obj:
+        if required:
+            raise InvalidGraphError(f"{where} has no {key!r}; add it")
+        return default
+    value = obj[key]
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidGraphError(f"{where} has {key}={value!r}; expected {_kind_names(kinds)}")
+    if not isinstance(value, kinds):
+        raise InvalidGraphError(f"{where} has {key}={value!r}; expected {_kind_names(kinds)}")
+    return value
+
+
+def _kind_names(kinds: tuple) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object", bool: "true or false"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _number(obj: Mapping[str, Any], key: str, where: str, required: bool = True, default=0):
+    value = _field(obj, key, where, (int, float), required, default)
+    if not math.isfinite(value) or value < 0:
+        raise InvalidGraphError(f"{where} has {key}={value!r}; it must be a finite number >= 0")
+    return value
+
+
+def _bytes(obj: Mapping[str, Any], key: str, where: str, required: bool = False) -> int:
+    value = _number(obj, key, where, required, 0)
+    if float(value) != int(value):
+        raise InvalidGraphError(f"{where} has {key}={value!r}; give a whole number of bytes")
+    return int(value)
+
+
+def _unknown(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise InvalidGraphError(
+            f"{where} has unknown field(s) {', '.join(map(repr, extra))}; allowed: "
+            f"{', '.join(sorted(allowed))}"
+        )
+
+
+def parse_graph_json(doc: Any) -> tuple[OpGraph, Cluster]:
+    """Builds the graph and cluster of a parsed JSON document."""
+    if not isinstance(doc, dict):
+        raise InvalidGraphError("the top level must be an object with 'devices', 'ops' and 'edges'")
+    _unknown(doc, _TOP_KEYS, "the graph")
+    cluster = _parse_cluster(doc)
+    builder = OpGraphBuilder()
+    ops = _field(doc, "ops", "the graph", (list,))
+    for i, op in enumerate(ops):
+        where = f"ops[{i}]"
+        if not isinstance(op, dict):
+            raise InvalidGraphError(f"{where} is not an object")
+        _unknown(op, _OP_KEYS, where)
+        name = _field(op, "name", where, (str,))
+        if not name:
+            raise InvalidGraphError(f"{where} has an empty name")
+        where = f"op {name!r}"
+        outputs = _field(op, "output_bytes", where, (list,), required=False, default=[])
+        out_bytes = [_bytes({"output_bytes": b}, "output_bytes", where, True) for b in outputs]
+        group = _field(op, "colocation_group", where, (str,), required=False)
+        device = _field(op, "device", where, (str,), required=False)
+        builder.add_op(
+            name,
+            compute_us=float(_number(op, "compute_us", where)),
+            output_bytes=out_bytes,
+            temp_bytes=_bytes(op, "temp_bytes", where),
+            persistent_bytes=_bytes(op, "persistent_bytes", where),
+            device=device,
+            colocation=(group,) if group else (),
+            op_type=_field(op, "type", where, (str,), required=False, default=""),
+        )
+    edges = _field(doc, "edges", "the graph", (list,), required=False, default=[])
+    for i, edge in enumerate(edges):
+        where = f"edges[{i}]"
+        if not isinstance(edge, dict):
+            raise InvalidGraphError(f"{where} is not an object")
+        _unknown(edge, _EDGE_KEYS, where)
+        src = _field(edge, "src", where, (str,))
+        dst = _field(edge, "dst", where, (str,))
+        if _field(edge, "control", where, (bool,), required=False, default=False):
+            if "src_output" in edge:
+                raise InvalidGraphError(f"{where} is a control edge and cannot have 'src_output'")
+            builder.add_control_edge(src, dst)
+        else:
+            out = _field(edge, "src_output", where, (int,), required=False, default=0)
+            builder.add_edge(src, dst, out)
+    graph = builder.build()
+    for op, name in enumerate(graph.pinned_device):
+        if name is not None and cluster.find(name) is None:
+            raise ConfigError(
+                f"op {graph.names[op]!r} is pinned to {name!r}, which is not among the devices "
+                f"({', '.join(cluster.names)}): fix the op's 'device' or add the device"
+            )
+    return graph, cluster
+
+
+def _parse_cluster(doc: Mapping[str, Any]) -> Cluster:
+    devices_doc = _field(doc, "devices", "the graph", (list,))
+    if not devices_doc:
+        raise ConfigError("'devices' is empty; list at least one device")
+    devices = []
+    for i, d in enumerate(devices_doc):
+        where = f"devices[{i}]"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where} is not an object")
+        _unknown(d, _DEVICE_KEYS, where)
+        name = _field(d, "name", where, (str,))
+        memory = _bytes(d, "memory_bytes", where, required=True)
+        dtype = _field(d, "type", where, (str,), required=False, default=None)
+        if dtype is None:
+            dtype = "CPU" if "CPU" in name.upper().rsplit("/", 1)[-1] else "GPU"
+        devices.append(Device(name, memory, dtype))
+    return Cluster(tuple(devices), _parse_comm(doc, "comm") or CommCost(), _parse_comm(doc, "inter_host_comm"))
+
+
+def _parse_comm(doc: Mapping[str, Any], key: str):
+    comm = _field(doc, key, "the graph", (dict,), required=False)
+    if comm is None:
+        return None
+    _unknown(comm, {"slope_us_per_byte", "intercept_us"}, f"'{key}'")
+    return CommCost(
+        float(_number(comm, "slope_us_per_byte", f"'{key}'")),
+        float(_number(comm, "intercept_us", f"'{key}'")),
+    )
+
+
+def result_to_json(result) -> dict:
+    """The output document of ``place-json`` for a `PlacementResult`."""
+    names = result.cluster.names
+    return {
+        "placement_method": result.placement.method,
+        "placement": result.op_to_device(),
+        "makespan_us": result.makespan_us,
+        "single_device_makespan_us": result.single_device_makespan_us,
+        "lower_bound_us": result.lower_bound_us,
+        "peak_memory_bytes": dict(zip(names, result.schedule.peak_memory_bytes)),
+        "placement_seconds": result.placement_seconds,
+    }

@@ -1,0 +1,316 @@
+"""Grouping: which ops must, or should, be placed on one device.
+
+Two groupers, as in Baechi (SoCC 2020, section 4):
+
+* `colocation_groups` (the ``tf`` grouper) merges TF colocation constraints with union-find: an op
+  that names ``loc:@x`` and ``loc:@y`` joins x and y, and the op called ``x`` is in group ``x``.
+  These groups are hard constraints: TensorFlow itself requires them.
+* `coplace` (the ``coplace`` grouper) then merges an op that has a single successor into that
+  successor's group, so that a producer whose only consumer is X runs where X runs. A merge that
+  would create a cycle among groups is refused, checked with Pearce and Kelly's bounded search on
+  the graph of strongly connected components of groups (TF colocation of gradients with their
+  forward ops can make that graph cyclic already; coplace never makes it more so).
+
+Each group is named by its shortest name (then the smallest), as the original does. Groups are
+numbered by their smallest op id, so the result is deterministic. Both run in time linear in ops
+plus edges, apart from the bounded searches, which only visit groups ranked between the two
+groups being merged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Iterable, Optional
+
+import numpy as np
+
+from baechi_tf.errors import ConfigError, InvalidGraphError
+from baechi_tf.graph import OpGraph
+
+__all__ = ["Groups", "colocation_groups", "coplace", "make_groups", "GROUPERS"]
+
+GROUPERS = ("tf", "coplace")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Groups:
+    """A partition of the ops of a graph into groups that are placed whole."""
+
+    group_of: np.ndarray  # int32 [num_ops], group id of each op
+    names: tuple[str, ...]  # name of each group
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.names)
+
+    @functools.cached_property
+    def members(self) -> tuple[np.ndarray, ...]:
+        """Op ids of each group, ascending."""
+        order = np.argsort(self.group_of, kind="stable")
+        bounds = np.searchsorted(self.group_of[order], np.arange(self.num_groups + 1))
+        return tuple(order[bounds[g] : bounds[g + 1]] for g in range(self.num_groups))
+
+    @classmethod
+    def singletons(cls, graph: OpGraph) -> "Groups":
+        return cls(np.arange(graph.num_ops, dtype=np.int32), graph.names)
+
+
+class _UnionFind:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        root = x
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[x] != root:  # path compression, iteratively
+            self.parent[x], x = root, self.parent[x]
+        return root
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            if rb < ra:
+                ra, rb = rb, ra
+            self.parent[rb] = ra
+        return ra
+
+
+def _shortest(names: Iterable[str]) -> str:
+    return min(names, key=lambda s: (len(s), s))
+
+
+def _finish(graph: OpGraph, uf: _UnionFind, candidates: dict[int, set[str]]) -> Groups:
+    """Numbers the union-find sets by smallest op id and names each by its shortest name."""
+    roots = [uf.find(i) for i in range(graph.num_ops)]
+    number: dict[int, int] = {}
+    group_of = np.empty(graph.num_ops, dtype=np.int32)
+    for op, root in enumerate(roots):
+        group_of[op] = number.setdefault(root, len(number))
+    names_of: list[set[str]] = [set() for _ in number]
+    for root, names in candidates.items():
+        names_of[number[uf.find(root)]].update(names)
+    names = tuple(_shortest(n) for n in names_of)
+    group_of.setflags(write=False)
+    groups = Groups(group_of, names)
+    _check_pins(graph, groups)
+    return groups
+
+
+def _check_pins(graph: OpGraph, groups: Groups) -> None:
+    pinned: dict[int, int] = {}
+    for op, device in enumerate(graph.pinned_device):
+        if device is None:
+            continue
+        g = int(groups.group_of[op])
+        other = pinned.setdefault(g, op)
+        if graph.pinned_device[other] != device:
+            raise InvalidGraphError(
+                f"ops {graph.names[other]!r} and {graph.names[op]!r} must be colocated (group "
+                f"{groups.names[g]!r}) but are pinned to {graph.pinned_device[other]!r} and "
+                f"{device!r}: pin them to one device or drop one pin"
+            )
+
+
+def colocation_groups(graph: OpGraph) -> Groups:
+    """The ``tf`` grouper: TF colocation names merged with union-find (spec 4.1)."""
+    uf = _UnionFind(graph.num_ops)
+    index = graph.index
+    owner: dict[str, int] = {}  # colocation name -> first op seen naming it
+    for op, names in enumerate(graph.colocation):
+        for name in names:
+            first = owner.setdefault(name, op)
+            uf.union(first, op)
+            target = index.get(name)
+            if target is not None:
+                uf.union(target, op)
+    candidates: dict[int, set[str]] = {}
+    for op in range(graph.num_ops):
+        root = uf.find(op)
+        names = graph.colocation[op] or (graph.names[op],)
+        candidates.setdefault(root, set()).update(names)
+    # An op named by a colocation constraint but carrying none itself contributes its own name.
+    for name, op in owner.items():
+        target = index.get(name)
+        if target is not None:
+            candidates[uf.find(target)].add(name)
+    return _finish(graph, uf, candidates)
+
+
+def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
+    """The ``coplace`` grouper: single-successor ops join their successor's group (spec 4.2).
+
+    Starts from `base` (default: `colocation_groups`). Refuses any merge that would close a new
+    cycle among groups.
+    """
+    base = base if base is not None else colocation_groups(graph)
+    ng = base.num_groups
+    group_of = base.group_of.tolist()
+    uf = _UnionFind(ng)
+    names: dict[int, str] = dict(enumerate(base.names))
+    comps = _ComponentDag(graph, group_of, ng)
+    for u in range(graph.num_ops):
+        succ = graph.successors[u]
+        if len(succ) != 1:
+            continue
+        gu, gv = uf.find(group_of[u]), uf.find(group_of[succ[0]])
+        if gu == gv or not comps.merge(gu, gv):
+            continue
+        root = uf.union(gu, gv)
+        names[root] = _shortest((names.pop(gu), names.pop(gv)))
+    op_uf = _UnionFind(graph.num_ops)
+    first_op: dict[int, int] = {}
+    for op, g in enumerate(group_of):
+        op_uf.union(first_op.setdefault(uf.find(g), op), op)
+    candidates = {first_op[g]: {name} for g, name in names.items()}
+    return _finish(graph, op_uf, candidates)
+
+
+class _ComponentDag:
+    """Strongly connected components of the group graph, kept topologically ranked.
+
+    `merge(a, b)` joins the components of groups a and b unless that would close a new cycle,
+    using the bounded forward and backward searches of Pearce and Kelly ("A dynamic topological
+    sort algorithm for directed acyclic graphs", JEA 2007) and their reordering of ranks.
+    """
+
+    def __init__(self, graph: OpGraph, group_of: list[int], num_groups: int) -> None:
+        succ: list[set[int]] = [set() for _ in range(num_groups)]
+        for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+            gs, gd = group_of[s], group_of[d]
+            if gs != gd:
+                succ[gs].add(gd)
+        comp_of = _tarjan(succ)
+        nc = max(comp_of, default=-1) + 1
+        self.uf = _UnionFind(nc)
+        self.comp_of = comp_of
+        self.succ: list[set[int]] = [set() for _ in range(nc)]
+        self.pred: list[set[int]] = [set() for _ in range(nc)]
+        for g, targets in enumerate(succ):
+            for h in targets:
+                a, b = comp_of[g], comp_of[h]
+                if a != b:
+                    self.succ[a].add(b)
+                    self.pred[b].add(a)
+        # Tarjan numbers components in reverse topological order.
+        self.rank = [nc - 1 - c for c in range(nc)]
+
+    def merge(self, ga: int, gb: int) -> bool:
+        a, b = self.uf.find(self.comp_of[ga]), self.uf.find(self.comp_of[gb])
+        if a == b:
+            return True
+        if self.rank[a] > self.rank[b]:
+            a, b = b, a
+        lo, hi = self.rank[a], self.rank[b]
+        forward = self._search(a, b, self.succ, lambda r: r < hi)
+        if forward is None:
+            return False  # a reaches b through another component: merging closes a cycle
+        backward = self._search(b, a, self.pred, lambda r: r > lo)
+        if backward is None:
+            return False
+        slots = sorted([lo, hi] + [self.rank[c] for c in forward] + [self.rank[c] for c in backward])
+        order = sorted(backward, key=self.rank.__getitem__) + [a] + sorted(
+            forward, key=self.rank.__getitem__
+        )
+        for c, r in zip(order, slots):
+            self.rank[c] = r
+        self._contract(a, b)
+        return True
+
+    def _search(self, start, avoid, edges, in_bounds) -> Optional[list[int]]:
+        """Components reachable from `start` (not through a direct edge to `avoid`) within
+        bounds, or None when `avoid` is reached through another component."""
+        seen = {start}
+        stack = [c for c in edges[start] if c != avoid]
+        found: list[int] = []
+        while stack:
+            c = stack.pop()
+            if c in seen or not in_bounds(self.rank[c]):
+                continue
+            seen.add(c)
+            found.append(c)
+            for nxt in edges[c]:
+                if nxt == avoid:
+                    return None
+                if nxt not in seen:
+                    stack.append(nxt)
+        return found
+
+    def _contract(self, a: int, b: int) -> None:
+        keep = self.uf.union(a, b)
+        gone = b if keep == a else a
+        for x in self.succ[gone]:
+            self.pred[x].discard(gone)
+            if x != keep:
+                self.pred[x].add(keep)
+                self.succ[keep].add(x)
+        for x in self.pred[gone]:
+            self.succ[x].discard(gone)
+            if x != keep:
+                self.succ[x].add(keep)
+                self.pred[keep].add(x)
+        self.succ[keep].discard(gone)
+        self.pred[keep].discard(gone)
+        self.succ[keep].discard(keep)
+        self.pred[keep].discard(keep)
+        self.succ[gone] = set()
+        self.pred[gone] = set()
+        self.rank[keep] = self.rank[a]  # `a` holds the merged component's slot
+
+
+def _tarjan(succ: list[set[int]]) -> list[int]:
+    """Iterative Tarjan: component id of each node, in reverse topological order of components."""
+    n = len(succ)
+    index = [-1] * n
+    low = [0] * n
+    on_stack = [False] * n
+    comp = [-1] * n
+    stack: list[int] = []
+    counter = 0
+    ncomp = 0
+    adj = [sorted(s) for s in succ]
+    for root in range(n):
+        if index[root] != -1:
+            continue
+        work = [(root, 0)]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        while work:
+            v, i = work[-1]
+            if i < len(adj[v]):
+                work[-1] = (v, i + 1)
+                w = adj[v][i]
+                if index[w] == -1:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    comp[w] = ncomp
+                    if w == v:
+                        break
+                ncomp += 1
+    return comp
+
+
+def make_groups(graph: OpGraph, grouper: str = "tf") -> Groups:
+    """Runs the named grouper: ``'tf'`` (colocation only) or ``'coplace'``."""
+    if grouper == "tf":
+        return colocation_groups(graph)
+    if grouper == "coplace":
+        return coplace(graph)
+    raise ConfigError(f"unknown grouper {grouper!r}; choose one of {', '.join(GROUPERS)}")

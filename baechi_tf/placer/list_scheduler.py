@@ -1,0 +1,498 @@
+"""The memory-aware list scheduler that m-ETF, m-SCT and the simulator share.
+
+The scheduler repeatedly picks, among ready ops and the devices each may go to, the pair that can
+start earliest (ties: topological index, then device index) and commits it: the op's group is
+placed on the device if it was not yet, the tensors it reads from other devices are booked on the
+communication channels, memory is allocated, and successors whose inputs are all scheduled become
+ready. A `Policy` decides which devices an op may go to and may hold a device back (m-SCT keeps a
+device for a favourite child); m-ETF lets every op go anywhere; the simulator fixes the device.
+
+The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J. Comput. 1989):
+
+* A device runs one op at a time, without preemption.
+* Moving tensor t from device a to b takes ``cluster.transfer_us(a, b, bytes(t))`` and occupies
+  the channels of both a and b for that time; a tensor is sent to a device once. Transfers are
+  booked in the earliest gap of both channels at or after the producer's end, so channel time is
+  kept in time order, not in processing order.
+* Memory per device: persistent bytes of every op on it for the whole step; an op's outputs from
+  its start until the last consumer of each output has finished (outputs nobody reads are freed at
+  the op's end, outputs of sinks are kept); temporary bytes while it runs; a received tensor from
+  the start of its first consumer on that device until its last consumer there finishes. An op
+  starts only when its allocation fits under the device's capacity, waiting for frees if needed.
+
+Start times of successive decisions never decrease, so memory in use can be tracked as a running
+total plus a sorted list of future frees, and the candidate heap can be updated lazily: a stored
+key is never above the pair's true earliest start, except when a free lowers a memory wait, in
+which case the waiting pairs are pushed again.
+
+Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
+D devices; memory O(V * D + E).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.schedule import Placement, Schedule, Transfer
+
+__all__ = [
+    "EarliestStartPolicy",
+    "FixedPolicy",
+    "Policy",
+    "SchedulerState",
+    "format_bytes",
+    "pinned_device_index",
+    "run_list_scheduler",
+]
+
+_INF = float("inf")
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+class Policy:
+    """Which devices an op may take, and whether a device is held back at a time.
+
+    Subclasses override `devices` and optionally `hold` and `committed`.
+    """
+
+    def devices(self, op: int, state: "SchedulerState") -> Iterable[int]:
+        return range(state.num_devices)
+
+    def hold(self, op: int, device: int, start: float, state: "SchedulerState") -> float:
+        """The earliest time `op` may start on `device`, given its earliest feasible `start`.
+
+        Must not decrease as the schedule grows (a held device can only be released later).
+        """
+        return start
+
+    def committed(self, op: int, device: int, state: "SchedulerState") -> None:
+        """Called after `op` was scheduled on `device`."""
+
+
+class EarliestStartPolicy(Policy):
+    """m-ETF: any device, earliest start first."""
+
+
+class FixedPolicy(Policy):
+    """The simulator: every op on the device the placement gives it."""
+
+    def __init__(self, device_of: Sequence[int]) -> None:
+        self.device_of = [int(d) for d in device_of]
+
+    def devices(self, op: int, state: "SchedulerState") -> Iterable[int]:
+        return (self.device_of[op],)
+
+
+class SchedulerState:
+    """The evolving schedule: device clocks, channels, memory, tensor copies, op times.
+
+    Policies read it; only the scheduler changes it.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups) -> None:
+        n = graph.num_ops
+        nd = cluster.num_devices
+        self.graph = graph
+        self.cluster = cluster
+        self.groups = groups
+        self.num_devices = nd
+        self.compute = graph.compute_us.tolist()
+        self.topo = graph.topo_index.tolist()
+        self.group_of = groups.group_of.tolist()
+        self.capacity = [d.memory_bytes for d in cluster.devices]
+        self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
+        self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
+
+        # Inputs of each op: (producer, tensor, bytes), one per distinct tensor, in edge order.
+        edge_tensor = graph.edge_tensor.tolist()
+        tensor_bytes = graph.tensor_bytes.tolist()
+        src = graph.edge_src.tolist()
+        dst = graph.edge_dst.tolist()
+        self.inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        consumers = [0] * graph.num_tensors
+        consumed_slots: list[set[int]] = [set() for _ in range(n)]
+        out_slot = graph.edge_src_output.tolist()
+        for e in range(graph.num_edges):
+            t = edge_tensor[e]
+            self.inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
+            consumers[t] += 1
+            if out_slot[e] >= 0:
+                consumed_slots[src[e]].add(out_slot[e])
+        self.tensor_bytes = tensor_bytes
+        self.tensor_consumers_left = consumers
+        self.succ = [list(s) for s in graph.successors]
+        self.preds_left = [len(p) for p in graph.predecessors]
+        self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
+        # Freed at the op's end: temp, plus outputs no one reads (unless the op is a sink).
+        self.free_at_end = [
+            int(graph.temp_bytes[i])
+            + (
+                sum(b for k, b in enumerate(graph.output_bytes[i]) if k not in consumed_slots[i])
+                if self.succ[i]
+                else 0
+            )
+            for i in range(n)
+        ]
+        self.persistent = graph.persistent_bytes.tolist()
+        self.group_persistent = np.bincount(
+            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
+        ).astype(np.int64).tolist()
+        self.group_device = [-1] * groups.num_groups
+
+        self.device = [-1] * n
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.order: list[int] = []
+        self.device_free = [0.0] * nd  # compute clock
+        self.last_op = [-1] * nd
+        self.chan_start: list[list[float]] = [[] for _ in range(nd)]
+        self.chan_end: list[list[float]] = [[] for _ in range(nd)]
+        self.usage = [0] * nd
+        self.peak = [0] * nd
+        self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
+        self.arrival: dict[tuple[int, int], float] = {}  # (tensor, device) -> copy available
+        self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
+        self.transfers: list[Transfer] = []
+
+    # ---------------------------------------------------------------- channels
+
+    def _first_fit(self, dev: int, t: float, w: float, extra: list[tuple[int, float, float]]) -> float:
+        starts, ends = self.chan_start[dev], self.chan_end[dev]
+        while True:
+            i = bisect.bisect_right(ends, t)
+            moved = False
+            while i < len(starts) and starts[i] < t + w:
+                if ends[i] > t:
+                    t = ends[i]
+                    moved = True
+                i += 1
+            for d, s, e in extra:
+                if d == dev and s < t + w and e > t:
+                    t = e
+                    moved = True
+            if not moved:
+                return t
+
+    def _slot(self, a: int, b: int, t: float, w: float, extra: list) -> float:
+        """Earliest start >= t of a w-long interval free on the channels of a and b."""
+        if w <= 0:
+            return t
+        while True:
+            s = self._first_fit(a, t, w, extra)
+            s = self._first_fit(b, s, w, extra)
+            if s == t:
+                return s
+            t = s
+
+    def _book(self, dev: int, s: float, e: float) -> None:
+        starts, ends = self.chan_start[dev], self.chan_end[dev]
+        i = bisect.bisect_left(starts, s)
+        # Merge with touching neighbours to keep the lists short.
+        if i > 0 and ends[i - 1] >= s:
+            i -= 1
+            s = starts[i]
+            e = max(e, ends[i])
+            del starts[i], ends[i]
+        while i < len(starts) and starts[i] <= e:
+            e = max(e, ends[i])
+            del starts[i], ends[i]
+        starts.insert(i, s)
+        ends.insert(i, e)
+
+    # ---------------------------------------------------------------- estimates
+
+    def ready_time(self, op: int, dev: int, commit: bool = False) -> tuple[float, int]:
+        """When all inputs of `op` can be on `dev`, and the bytes of copies still to receive.
+
+        With `commit`, books the transfers for real.
+        """
+        ready = 0.0
+        extra: list[tuple[int, float, float]] = []
+        new_bytes = 0
+        device = self.device
+        for p, t, nbytes in self.inputs[op]:
+            pd = device[p]
+            if pd == dev:
+                if self.end[p] > ready:
+                    ready = self.end[p]
+                continue
+            arrived = self.arrival.get((t, dev))
+            if arrived is None:
+                w = self.slope[pd][dev] * nbytes + self.intercept[pd][dev]
+                s = self._slot(pd, dev, self.end[p], w, extra)
+                arrived = s + w
+                new_bytes += nbytes
+                if commit:
+                    if w > 0:
+                        self._book(pd, s, arrived)
+                        self._book(dev, s, arrived)
+                    self.arrival[(t, dev)] = arrived
+                    self.transfers.append(Transfer(t, pd, dev, s, arrived))
+                    rel = self.release.setdefault(t, {})
+                    if rel.get(pd, -1.0) < arrived:
+                        rel[pd] = arrived
+                elif w > 0:
+                    extra.append((pd, s, arrived))
+                    extra.append((dev, s, arrived))
+            if arrived > ready:
+                ready = arrived
+        return ready, new_bytes
+
+    def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
+        """Earliest time >= t at which `need` more bytes fit on `dev`, or None if never (yet)."""
+        room = self.capacity[dev] - self.usage[dev]
+        if need <= room:
+            return t
+        for when, nbytes in self.pending[dev]:
+            room += nbytes
+            if need <= room:
+                return max(t, when)
+        return None
+
+    def free_bytes(self, dev: int) -> int:
+        """Capacity minus memory still in use on `dev` once every known free has happened."""
+        return self.capacity[dev] - self.usage[dev] + sum(b for _, b in self.pending[dev])
+
+    # ---------------------------------------------------------------- commit
+
+    def _apply_frees(self, dev: int, now: float) -> None:
+        pending = self.pending[dev]
+        k = 0
+        while k < len(pending) and pending[k][0] <= now:
+            self.usage[dev] -= pending[k][1]
+            k += 1
+        if k:
+            del pending[:k]
+
+    def _free_later(self, dev: int, when: float, nbytes: int) -> None:
+        if nbytes:
+            bisect.insort(self.pending[dev], (when, nbytes))
+
+    def place_group(self, group: int, dev: int) -> None:
+        self.group_device[group] = dev
+        p = self.group_persistent[group]
+        self.usage[dev] += p
+        self.peak[dev] += p  # persistent memory is held from the start of the step
+
+    def commit(self, op: int, dev: int, start: float) -> list[int]:
+        """Schedules `op` on `dev` at `start`; returns devices that gained future frees."""
+        self._apply_frees(dev, start)
+        g = self.group_of[op]
+        if self.group_device[g] < 0:
+            self.place_group(g, dev)
+        ready, new_bytes = self.ready_time(op, dev, commit=True)
+        assert ready <= start + 1e-6, (op, ready, start)
+        end = start + self.compute[op]
+        self.device[op] = dev
+        self.start[op] = start
+        self.end[op] = end
+        self.order.append(op)
+        self.device_free[dev] = end
+        self.last_op[dev] = op
+        self.usage[dev] += self.alloc[op] + new_bytes
+        if self.usage[dev] > self.peak[dev]:
+            self.peak[dev] = self.usage[dev]
+        freed = {dev}
+        self._free_later(dev, end, self.free_at_end[op])
+        seen: set[int] = set()
+        for p, t, nbytes in self.inputs[op]:
+            if t in seen:
+                continue
+            seen.add(t)
+            rel = self.release.setdefault(t, {})
+            if rel.get(dev, -1.0) < end:
+                rel[dev] = end
+            self.tensor_consumers_left[t] -= 1
+            if self.tensor_consumers_left[t] == 0:
+                for d, when in sorted(self.release.pop(t).items()):
+                    self._free_later(d, max(when, start), nbytes)
+                    freed.add(d)
+        for s in self.succ[op]:
+            self.preds_left[s] -= 1
+        return sorted(freed)
+
+
+def run_list_scheduler(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    policy: Policy,
+    *,
+    method: str,
+    initial_group_device: Optional[Sequence[int]] = None,
+) -> Schedule:
+    """Schedules every op under `policy`; raises `InfeasiblePlacementError` when stuck.
+
+    `initial_group_device` places groups up front (the simulator places all of them): their
+    persistent memory is then held from the start.
+    """
+    state = SchedulerState(graph, cluster, groups)
+    _place_pinned(graph, cluster, groups, state)
+    if initial_group_device is not None:
+        for g, dev in enumerate(initial_group_device):
+            if dev >= 0:
+                state.place_group(g, int(dev))
+
+    heap: list[tuple[float, int, int, int]] = []
+    waiting: list[set[int]] = [set() for _ in range(state.num_devices)]  # ops held by memory
+    dead: set[tuple[int, int]] = set()
+    topo = state.topo
+    group_of = state.group_of
+
+    def candidate_devices(op: int) -> list[int]:
+        g = group_of[op]
+        if state.group_device[g] >= 0:
+            return [state.group_device[g]]
+        return list(policy.devices(op, state))
+
+    def push_ready(op: int, now: float) -> None:
+        for d in candidate_devices(op):
+            heapq.heappush(heap, (now, topo[op], d, op))
+
+    def evaluate(op: int, dev: int) -> Optional[float]:
+        """Earliest start of op on dev now, None if impossible for now (memory)."""
+        g = group_of[op]
+        gdev = state.group_device[g]
+        need_persistent = 0
+        if gdev < 0:
+            need_persistent = state.group_persistent[g]
+            if state.peak[dev] + need_persistent > state.capacity[dev]:
+                dead.add((op, dev))
+                return None
+        elif gdev != dev:
+            dead.add((op, dev))
+            return None
+        ready, new_bytes = state.ready_time(op, dev)
+        base = max(ready, state.device_free[dev])
+        need = state.alloc[op] + new_bytes + need_persistent
+        t = state.memory_time(dev, need, base)
+        if t is None or t > base:
+            waiting[dev].add(op)
+        if t is None:
+            return None
+        return policy.hold(op, dev, t, state)
+
+    for op in graph.topo_order.tolist():
+        if state.preds_left[op] == 0:
+            push_ready(op, 0.0)
+
+    scheduled = 0
+    n = graph.num_ops
+    while heap:
+        key, _, dev, op = heapq.heappop(heap)
+        if state.device[op] >= 0 or (op, dev) in dead:
+            continue
+        t = evaluate(op, dev)
+        if t is None:
+            continue
+        if t > key:
+            heapq.heappush(heap, (t, topo[op], dev, op))
+            continue
+        g = group_of[op]
+        first_of_group = state.group_device[g] < 0
+        newly_free = state.commit(op, dev, t)
+        scheduled += 1
+        policy.committed(op, dev, state)
+        for d in newly_free:
+            for w in waiting[d]:
+                if state.device[w] < 0:
+                    heapq.heappush(heap, (t, topo[w], d, w))
+            waiting[d].clear()
+        for s in state.succ[op]:
+            if state.preds_left[s] == 0:
+                push_ready(s, t)
+        if first_of_group and len(groups.members[g]) > 1:
+            # Ready members of a group placed just now may only go where the group went.
+            for m in groups.members[g].tolist():
+                if state.device[m] < 0 and state.preds_left[m] == 0:
+                    dead.discard((m, dev))
+                    heapq.heappush(heap, (t, topo[m], dev, m))
+
+    if scheduled < n:
+        raise _stuck(graph, cluster, groups, state)
+
+    placement = Placement(np.asarray(state.device, dtype=np.int32), method)
+    return Schedule(
+        placement=placement,
+        start_us=_ro(np.asarray(state.start, dtype=np.float64)),
+        end_us=_ro(np.asarray(state.end, dtype=np.float64)),
+        transfers=tuple(state.transfers),
+        peak_memory_bytes=tuple(int(p) for p in state.peak),
+        order=_ro(np.asarray(state.order, dtype=np.int32)),
+    )
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+def _place_pinned(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> None:
+    """Places the groups of pinned ops on their devices (raising on unknown devices)."""
+    for op, name in enumerate(graph.pinned_device):
+        if name is None:
+            continue
+        dev = pinned_device_index(graph, cluster, op)
+        g = state.group_of[op]
+        if state.group_device[g] >= 0:
+            continue
+        p = state.group_persistent[g]
+        if p > state.capacity[dev]:
+            raise InfeasiblePlacementError(
+                f"op {graph.names[op]!r} is pinned to {cluster.names[dev]!r}, but its group "
+                f"{groups.names[g]!r} holds {format_bytes(p)} of persistent memory and the device "
+                f"has {format_bytes(state.capacity[dev])}: unpin it or give the device more memory"
+            )
+        state.place_group(g, dev)
+
+
+def pinned_device_index(graph: OpGraph, cluster: Cluster, op: int) -> int:
+    """The cluster index of the device `op` is pinned to; `ConfigError` if there is none."""
+    name = graph.pinned_device[op]
+    dev = cluster.find(name) if name is not None else None
+    if dev is None:
+        raise ConfigError(
+            f"op {graph.names[op]!r} is pinned to {name!r}, which is not in the cluster "
+            f"({', '.join(cluster.names)}): pin it to one of those devices or add the device"
+        )
+    return dev
+
+
+def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> InfeasiblePlacementError:
+    ready = [
+        op for op in range(graph.num_ops) if state.device[op] < 0 and state.preds_left[op] == 0
+    ]
+    op = min(ready, key=lambda o: state.topo[o]) if ready else next(
+        o for o in range(graph.num_ops) if state.device[o] < 0
+    )
+    g = state.group_of[op]
+    need = state.alloc[op]
+    what = f"op {graph.names[op]!r} needs {format_bytes(need)} (outputs and temporary memory)"
+    if state.group_device[g] < 0 and (len(groups.members[g]) > 1 or state.group_persistent[g]):
+        what += (
+            f" and its group {groups.names[g]!r} ({len(groups.members[g])} ops) "
+            f"{format_bytes(state.group_persistent[g])} of persistent memory"
+        )
+    free = ", ".join(
+        f"{cluster.names[d]}: {format_bytes(state.free_bytes(d))} free of "
+        f"{format_bytes(state.capacity[d])}"
+        for d in range(cluster.num_devices)
+    )
+    return InfeasiblePlacementError(
+        f"{what}, but no device can hold it ({free}); use more devices, give them more memory "
+        "(--memory_fraction), or split the group"
+    )

@@ -1,0 +1,161 @@
+"""The placement pipeline: an ordered list of named steps over `OpGraph` and `Cluster`.
+
+validate -> group -> place -> check -> baseline. Each step takes the previous step's values and
+returns new ones; a failure names the step that broke and the steps that had run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Optional
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.errors import BaechiError, ConfigError
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
+from baechi_tf.placer.m_etf import place_m_etf
+from baechi_tf.placer.m_topo import place_m_topo
+from baechi_tf.placer.schedule import Placement, Schedule
+from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
+
+__all__ = ["PLACEMENT_METHODS", "PlacementOptions", "PlacementResult", "place", "register_method"]
+
+log = logging.getLogger(__name__)
+
+Method = Callable[[OpGraph, Cluster, Groups, "PlacementOptions"], Placement]
+
+
+def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+    schedule = single_device_schedule(graph, cluster)
+    if schedule is None:
+        from baechi_tf.errors import InfeasiblePlacementError
+
+        raise InfeasiblePlacementError(
+            "the graph does not fit on one device; use a multi-device method such as m_etf"
+        )
+    return schedule.placement
+
+
+_METHODS: dict[str, Method] = {
+    "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
+    "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
+    "single": _single,
+}
+PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
+
+
+def register_method(name: str, method: Method) -> None:
+    """Adds a placement method (m-SCT and the portfolio register themselves here)."""
+    _METHODS[name] = method
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementOptions:
+    """Options of the placement pipeline; each field mirrors a command-line flag."""
+
+    placement_method: str = "m_etf"  # one of PLACEMENT_METHODS
+    grouper: str = "tf"  # 'tf': TF colocation only; 'coplace': also single-consumer merging
+    placer_type: str = "default"  # 'default' or 'fusion' (place a fused graph)
+    sct_threshold: float = 0.1  # m-SCT: LP edge values <= this make a favourite child
+    lp_solver: str = "auto"  # m-SCT: 'auto', 'mosek', 'highs' or 'cvxopt'
+    memory_fraction: float = 1.0  # share of each device's memory the placer may fill
+
+    def validate(self) -> None:
+        if self.placement_method not in _METHODS:
+            raise ConfigError(
+                f"unknown placement method {self.placement_method!r}; choose one of "
+                f"{', '.join(sorted(_METHODS))}"
+            )
+        if self.grouper not in GROUPERS:
+            raise ConfigError(
+                f"unknown grouper {self.grouper!r}; choose one of {', '.join(GROUPERS)}"
+            )
+        if self.placer_type not in ("default", "fusion"):
+            raise ConfigError(
+                f"unknown placer type {self.placer_type!r}; choose 'default' or 'fusion'"
+            )
+        if not (0 < self.memory_fraction <= 1):
+            raise ConfigError(
+                f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
+            )
+        if not (0 <= self.sct_threshold < 1):
+            raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlacementResult:
+    """A placement with its simulated schedule and the figures users compare it by."""
+
+    graph: OpGraph
+    cluster: Cluster  # as given (before memory_fraction)
+    groups: Groups
+    placement: Placement
+    schedule: Schedule
+    lower_bound_us: float
+    single_device_makespan_us: Optional[float]  # None when the graph does not fit one device
+    placement_seconds: float  # wall time of the whole pipeline
+    step_seconds: dict[str, float]
+
+    @property
+    def makespan_us(self) -> float:
+        return self.schedule.makespan_us
+
+    def op_to_device(self) -> dict[str, str]:
+        return self.placement.op_to_device(self.graph, self.cluster)
+
+
+def _fuse_and_place(
+    graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions
+) -> Placement:
+    method = _METHODS[options.placement_method]
+    if options.placer_type != "fusion":
+        return method(graph, cluster, groups, options)
+    from baechi_tf.placer.fusion import fuse  # issue: m-SCT and fusion
+
+    fused = fuse(graph, groups)
+    inner = method(fused.graph, cluster, fused.groups, options)
+    return fused.expand(inner)
+
+
+def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = PlacementOptions()) -> PlacementResult:
+    """Runs the pipeline: validate, group, place, check, baseline."""
+    options.validate()
+    placer_cluster = (
+        cluster if options.memory_fraction == 1.0 else cluster.with_memory_fraction(options.memory_fraction)
+    )
+    done: list[str] = []
+    seconds: dict[str, float] = {}
+    t_all = time.perf_counter()
+
+    def step(name: str, fn: Callable[[], object]):
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except BaechiError as e:
+            ran = f" (after {', '.join(done)})" if done else ""
+            raise type(e)(f"step '{name}' failed{ran}: {e}") from e
+        seconds[name] = time.perf_counter() - t0
+        done.append(name)
+        log.debug("step %s took %.3f s", name, seconds[name])
+        return value
+
+    step("validate", graph.validate)
+    groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
+    placement: Placement = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
+    schedule: Schedule = step("check", lambda: check_placement(graph, placer_cluster, groups, placement))
+    baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster))
+    bound = lower_bound_us(graph, cluster)
+    return PlacementResult(
+        graph=graph,
+        cluster=cluster,
+        groups=groups,
+        placement=placement,
+        schedule=schedule,
+        lower_bound_us=bound,
+        single_device_makespan_us=None if baseline is None else baseline.makespan_us,
+        placement_seconds=time.perf_counter() - t_all,
+        step_seconds=seconds,
+    )

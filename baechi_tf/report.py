@@ -1,0 +1,54 @@
+"""Text summaries of a placement, for terminals and logs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from baechi_tf.placer.list_scheduler import format_bytes
+
+__all__ = ["summary_table"]
+
+
+def summary_table(result) -> str:
+    """A short table: per device ops, compute, peak memory; then makespan against the bounds."""
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    device_of = result.placement.device_of
+    rows = [("device", "ops", "compute ms", "peak memory", "capacity")]
+    for d, dev in enumerate(cluster.devices):
+        mask = device_of == d
+        rows.append(
+            (
+                dev.name,
+                str(int(mask.sum())),
+                f"{graph.compute_us[mask].sum() / 1e3:.3f}",
+                format_bytes(schedule.peak_memory_bytes[d]),
+                format_bytes(dev.memory_bytes),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
+    single = result.single_device_makespan_us
+    lines += [
+        "",
+        f"method                 {result.placement.method}",
+        f"ops / groups           {graph.num_ops} / {result.groups.num_groups}",
+        f"makespan (simulated)   {result.makespan_us / 1e3:.3f} ms",
+        f"lower bound            {result.lower_bound_us / 1e3:.3f} ms"
+        f"  (makespan / bound = {_ratio(result.makespan_us, result.lower_bound_us)})",
+        "one device             "
+        + (
+            f"{single / 1e3:.3f} ms  (speed-up {_ratio(single, result.makespan_us)})"
+            if single is not None
+            else "does not fit"
+        ),
+        f"transfers              {len(schedule.transfers)}",
+        f"placement time         {result.placement_seconds:.3f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a"

@@ -1,0 +1,27 @@
+"""baechi_tf: fast, memory-aware device placement for TensorFlow graphs (Baechi, SoCC 2020)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="baechi_tf",
+    version="0.1.0",
+    description="Device placement for TensorFlow graphs with m-TOPO, m-ETF and m-SCT",
+    python_requires=">=3.11",
+    packages=find_packages(include=["baechi_tf", "baechi_tf.*"]),
+    package_data={"baechi_tf": ["proto/*.proto"]},
+    install_requires=[
+        "tensorflow-cpu==2.21.0",
+        "numpy==2.4.6",
+        "networkx==3.6.1",
+        "scipy==1.17.1",
+        "cvxopt==1.3.3",
+        "protobuf==7.36.2",
+        "absl-py==2.5.1",
+        "matplotlib==3.11.2",
+    ],
+    extras_require={
+        "mosek": ["Mosek==11.2.7"],
+        "test": ["pytest==9.2.0", "hypothesis==6.170.17"],
+    },
+    entry_points={"console_scripts": ["baechi=baechi_tf.cli:main"]},
+)
