@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Optional, Sequence
+from typing import Optional
 
 from baechi_tf.errors import ConfigError
 
@@ -21,7 +21,7 @@ __all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task"
 GiB = 1 << 30
 
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
-_DEVICE = re.compile(r"(?:^|/)device:([A-Za-z_]+):(\d+)$")
+_DEVICE = re.compile(r"(?:^|/)(?:device:([A-Za-z_]+)|((?i:gpu|cpu|tpu))):(\d+)$")
 
 
 def device_task(name: str) -> str:
@@ -37,7 +37,7 @@ def _local_part(name: str) -> str:
     """``'device:GPU:1'`` from any spelling of a device name (case of the type kept upper)."""
     m = _DEVICE.search(name)
     if m:
-        return f"device:{m.group(1).upper()}:{int(m.group(2))}"
+        return f"device:{(m.group(1) or m.group(2)).upper()}:{int(m.group(3))}"
     short = re.fullmatch(r"/?([A-Za-z_]+):(\d+)", name.strip())
     if short:
         return f"device:{short.group(1).upper()}:{int(short.group(2))}"
@@ -221,13 +221,3 @@ class Cluster:
             ),
         )
 
-
-def cluster_from_names(
-    names: Sequence[str], memory_bytes: Sequence[int], comm: CommCost = DEFAULT_COMM
-) -> Cluster:
-    """A cluster of devices with the given names and capacities, type read from the name."""
-    devices = []
-    for name, mem in zip(names, memory_bytes):
-        m = _DEVICE.search(name)
-        devices.append(Device(name, mem, m.group(1).upper() if m else "GPU"))
-    return Cluster(tuple(devices), comm)

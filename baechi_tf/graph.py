@@ -229,6 +229,8 @@ class OpGraph:
             path.append(op)
             op = next(p for p in self.predecessors[op] if p in stuck)
         cycle = path[seen[op] :][::-1]
+        k = cycle.index(min(cycle))
+        cycle = cycle[k:] + cycle[:k]
         names = " -> ".join(repr(self.names[i]) for i in cycle + [cycle[0]])
         return (
             f"the graph has a cycle: {names}; remove one of its edges (loops must go through "

@@ -1,0 +1,158 @@
+"""A catalogue of small hand-drawn graphs for the placer tests.
+
+Costs are microseconds and bytes. Unless a graph says otherwise it runs on `cluster(n)`: n devices
+of 1 GiB with the default link (0.0001754 us/B + 134 us).
+"""
+
+from __future__ import annotations
+
+import random
+
+from baechi_tf.cluster import Cluster, CommCost, GiB
+from baechi_tf.graph import OpGraph, OpGraphBuilder
+
+MiB = 1 << 20
+
+
+def cluster(n: int = 2, memory_bytes: int = GiB, comm: CommCost = CommCost()) -> Cluster:
+    return Cluster.homogeneous(n, memory_bytes, comm=comm)
+
+
+def chain(n: int = 4, compute_us: float = 100.0, nbytes: int = 1 * MiB) -> OpGraph:
+    """op0 -> op1 -> ... -> op{n-1}"""
+    b = OpGraphBuilder()
+    for i in range(n):
+        b.add_op(f"op{i}", compute_us, [nbytes])
+        if i:
+            b.add_edge(f"op{i - 1}", f"op{i}")
+    return b.build()
+
+
+def diamond(compute_us=(10.0, 100.0, 100.0, 10.0), nbytes: int = 4) -> OpGraph:
+    """
+        a
+       / \\
+      b   c
+       \\ /
+        d
+    """
+    b = OpGraphBuilder()
+    for name, us in zip("abcd", compute_us):
+        b.add_op(name, us, [nbytes])
+    for s, d in ("ab", "ac", "bd", "cd"):
+        b.add_edge(s, d)
+    return b.build()
+
+
+def fork_join(width: int = 4, branch_us: float = 1000.0, nbytes: int = 4096) -> OpGraph:
+    """
+           src
+        /  |  ... \\
+      b0  b1  ... b{w-1}
+        \\  |  ... /
+           sink
+    """
+    b = OpGraphBuilder()
+    b.add_op("src", 10, [nbytes])
+    b.add_op("sink", 10, [4])
+    for i in range(width):
+        b.add_op(f"b{i}", branch_us, [nbytes])
+        b.add_edge("src", f"b{i}")
+        b.add_edge(f"b{i}", "sink")
+    return b.build()
+
+
+def independent(n: int = 4, compute_us: float = 1000.0) -> OpGraph:
+    """n ops and no edges:  x0  x1  x2  x3"""
+    b = OpGraphBuilder()
+    for i in range(n):
+        b.add_op(f"x{i}", compute_us, [4])
+    return b.build()
+
+
+def group_cycle() -> OpGraph:
+    """a and b are TF-colocated (group 'a'); merging c into it would close a cycle via d.
+
+        a     b
+        |    / \\
+        |   d   f
+        |  / \\
+        c     e
+    """
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4], colocation=["a"])
+    b.add_op("b", 10, [4, 4], colocation=["a"])
+    for name in "cdef":
+        b.add_op(name, 10, [4, 4])
+    b.add_edge("a", "c")
+    b.add_edge("b", "d")
+    b.add_edge("b", "f", 1)
+    b.add_edge("d", "c")
+    b.add_edge("d", "e", 1)
+    return b.build()
+
+
+def too_big_for_one(memory_bytes: int = 100 * MiB) -> tuple[OpGraph, Cluster]:
+    """Two independent chains, each holding 60 MiB of weights; devices hold 100 MiB.
+
+      w0 -> m0        w1 -> m1
+    """
+    b = OpGraphBuilder()
+    for i in range(2):
+        b.add_op(f"w{i}", 5, [4 * MiB], persistent_bytes=60 * MiB)
+        b.add_op(f"m{i}", 500, [4 * MiB])
+        b.add_edge(f"w{i}", f"m{i}")
+    return b.build(), cluster(2, memory_bytes)
+
+
+def colocated_pair() -> OpGraph:
+    """v and its reader r are colocated; s is free.
+
+      v -> r -> s
+    """
+    b = OpGraphBuilder()
+    b.add_op("v", 1, [1024], persistent_bytes=1024, colocation=["v"])
+    b.add_op("r", 100, [1024], colocation=["v"])
+    b.add_op("s", 100, [4])
+    b.add_edge("v", "r")
+    b.add_edge("r", "s")
+    return b.build()
+
+
+def random_dag(
+    seed: int,
+    num_ops: int,
+    *,
+    edge_prob: float = 0.3,
+    max_compute_us: float = 1000.0,
+    max_bytes: int = 1 * MiB,
+    group_prob: float = 0.0,
+    pin_prob: float = 0.0,
+    num_devices: int = 2,
+    persistent_prob: float = 0.0,
+) -> OpGraph:
+    """A seeded random DAG: edges only go from lower to higher op ids."""
+    rng = random.Random(seed)
+    b = OpGraphBuilder()
+    for i in range(num_ops):
+        colocation = ()
+        if i and rng.random() < group_prob:
+            colocation = (f"op{rng.randrange(i)}",)
+        device = f"/device:GPU:{rng.randrange(num_devices)}" if rng.random() < pin_prob else None
+        b.add_op(
+            f"op{i}",
+            round(rng.uniform(1, max_compute_us), 1),
+            [rng.randrange(4, max_bytes + 1) for _ in range(rng.randint(1, 2))],
+            temp_bytes=rng.randrange(0, max_bytes // 4 + 1),
+            persistent_bytes=rng.randrange(0, max_bytes + 1) if rng.random() < persistent_prob else 0,
+            device=device,
+            colocation=colocation,
+        )
+    for j in range(num_ops):
+        for i in range(j):
+            if rng.random() < edge_prob:
+                if rng.random() < 0.15:
+                    b.add_control_edge(f"op{i}", f"op{j}")
+                else:
+                    b.add_edge(f"op{i}", f"op{j}", rng.randrange(1))
+    return b.build()

@@ -1,0 +1,64 @@
+import pytest
+
+from baechi_tf.cluster import Cluster, CommCost, Device, GiB, device_task
+from baechi_tf.errors import ConfigError
+
+
+def test_default_comm_is_the_seeds():
+    c = Cluster.homogeneous(2, GiB)
+    assert c.comm == CommCost(0.0001754, 134)
+    assert c.transfer_us(0, 1, 1_000_000) == pytest.approx(0.0001754 * 1e6 + 134)
+    assert c.transfer_us(1, 1, 1_000_000) == 0.0
+
+
+def test_inter_task_link():
+    devices = [
+        Device("/job:worker/replica:0/task:0/device:GPU:0", GiB),
+        Device("/job:worker/replica:0/task:0/device:GPU:1", GiB),
+        Device("/job:worker/replica:0/task:1/device:GPU:0", GiB),
+    ]
+    c = Cluster(tuple(devices), CommCost(0.0001, 10), CommCost(0.001, 500))
+    assert c.transfer_us(0, 1, 1000) == pytest.approx(10.1)
+    assert c.transfer_us(0, 2, 1000) == pytest.approx(501)
+    assert c.transfer_us(2, 1, 1000) == pytest.approx(501)
+
+
+def test_find_accepts_tf_spellings():
+    c = Cluster.homogeneous(2, GiB, prefix="/job:localhost/replica:0/task:0")
+    assert c.find("/job:localhost/replica:0/task:0/device:GPU:1") == 1
+    assert c.find("/device:GPU:1") == 1
+    assert c.find("/gpu:1") == 1
+    assert c.find("GPU:0") == 0
+    assert c.find("/device:GPU:7") is None
+    with pytest.raises(ConfigError, match="'/device:GPU:7' is not in the cluster; the devices are"):
+        c.device_index("/device:GPU:7")
+
+
+def test_device_task():
+    assert device_task("/job:w/replica:0/task:3/device:GPU:0") == "/job:w/replica:0/task:3"
+    assert device_task("/job:w/task:3/device:GPU:0") == "/job:w/replica:0/task:3"
+    assert device_task("/device:GPU:0") == ""
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Cluster(()), "no devices"),
+        (lambda: Cluster((Device("/device:GPU:0", GiB), Device("/gpu:0", GiB))), "same device"),
+        (lambda: Device("gpu zero", GiB), "malformed"),
+        (lambda: Device("/device:GPU:0", 0), "positive capacity"),
+        (lambda: Device("/device:GPU:0", 1.5), "whole number"),
+        (lambda: CommCost(-1, 0), "finite number >= 0"),
+        (lambda: CommCost(float("nan"), 0), "finite number >= 0"),
+        (lambda: CommCost.parse("1;2"), "slope,intercept"),
+        (lambda: Cluster.homogeneous(0, GiB), "at least one device"),
+        (lambda: Cluster.homogeneous(1, GiB).with_memory_fraction(0), r"\(0, 1\]"),
+    ],
+)
+def test_bad_clusters(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_parse_comm():
+    assert CommCost.parse("0.0001754,134") == CommCost(0.0001754, 134.0)

@@ -1,0 +1,129 @@
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.errors import InvalidGraphError
+from baechi_tf.graph import CONTROL, OpGraph, OpGraphBuilder
+
+
+def test_builder_arrays_and_tensors():
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [100, 200])
+    b.add_op("b", 5, [8])
+    b.add_op("c", 1)
+    b.add_edge("a", "b", 1)
+    b.add_edge("a", "c", 1)  # same tensor a:1, second consumer
+    b.add_edge("a", "c", 0)
+    b.add_control_edge("b", "c")
+    g = b.build()
+    assert g.num_ops == 3 and g.num_edges == 4
+    assert g.edge_bytes.tolist() == [200, 200, 100, 0]
+    assert g.is_control.tolist() == [False, False, False, True]
+    # a:1 is one tensor read twice; a:0 another; ^b a control message.
+    assert g.edge_tensor.tolist() == [0, 0, 1, 2]
+    assert g.tensor_bytes.tolist() == [200, 100, 0]
+    assert g.tensor_src_output.tolist() == [1, 0, CONTROL]
+    assert g.successors == ((1, 2), (2,), ())
+    assert g.predecessors == ((), (0,), (0, 1))
+    assert g.output_total_bytes.tolist() == [300, 8, 0]
+    assert g.topo_order.tolist() == [0, 1, 2]
+
+
+def test_repeated_edge_is_kept_once():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    b.add_op("b", 1)
+    b.add_edge("a", "b")
+    b.add_edge("a", "b")
+    assert b.build().num_edges == 1
+
+
+def test_arrays_are_read_only():
+    g = graphs.chain()
+    with pytest.raises(ValueError):
+        g.compute_us[0] = 5.0
+
+
+def test_topo_order_breaks_ties_by_id():
+    g = graphs.independent(5)
+    assert g.topo_order.tolist() == [0, 1, 2, 3, 4]
+    assert g.topo_index.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_cycle_names_its_ops():
+    b = OpGraphBuilder()
+    for n in "xabc":
+        b.add_op(n, 1, [4])
+    b.add_edge("x", "a")
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    b.add_edge("c", "a")
+    with pytest.raises(InvalidGraphError, match=r"cycle: 'a' -> 'b' -> 'c' -> 'a'"):
+        b.build()
+
+
+def test_dangling_edge_by_name():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    with pytest.raises(InvalidGraphError, match=r"names op 'zz', which is not in the graph"):
+        b.add_edge("a", "zz")
+
+
+def test_dangling_edge_by_index():
+    with pytest.raises(InvalidGraphError, match="dangling edge"):
+        OpGraph.from_arrays(["a"], [1.0], [[4]], edge_src=[0], edge_dst=[3], edge_src_output=[0])
+
+
+def test_missing_output_slot():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    b.add_op("b", 1)
+    b.add_edge("a", "b", 2)
+    with pytest.raises(InvalidGraphError, match="reads output 2 of 'a', which has 1 outputs"):
+        b.build()
+
+
+@pytest.mark.parametrize("cost", [-1.0, float("nan"), float("inf")])
+def test_bad_compute_cost(cost):
+    b = OpGraphBuilder()
+    b.add_op("a", cost, [4])
+    with pytest.raises(InvalidGraphError, match="op 'a' has compute_us=.*finite and >= 0"):
+        b.build()
+
+
+def test_negative_memory():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4], temp_bytes=-3)
+    with pytest.raises(InvalidGraphError, match="temp_bytes=-3"):
+        b.build()
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [-4])
+    with pytest.raises(InvalidGraphError, match="output_bytes=\\[-4\\]"):
+        b.build()
+
+
+def test_duplicate_names():
+    b = OpGraphBuilder()
+    b.add_op("a", 1)
+    with pytest.raises(InvalidGraphError, match="'a' is used by two ops"):
+        b.add_op("a", 1)
+    with pytest.raises(InvalidGraphError, match="'a' is used by two ops"):
+        OpGraph.from_arrays(["a", "a"], [1, 1], [[], []])
+
+
+def test_self_loop():
+    with pytest.raises(InvalidGraphError, match="edge to itself"):
+        OpGraph.from_arrays(["a"], [1.0], [[4]], edge_src=[0], edge_dst=[0], edge_src_output=[0])
+
+
+def test_long_chain_has_no_recursion_limit():
+    n = 50_000
+    g = OpGraph.from_arrays(
+        [f"o{i}" for i in range(n)],
+        np.ones(n),
+        [[4]] * n,
+        edge_src=np.arange(n - 1),
+        edge_dst=np.arange(1, n),
+        edge_src_output=np.zeros(n - 1),
+    )
+    assert g.topo_order[-1] == n - 1

@@ -1,0 +1,218 @@
+"""Every placer: invariants on the catalogue and random graphs, exact answers, brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.cluster import CommCost
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.placer import (
+    Groups,
+    Placement,
+    colocation_groups,
+    lower_bound_us,
+    simulate,
+)
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
+from invariants import assert_valid_schedule
+
+METHODS = sorted(PLACEMENT_METHODS)
+MULTI = [m for m in METHODS if m != "single"]
+
+CATALOGUE = {
+    "chain": lambda: (graphs.chain(6), graphs.cluster(2)),
+    "diamond": lambda: (graphs.diamond(), graphs.cluster(2)),
+    "fork_join": lambda: (graphs.fork_join(6), graphs.cluster(4)),
+    "independent": lambda: (graphs.independent(5), graphs.cluster(3)),
+    "group_cycle": lambda: (graphs.group_cycle(), graphs.cluster(2)),
+    "colocated_pair": lambda: (graphs.colocated_pair(), graphs.cluster(2)),
+    "too_big_for_one": graphs.too_big_for_one,
+}
+
+
+def run(graph, cluster, method, grouper="tf"):
+    result = place(graph, cluster, PlacementOptions(placement_method=method, grouper=grouper))
+    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+@pytest.mark.parametrize("method", MULTI)
+@pytest.mark.parametrize("grouper", ["tf", "coplace"])
+def test_invariants_on_catalogue(name, method, grouper):
+    graph, cluster = CATALOGUE[name]()
+    result = run(graph, cluster, method, grouper)
+    assert result.makespan_us >= result.lower_bound_us - 1e-6
+    # The reported schedule is the simulator's schedule of the placement.
+    again = simulate(graph, cluster, result.placement)
+    np.testing.assert_allclose(again.end_us, result.schedule.end_us)
+
+
+@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("method", MULTI)
+def test_invariants_on_random_graphs(seed, method):
+    graph = graphs.random_dag(seed, 25, edge_prob=0.15, group_prob=0.2, persistent_prob=0.3)
+    cluster = graphs.cluster(3, memory_bytes=64 << 20)
+    run(graph, cluster, method)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic(method):
+    graph = graphs.random_dag(7, 40, edge_prob=0.1, group_prob=0.2)
+    cluster = graphs.cluster(3)
+    a = place(graph, cluster, PlacementOptions(placement_method=method))
+    b = place(graph, cluster, PlacementOptions(placement_method=method))
+    assert a.placement.same_as(b.placement)
+
+
+def test_chain_with_costly_communication_stays_on_one_device():
+    graph = graphs.chain(8, compute_us=100, nbytes=64 << 20)  # 64 MiB: ~11.8 ms per transfer
+    result = run(graph, graphs.cluster(4), "m_etf")
+    assert len(set(result.placement.device_of.tolist())) == 1
+    assert result.makespan_us == pytest.approx(800)
+
+
+def test_independent_branches_spread():
+    graph = graphs.independent(4, compute_us=1000)
+    result = run(graph, graphs.cluster(4), "m_etf")
+    assert sorted(result.placement.device_of.tolist()) == [0, 1, 2, 3]
+    assert result.makespan_us == pytest.approx(1000)
+
+
+def test_fork_join_etf_beats_one_device():
+    graph = graphs.fork_join(4, branch_us=5000, nbytes=4096)
+    result = run(graph, graphs.cluster(4), "m_etf")
+    assert result.makespan_us < result.single_device_makespan_us / 2
+
+
+def test_m_topo_fills_devices_in_topological_slices():
+    # 8 ops of 10 MiB output each, 4 devices: share = 80/4 + 10 = 30 MiB. The first op of a
+    # device also holds the 10 MiB copy of its input: 3 ops on GPU:0, then 2, 2 and 1.
+    graph = graphs.chain(8, nbytes=10 << 20)
+    result = run(graph, graphs.cluster(4), "m_topo")
+    assert result.placement.device_of.tolist() == [0, 0, 0, 1, 1, 2, 2, 3]
+
+
+def test_graph_too_big_for_one_device_uses_both():
+    graph, cluster = graphs.too_big_for_one()
+    for method in MULTI:
+        result = run(graph, cluster, method)
+        dev = dict(zip(graph.names, result.placement.device_of.tolist()))
+        assert dev["w0"] != dev["w1"]
+        assert result.single_device_makespan_us is None
+
+
+def test_single_refuses_what_does_not_fit():
+    graph, cluster = graphs.too_big_for_one()
+    with pytest.raises(InfeasiblePlacementError, match="does not fit on one device"):
+        place(graph, cluster, PlacementOptions(placement_method="single"))
+
+
+@pytest.mark.parametrize("method", MULTI)
+def test_pinned_ops_stay_pinned(method):
+    b = OpGraphBuilder()
+    b.add_op("a", 100, [4])
+    b.add_op("b", 100, [4], device="/device:GPU:2")
+    b.add_op("c", 100, [4])
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    graph = b.build()
+    result = run(graph, graphs.cluster(3), method)
+    assert result.placement.device_of[1] == 2
+
+
+@pytest.mark.parametrize("method", MULTI)
+def test_group_that_fits_nowhere(method):
+    # Two 60 MiB ops colocated: 120 MiB for devices of 100 MiB.
+    b = OpGraphBuilder()
+    b.add_op("w0", 1, [4], persistent_bytes=60 << 20, colocation=["w0"])
+    b.add_op("w1", 1, [4], persistent_bytes=60 << 20, colocation=["w0"])
+    graph = b.build()
+    with pytest.raises(InfeasiblePlacementError, match=r"'w0'.*GPU:0: .* free.*GPU:1: .* free"):
+        place(graph, graphs.cluster(2, 100 << 20), PlacementOptions(placement_method=method))
+
+
+def test_etf_waits_for_memory_instead_of_failing():
+    # One device of 10 MiB; two independent 6 MiB producers: the original m-ETF asserted here.
+    mib = 1 << 20
+    b = OpGraphBuilder()
+    for x in "ab":
+        b.add_op(x, 10, [6 * mib])
+        b.add_op("c" + x, 10, [4])
+        b.add_edge(x, "c" + x)
+    graph = b.build()
+    result = run(graph, graphs.cluster(1, 10 * mib), "m_etf")
+    assert result.makespan_us == 40
+
+
+def test_etf_spills_to_the_device_with_room():
+    # Two devices of 10 MiB; a 6 MiB op already on GPU:0 leaves no room for another there.
+    mib = 1 << 20
+    b = OpGraphBuilder()
+    b.add_op("a", 1000, [6 * mib], persistent_bytes=0)
+    b.add_op("b", 10, [6 * mib])
+    b.add_op("j", 10, [4])
+    b.add_edge("a", "j")
+    b.add_edge("b", "j")
+    graph = b.build()
+    result = run(graph, graphs.cluster(2, 13 * mib), "m_etf")
+    assert result.placement.device_of[0] != result.placement.device_of[1]
+
+
+def test_unknown_method_and_bad_options():
+    graph = graphs.chain()
+    with pytest.raises(ConfigError, match="unknown placement method 'm_nope'"):
+        place(graph, graphs.cluster(2), PlacementOptions(placement_method="m_nope"))
+    with pytest.raises(ConfigError, match=r"memory fraction 0 must be in \(0, 1\]"):
+        place(graph, graphs.cluster(2), PlacementOptions(memory_fraction=0))
+
+
+def test_error_names_the_step():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4], device="/device:GPU:9")
+    with pytest.raises(ConfigError, match=r"step 'place' failed \(after validate, group\).*GPU:9"):
+        place(b.build(), graphs.cluster(2), PlacementOptions())
+
+
+# ---------------------------------------------------------------- brute force
+
+
+def brute_force_best(graph, cluster, groups):
+    """Lowest simulated makespan over every assignment of groups to devices that fits."""
+    best = float("inf")
+    for choice in itertools.product(range(cluster.num_devices), repeat=groups.num_groups):
+        device_of = np.asarray(choice)[groups.group_of]
+        try:
+            s = simulate(graph, cluster, Placement(device_of, "brute"))
+        except InfeasiblePlacementError:
+            continue
+        best = min(best, s.makespan_us)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_brute_force_on_small_random_dags(seed):
+    n = 3 + seed % 5  # 3..7 ops
+    graph = graphs.random_dag(seed, n, edge_prob=0.35, max_bytes=4 << 20, group_prob=0.15)
+    cluster = graphs.cluster(2 + seed % 2, comm=CommCost(0.0001754, 134))
+    groups = colocation_groups(graph)
+    best = brute_force_best(graph, cluster, groups)
+    bound = lower_bound_us(graph, cluster)
+    assert best >= bound - 1e-6
+    for method in METHODS:
+        result = place(graph, cluster, PlacementOptions(placement_method=method))
+        assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+        # No placer beats the best assignment, and none is below the lower bound.
+        assert result.makespan_us >= best - 1e-6, method
+        assert result.makespan_us >= bound - 1e-6, method
+
+
+def test_brute_force_finds_etf_optimal_on_fork_join():
+    graph = graphs.fork_join(3, branch_us=2000, nbytes=4)
+    cluster = graphs.cluster(3)
+    best = brute_force_best(graph, cluster, Groups.singletons(graph))
+    result = place(graph, cluster, PlacementOptions(placement_method="m_etf"))
+    assert result.makespan_us == pytest.approx(best)

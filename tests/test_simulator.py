@@ -1,0 +1,141 @@
+"""The simulator against schedules computed by hand."""
+
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.cluster import CommCost
+from baechi_tf.errors import InfeasiblePlacementError
+from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.placer import Groups, Placement, lower_bound_us, simulate, single_device_schedule
+from invariants import assert_valid_schedule
+
+COMM = CommCost(0.01, 100)  # 1000 bytes: 110 us
+
+
+def place(graph, devices):
+    return Placement(np.asarray(devices), "test")
+
+
+def test_chain_on_one_device_is_the_sum():
+    g = graphs.chain(4, compute_us=100)
+    c = graphs.cluster(2)
+    s = simulate(g, c, place(g, [0, 0, 0, 0]))
+    assert s.start_us.tolist() == [0, 100, 200, 300]
+    assert s.makespan_us == 400
+    assert s.transfers == ()
+    assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
+def test_chain_split_pays_one_transfer():
+    #  op0 op1 | op2 op3 ; 1000 bytes cross: 110 us
+    g = graphs.chain(4, compute_us=100, nbytes=1000)
+    c = graphs.cluster(2, comm=COMM)
+    s = simulate(g, c, place(g, [0, 0, 1, 1]))
+    assert s.start_us.tolist() == [0, 100, 310, 410]
+    assert s.makespan_us == 510
+    (t,) = s.transfers
+    assert (t.src_device, t.dst_device, t.start_us, t.end_us) == (0, 1, 200, 310)
+
+
+def test_diamond_branches_in_parallel():
+    #    a(10)          a on 0, b on 0, c on 1, d on 0
+    #   /    \          a: 0-10; b: 10-110; a->c: 10-110 (4 B: 100.04 us); c: 110.04-210.04
+    #  b(100) c(100)    c->d: 210.04-310.08; d: 310.08-320.08
+    #   \    /
+    #    d(10)
+    g = graphs.diamond()
+    c = graphs.cluster(2, comm=COMM)
+    s = simulate(g, c, place(g, [0, 0, 1, 0]))
+    np.testing.assert_allclose(s.start_us, [0, 10, 110.04, 310.08])
+    assert s.makespan_us == pytest.approx(320.08)
+    assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
+def test_transfers_share_a_channel_in_time_order():
+    # src on device 0 feeds x0..x2 on device 1, 2, 3: three sends leave device 0's channel one
+    # after another: 10-110, 110-210, 210-310 (4 B each, 100.04 us).
+    g = graphs.fork_join(3, branch_us=1000, nbytes=4)
+    c = graphs.cluster(4, comm=COMM)
+    dev = {"src": 0, "sink": 0, "b0": 1, "b1": 2, "b2": 3}
+    s = simulate(g, c, place(g, [dev[n] for n in g.names]))
+    sends = sorted((t.start_us, t.end_us) for t in s.transfers if t.src_device == 0)
+    np.testing.assert_allclose(sends, [(10, 110.04), (110.04, 210.08), (210.08, 310.12)])
+    assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
+def test_tensor_is_sent_once_per_device():
+    #  a -> b, a -> c, both b and c on the other device: one transfer of a.
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [1000])
+    b.add_op("b", 10, [4])
+    b.add_op("c", 10, [4])
+    b.add_edge("a", "b")
+    b.add_edge("a", "c")
+    g = b.build()
+    s = simulate(g, graphs.cluster(2, comm=COMM), place(g, [0, 1, 1]))
+    assert len(s.transfers) == 1
+
+
+def test_control_edge_costs_the_intercept():
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [1000])
+    b.add_op("b", 10, [4])
+    b.add_control_edge("a", "b")
+    g = b.build()
+    s = simulate(g, graphs.cluster(2, comm=COMM), place(g, [0, 1]))
+    assert s.start_us[1] == pytest.approx(110.0)
+
+
+def test_memory_is_freed_after_the_last_consumer():
+    # a(1 MiB out) -> b -> c, all on one device: a's output dies when b ends.
+    b = OpGraphBuilder()
+    mib = 1 << 20
+    b.add_op("a", 10, [mib], persistent_bytes=100)
+    b.add_op("b", 10, [2 * mib], temp_bytes=mib)
+    b.add_op("c", 10, [4])
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    g = b.build()
+    s = simulate(g, graphs.cluster(1), place(g, [0, 0, 0]))
+    # During b: persistent 100 + a's 1 MiB + b's 2 MiB + 1 MiB temp.
+    assert s.peak_memory_bytes == (100 + 4 * mib,)
+
+
+def test_op_waits_for_memory():
+    # Device of 10 MiB. a and b (independent, 6 MiB output each) cannot be alive together:
+    # the second waits until the first's consumer has finished.
+    mib = 1 << 20
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [6 * mib])
+    b.add_op("ca", 10, [4])
+    b.add_op("b", 10, [6 * mib])
+    b.add_op("cb", 10, [4])
+    b.add_edge("a", "ca")
+    b.add_edge("b", "cb")
+    g = b.build()
+    c = graphs.cluster(1, memory_bytes=10 * mib)
+    s = simulate(g, c, place(g, [0, 0, 0, 0]))
+    assert s.start_us.tolist() == [0, 10, 20, 30]
+    assert s.peak_memory_bytes[0] <= 10 * mib
+
+
+def test_placement_that_cannot_fit_raises():
+    g, c = graphs.too_big_for_one()
+    with pytest.raises(InfeasiblePlacementError, match="no device can hold it"):
+        simulate(g, c, place(g, [0, 0, 0, 0]))
+    assert single_device_schedule(g, c) is None
+
+
+def test_lower_bound():
+    g = graphs.fork_join(4, branch_us=1000)
+    # Critical path 10 + 1000 + 10; total 4020 / 4 devices = 1005.
+    assert lower_bound_us(g, graphs.cluster(4)) == 1020
+    assert lower_bound_us(g, graphs.cluster(1)) == 4020
+
+
+def test_critical_path_ends_at_the_last_op():
+    g = graphs.chain(4, compute_us=100, nbytes=1000)
+    c = graphs.cluster(2, comm=COMM)
+    s = simulate(g, c, place(g, [0, 0, 1, 1]))
+    assert s.critical_path(g, c) == [0, 1, 2, 3]
