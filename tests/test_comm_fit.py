@@ -31,7 +31,16 @@ def test_noisy_timings_recover_both_coefficients(seed):
     fit = fit_comm_cost(NBYTES, _noisy_times(seed))
     assert fit.comm.slope_us_per_byte == pytest.approx(SLOPE, rel=0.02)
     assert fit.comm.intercept_us == pytest.approx(INTERCEPT, rel=0.03)
-    assert fit.rms_relative_error == pytest.approx(0.05, rel=0.1)
+    assert fit.rms_relative_error < 0.03  # medians of 20 runs with 5% jitter
+
+
+def test_delayed_runs_do_not_move_the_line():
+    # Every 10th run waited 5 ms for a busy CPU: the medians of each size ignore them.
+    times = SLOPE * NBYTES + INTERCEPT
+    times[::10] += 5000.0
+    fit = fit_comm_cost(NBYTES, times)
+    assert fit.comm.slope_us_per_byte == pytest.approx(SLOPE, rel=1e-6)
+    assert fit.comm.intercept_us == pytest.approx(INTERCEPT, rel=1e-6)
 
 
 def test_plain_least_squares_misses_the_intercept_that_the_relative_fit_finds():

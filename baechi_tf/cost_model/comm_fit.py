@@ -9,12 +9,16 @@ hundred times the whole intercept (~134 us). The half of the sizes whose time is
 intercept contributes nothing comparable, so the intercept comes out anywhere within the noise
 of the largest sizes, negative included.
 
-Here each residual is divided by the measured time (least squares on the *relative* error,
-i.e. weights 1/time^2 on the squared residuals): every size counts alike in proportion to its own
-time, the small sizes (time ~ b) pin the intercept and the large ones (time ~ a*bytes) the slope.
-The solution is constrained to ``a >= 0`` and ``b >= 0``, since a cost line must not be negative.
+Here the runs of each size are first reduced to their median (a run delayed by the OS or by
+another process is an outlier, not a slower link), and the line is fitted to the medians by least
+squares on the *relative* error, i.e. each residual is divided by the median time (weights
+1/time^2 on the squared residuals): every size counts alike in proportion to its own time, the
+small sizes (time ~ b) pin the intercept and the large ones (time ~ a*bytes) the slope. Dividing
+by each single run's time instead would favour the runs that happened to be fast. The solution
+is constrained to ``a >= 0`` and ``b >= 0``, since a cost line must not be negative.
 
-Cost: O(n) time and memory in the number of measurements n (a 2-column least-squares problem).
+Cost: O(n log n) time and O(n) memory in the number of measurements n (sorting by size, then a
+2-column least-squares problem over the distinct sizes).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ class CommFit:
     comm: CommCost  # slope_us_per_byte and intercept_us, both >= 0
     num_points: int  # measurements used
     num_sizes: int  # distinct transfer sizes among them
-    rms_relative_error: float  # sqrt(mean(((a*x + b - y) / y)^2)) over the measurements
+    rms_relative_error: float  # sqrt(mean(((a*x + b - y) / y)^2)) over the per-size medians
 
 
 def fit_comm_cost(
@@ -51,9 +55,9 @@ def fit_comm_cost(
     """Fits ``time_us ~ a * nbytes + b`` with ``a, b >= 0``.
 
     `nbytes[i]` is the size of transfer i in bytes and `time_us[i]` its measured time in
-    microseconds; repeated sizes are expected (several runs per size). `weighting` is
-    ``'relative'`` (least squares on the relative error; the default, see the module docstring)
-    or ``'ols'`` (plain least squares, the original's fit, for comparison).
+    microseconds; repeated sizes are expected (several runs per size) and are reduced to their
+    median. `weighting` is ``'relative'`` (least squares on the relative error; the default, see
+    the module docstring) or ``'ols'`` (plain least squares, as the original, for comparison).
     """
     if weighting not in _WEIGHTINGS:
         raise ProfileError(f"weighting={weighting!r}; use one of {', '.join(_WEIGHTINGS)}")
@@ -72,19 +76,20 @@ def fit_comm_cost(
             f"{int(np.sum(y <= 0))} transfer time(s) are <= 0 us: drop the failed measurements "
             "before fitting"
         )
-    num_sizes = int(np.unique(x).size)
-    if num_sizes < 2:
+    sizes, inverse = np.unique(x, return_inverse=True)
+    if sizes.size < 2:
         raise ProfileError(
-            f"the measurements cover {num_sizes} transfer size(s); a line needs at least 2"
+            f"the measurements cover {sizes.size} transfer size(s); a line needs at least 2"
         )
-    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
-    design = np.stack([x * w, w], axis=1)
-    slope, intercept = _nonnegative_lstsq(design, y * w)
-    residual = (slope * x + intercept - y) / y
+    medians = np.array([np.median(y[inverse == i]) for i in range(sizes.size)])
+    w = 1.0 / medians if weighting == "relative" else np.ones_like(medians)
+    design = np.stack([sizes * w, w], axis=1)
+    slope, intercept = _nonnegative_lstsq(design, medians * w)
+    residual = (slope * sizes + intercept - medians) / medians
     return CommFit(
         comm=CommCost(slope_us_per_byte=float(slope), intercept_us=float(intercept)),
         num_points=int(x.size),
-        num_sizes=num_sizes,
+        num_sizes=int(sizes.size),
         rms_relative_error=float(np.sqrt(np.mean(residual * residual))),
     )
 
