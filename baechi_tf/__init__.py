@@ -1,0 +1,55 @@
+"""baechi_tf: fast, memory-aware device placement for TensorFlow graphs (Baechi, SoCC 2020).
+
+The public API is small: `place_graph_def` places a GraphDef with a cost profile, `BaechiSession`
+places and runs a ``tf.compat.v1`` graph, `PlacementOptions`, `Cluster` and `Device` describe what
+to place and where, and every error is a `BaechiError`. Importing ``baechi_tf`` does not import
+TensorFlow; `BaechiSession` and `place_graph_def` load the TensorFlow ends on first use.
+"""
+
+from typing import Any
+
+from baechi_tf.cluster import Cluster, CommCost, Device
+from baechi_tf.errors import (
+    BaechiError,
+    ConfigError,
+    InfeasiblePlacementError,
+    InvalidGraphError,
+    ProfileError,
+    SolverError,
+)
+from baechi_tf.placer.pipeline import PlacementOptions
+
+__all__ = [
+    "BaechiError",
+    "BaechiSession",
+    "Cluster",
+    "CommCost",
+    "ConfigError",
+    "Device",
+    "InfeasiblePlacementError",
+    "InvalidGraphError",
+    "PlacementOptions",
+    "ProfileError",
+    "SolverError",
+    "place_graph_def",
+]
+
+_LAZY = {
+    "BaechiSession": "baechi_tf.rewriter.session",
+    "place_graph_def": "baechi_tf.rewriter.graph_pass",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'baechi_tf' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,11 +1,163 @@
-"""``baechi place``: placeholder until the TensorFlow importer lands."""
+"""``baechi place``: place a TensorFlow GraphDef or MetaGraphDef with a cost profile.
+
+    baechi place --graph G.pb --cost_path P --num_devices 4 --placement_method m_etf \\
+        --out placed.pb
+
+Reads a GraphDef or a MetaGraphDef, binary or text (told apart by parsing), and a cost profile
+(a ``baechi_tf.CostProfile`` file; anything else is refused and never unpickled), places the ops
+on ``--num_devices`` devices, prints the summary and writes the same kind of message with only
+the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``.pbtxt`` or
+``.txt``), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
+which then reports what did not match. On any error nothing is written and the inputs are left
+as they were.
+"""
+
+from __future__ import annotations
 
 import argparse
+import os
+from typing import Any
+
+from baechi_tf.errors import ConfigError, InvalidGraphError
+
+__all__ = ["add_arguments", "read_graph_file", "run"]
+
+_TEXT_SUFFIXES = (".pbtxt", ".txt", ".pbtext")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--graph", required=True)
+    from baechi_tf.cli import add_placement_arguments
+
+    parser.add_argument(
+        "--graph", required=True, metavar="G.pb", help="GraphDef or MetaGraphDef, binary or text"
+    )
+    parser.add_argument(
+        "--cost_path",
+        required=True,
+        metavar="P",
+        help="cost profile of the graph (a baechi_tf CostProfile file)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="placed.pb",
+        help="where to write the placed graph (text when the name ends in .pbtxt or .txt)",
+    )
+    parser.add_argument(
+        "--num_devices", type=int, default=4, help="devices to place on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--device_type",
+        default="GPU",
+        choices=("GPU", "CPU"),
+        help="GPU: /device:GPU:0..N-1; CPU: virtual CPU devices /device:CPU:1..N standing in "
+        "for GPUs (run with ConfigProto(device_count={'CPU': N + 1})) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--memory_per_device",
+        default="8GiB",
+        help="memory of each device, e.g. 8GiB, 512MiB or bytes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--comm_cost_coeffs",
+        default="0.0001754,134",
+        help="transfer time 'slope,intercept' in us per byte and us (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allow_profile_mismatch",
+        action="store_true",
+        help="use a profile of another graph for the ops that match, and report the rest",
+    )
+    parser.add_argument(
+        "--ignore_user_devices",
+        action="store_true",
+        help="let the placer move ops pinned to devices that are not among the devices",
+    )
+    add_placement_arguments(parser)
+
+
+def _well_formed(graph_def: Any) -> bool:
+    return len(graph_def.node) > 0 and all(n.name and n.op for n in graph_def.node)
+
+
+def read_graph_file(path: str) -> tuple[Any, bool, bool]:
+    """(message, is_meta_graph, is_text) of a GraphDef or MetaGraphDef file."""
+    import tensorflow as tf
+    from google.protobuf import message, text_format
+
+    from baechi_tf.cost_model.profile import read_bytes
+
+    data = read_bytes(path, "graph", ConfigError)
+    if not data.strip():
+        raise InvalidGraphError(f"graph {path!r} is empty; give a GraphDef or MetaGraphDef")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        for kind, is_meta in ((tf.compat.v1.GraphDef, False), (tf.compat.v1.MetaGraphDef, True)):
+            msg = kind()
+            try:
+                text_format.Parse(text, msg)
+            except (text_format.ParseError, UnicodeError):
+                continue
+            graph_def = msg.graph_def if is_meta else msg
+            if _well_formed(graph_def):
+                return msg, is_meta, True
+    for kind, is_meta in ((tf.compat.v1.MetaGraphDef, True), (tf.compat.v1.GraphDef, False)):
+        try:
+            msg = kind.FromString(data)
+        except (message.DecodeError, RuntimeError, ValueError):
+            continue
+        graph_def = msg.graph_def if is_meta else msg
+        if _well_formed(graph_def):
+            return msg, is_meta, False
+    raise InvalidGraphError(
+        f"graph {path!r} is neither a GraphDef nor a MetaGraphDef (binary or text); write it "
+        "with tf.io.write_graph or tf.compat.v1.train.export_meta_graph"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from google.protobuf import text_format
+
+    from baechi_tf._files import atomic_write
+    from baechi_tf.cli import options_from_args
+    from baechi_tf.cluster import CommCost
+    from baechi_tf.cost_model.profile import load_profile
+    from baechi_tf.rewriter.devices import gpu_cluster, resolve_memory, standin_cluster
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    options = options_from_args(args)
+    memory = resolve_memory(args.memory_per_device)
+    comm = CommCost.parse(args.comm_cost_coeffs)
+    make = standin_cluster if args.device_type == "CPU" else gpu_cluster
+    setup = make(args.num_devices, memory, comm=comm)
+    if os.path.abspath(args.out) in (os.path.abspath(args.graph), os.path.abspath(args.cost_path)):
+        raise ConfigError(f"--out {args.out!r} would overwrite an input; write elsewhere")
+    profile = load_profile(args.cost_path)
+    msg, is_meta, _ = read_graph_file(args.graph)
+    graph_def = msg.graph_def if is_meta else msg
+    placed, report = place_graph_def(
+        graph_def,
+        profile,
+        setup.cluster,
+        options,
+        allow_profile_mismatch=args.allow_profile_mismatch,
+        host_device=setup.host,
+        device_aliases=setup.aliases,
+        ignore_user_devices=args.ignore_user_devices,
+    )
+    if is_meta:
+        out_msg = type(msg)()
+        out_msg.CopyFrom(msg)
+        out_msg.graph_def.CopyFrom(placed)
+    else:
+        out_msg = placed
+    print(report.summary())
+    if args.out.endswith(_TEXT_SUFFIXES):
+        atomic_write(args.out, text_format.MessageToString(out_msg))
+    else:
+        atomic_write(args.out, out_msg.SerializeToString(deterministic=True))
+    print(f"placed {'MetaGraphDef' if is_meta else 'GraphDef'} written to {args.out}")
+    return 0

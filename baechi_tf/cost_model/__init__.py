@@ -1,0 +1,44 @@
+"""Cost model: profiles measured from traced steps, their file, and their coverage of a graph.
+
+`profile_fetch` (TensorFlow) measures; `save_profile` / `load_profile` write and read the
+protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph. Importing
+this package does not import TensorFlow.
+"""
+
+from baechi_tf.cost_model.profile import (
+    CostProfile,
+    Coverage,
+    GraphNode,
+    OpCost,
+    ProfileMismatch,
+    compare_to_graph,
+    graph_fingerprint,
+    graph_nodes,
+    load_profile,
+    merge_profiles,
+    profile_coverage,
+    profile_from_bytes,
+    profile_to_bytes,
+    save_profile,
+)
+from baechi_tf.cost_model.profiler import profile_fetch, profile_from_step_stats, profiling_config
+
+__all__ = [
+    "CostProfile",
+    "Coverage",
+    "GraphNode",
+    "OpCost",
+    "ProfileMismatch",
+    "compare_to_graph",
+    "graph_fingerprint",
+    "graph_nodes",
+    "load_profile",
+    "merge_profiles",
+    "profile_coverage",
+    "profile_fetch",
+    "profile_from_bytes",
+    "profile_from_step_stats",
+    "profile_to_bytes",
+    "profiling_config",
+    "save_profile",
+]

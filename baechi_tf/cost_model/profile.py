@@ -1,0 +1,354 @@
+"""`CostProfile`: measured per-op costs of one graph, and its protobuf file.
+
+A profile holds, per op, the median compute time over the traced steps and the maxima of each
+output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; spec section 2.1). It
+remembers which graph it was taken on (a fingerprint over every node's name, type and inputs,
+device fields left out so that a placed copy of a graph matches its unplaced original) and the
+TensorFlow version.
+
+The file is a ``baechi_tf.CostProfile`` protobuf message (``baechi_tf/proto/cost_profile.proto``),
+written atomically. Reading it parses bytes and nothing else: a pickle, a text file, a truncated
+or an empty file is refused with a `ProfileError`, and no code from the file is ever run.
+
+This module does not import TensorFlow: graphs are read through their ``node`` field (any
+``GraphDef``-like value whose nodes have ``name``, ``op`` and ``input``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import statistics
+from typing import Iterable, Mapping, Optional, Sequence
+
+from baechi_tf._files import atomic_write
+from baechi_tf.errors import ProfileError
+
+__all__ = [
+    "Coverage",
+    "CostProfile",
+    "GraphNode",
+    "OpCost",
+    "ProfileMismatch",
+    "compare_to_graph",
+    "graph_fingerprint",
+    "graph_nodes",
+    "load_profile",
+    "merge_profiles",
+    "profile_coverage",
+    "profile_from_bytes",
+    "profile_to_bytes",
+    "read_bytes",
+    "save_profile",
+]
+
+_MAGIC = "baechi_tf.CostProfile"
+_END = "end"
+_FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+    """Costs of one op over the traced steps."""
+
+    name: str
+    op_type: str
+    compute_us: float  # median over traced steps of the op's time in one step
+    output_bytes: tuple[int, ...]  # per output slot, max over steps (0 for a slot never seen)
+    temp_bytes: int = 0  # max over steps of the op's scratch memory
+    persistent_bytes: int = 0  # max over steps of memory the op holds across steps
+    device: str = ""  # device the op ran on while profiled
+    num_steps: int = 1  # traced steps in which the op ran
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphNode:
+    """What a profile remembers of each node of its graph."""
+
+    name: str
+    op_type: str
+    inputs_digest: int  # first 8 bytes of SHA-256 over the op type and the inputs
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CostProfile:
+    """Measured costs of the ops of one graph."""
+
+    ops: Mapping[str, OpCost]  # op name -> costs, for every op seen in the traces
+    graph_fingerprint: str  # `graph_fingerprint` of the profiled graph
+    graph_nodes: tuple[GraphNode, ...]  # every node of the profiled graph
+    tf_version: str = ""
+    num_traced_steps: int = 0
+    traced_compute_us: float = 0.0  # median per step of all traced time, runtime nodes included
+
+    @property
+    def profiled_compute_us(self) -> float:
+        """Sum of the compute times of the profiled ops (one step)."""
+        return float(sum(c.compute_us for c in self.ops.values()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """How much of a graph a profile covers."""
+
+    num_graph_ops: int  # ops in the graph
+    num_profiled_ops: int  # graph ops with a measured cost
+    estimated_ops: tuple[str, ...]  # graph ops without one, whose costs were estimated
+    profiled_compute_us: float  # traced compute time of the graph's profiled ops, one step
+    traced_compute_us: float  # all traced compute time of one step
+
+    @property
+    def op_share(self) -> float:
+        return self.num_profiled_ops / self.num_graph_ops if self.num_graph_ops else 1.0
+
+    @property
+    def compute_share(self) -> float:
+        """Share of the traced compute time that the graph's ops account for."""
+        if self.traced_compute_us <= 0:
+            return 1.0 if self.num_profiled_ops else 0.0
+        return min(1.0, self.profiled_compute_us / self.traced_compute_us)
+
+    def describe(self) -> str:
+        return (
+            f"profile covers {self.num_profiled_ops} of {self.num_graph_ops} ops "
+            f"({100 * self.op_share:.1f}%) and {100 * self.compute_share:.1f}% of the traced "
+            f"compute time; {len(self.estimated_ops)} ops have estimated costs"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileMismatch:
+    """What differs between the graph a profile was taken on and another graph."""
+
+    profile_fingerprint: str
+    graph_fingerprint: str
+    missing_from_profile: tuple[str, ...]  # nodes of the graph the profiled graph did not have
+    missing_from_graph: tuple[str, ...]  # nodes of the profiled graph the graph does not have
+    changed: tuple[str, ...]  # nodes of both whose op type or inputs differ
+
+    def describe(self, limit: int = 5) -> str:
+        parts = []
+        for label, names in (
+            ("graph ops not in the profiled graph", self.missing_from_profile),
+            ("profiled ops not in the graph", self.missing_from_graph),
+            ("ops whose type or inputs changed", self.changed),
+        ):
+            if names:
+                shown = ", ".join(repr(n) for n in names[:limit])
+                more = f" and {len(names) - limit} more" if len(names) > limit else ""
+                parts.append(f"{len(names)} {label} ({shown}{more})")
+        if not parts:
+            parts.append("the same nodes, but a different fingerprint")
+        return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------- graph identity
+
+
+def _node_digest(op_type: str, inputs: Sequence[str]) -> int:
+    h = hashlib.sha256(op_type.encode())
+    for name in inputs:
+        h.update(b"\0")
+        h.update(name.encode())
+    return int.from_bytes(h.digest()[:8], "little")
+
+
+def graph_nodes(graph_def) -> tuple[GraphNode, ...]:
+    """The name, type and input digest of every node of `graph_def`, in node order."""
+    return tuple(
+        GraphNode(n.name, n.op, _node_digest(n.op, list(n.input))) for n in graph_def.node
+    )
+
+
+def _fingerprint(nodes: Iterable[GraphNode]) -> str:
+    h = hashlib.sha256()
+    for node in sorted(nodes, key=lambda n: n.name):
+        h.update(node.name.encode())
+        h.update(b"\0")
+        h.update(node.inputs_digest.to_bytes(8, "little"))
+    return h.hexdigest()
+
+
+def graph_fingerprint(graph_def) -> str:
+    """SHA-256 (hex) over every node's name, op type and inputs; device fields are left out."""
+    return _fingerprint(graph_nodes(graph_def))
+
+
+def compare_to_graph(profile: CostProfile, graph_def) -> Optional[ProfileMismatch]:
+    """None when `profile` was taken on `graph_def` (devices aside), else what differs."""
+    nodes = graph_nodes(graph_def)
+    fingerprint = _fingerprint(nodes)
+    if fingerprint == profile.graph_fingerprint:
+        return None
+    mine = {n.name: n for n in profile.graph_nodes}
+    theirs = {n.name: n for n in nodes}
+    return ProfileMismatch(
+        profile_fingerprint=profile.graph_fingerprint,
+        graph_fingerprint=fingerprint,
+        missing_from_profile=tuple(n.name for n in nodes if n.name not in mine),
+        missing_from_graph=tuple(n.name for n in profile.graph_nodes if n.name not in theirs),
+        changed=tuple(
+            n.name for n in nodes if n.name in mine and mine[n.name].inputs_digest != n.inputs_digest
+        ),
+    )
+
+
+def profile_coverage(profile: CostProfile, graph_def) -> Coverage:
+    """How many ops of `graph_def` the profile measured, and their share of the traced time."""
+    names = [n.name for n in graph_def.node]
+    measured = [n for n in names if n in profile.ops]
+    return Coverage(
+        num_graph_ops=len(names),
+        num_profiled_ops=len(measured),
+        estimated_ops=tuple(n for n in names if n not in profile.ops),
+        profiled_compute_us=float(sum(profile.ops[n].compute_us for n in measured)),
+        traced_compute_us=profile.traced_compute_us,
+    )
+
+
+def merge_profiles(old: CostProfile, new: CostProfile) -> CostProfile:
+    """`new`, plus the ops only `old` measured (for a graph profiled fetch by fetch).
+
+    Ops both measured take `new`'s costs; the graph identity is `new`'s. The traced time is the
+    larger of the two runtime overheads plus the merged ops' compute.
+    """
+    ops = dict(old.ops)
+    ops.update(new.ops)
+    overhead = max(
+        old.traced_compute_us - old.profiled_compute_us,
+        new.traced_compute_us - new.profiled_compute_us,
+        0.0,
+    )
+    merged = dataclasses.replace(new, ops=ops)
+    return dataclasses.replace(merged, traced_compute_us=merged.profiled_compute_us + overhead)
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+# ---------------------------------------------------------------------------- the file
+
+
+def _pb2():
+    from baechi_tf.proto import cost_profile_pb2
+
+    return cost_profile_pb2
+
+
+def profile_to_bytes(profile: CostProfile) -> bytes:
+    """The profile as a serialized ``baechi_tf.CostProfile`` message (deterministic)."""
+    pb = _pb2().CostProfile(
+        magic=_MAGIC,
+        format_version=_FORMAT_VERSION,
+        graph_fingerprint=profile.graph_fingerprint,
+        tf_version=profile.tf_version,
+        num_traced_steps=profile.num_traced_steps,
+        traced_compute_us=profile.traced_compute_us,
+        end_marker=_END,
+    )
+    for node in profile.graph_nodes:
+        pb.graph_nodes.add(name=node.name, op_type=node.op_type, inputs_digest=node.inputs_digest)
+    for name in sorted(profile.ops):
+        c = profile.ops[name]
+        pb.ops.add(
+            name=c.name,
+            op_type=c.op_type,
+            device=c.device,
+            compute_us=c.compute_us,
+            output_bytes=list(c.output_bytes),
+            temp_bytes=c.temp_bytes,
+            persistent_bytes=c.persistent_bytes,
+            num_steps=c.num_steps,
+        )
+    return pb.SerializeToString(deterministic=True)
+
+
+def _not_a_profile(source: str, why: str) -> ProfileError:
+    return ProfileError(
+        f"{source} is not a baechi_tf cost profile ({why}); profile the graph again with "
+        "baechi_tf.cost_model.profile_fetch (or BaechiSession) to make one"
+    )
+
+
+def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostProfile:
+    """Parses a serialized profile; `ProfileError` for anything that is not a whole one."""
+    from google.protobuf.message import DecodeError
+
+    if not data:
+        raise _not_a_profile(source, "the file is empty")
+    if data[:1] == b"\x80" and data[-1:] == b".":
+        raise _not_a_profile(source, "it looks like a Python pickle, which is never loaded")
+    pb = _pb2().CostProfile()
+    try:
+        pb.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise _not_a_profile(source, f"its bytes do not parse: {e}") from None
+    if pb.magic != _MAGIC:
+        raise _not_a_profile(source, "it lacks the CostProfile marker")
+    if pb.format_version != _FORMAT_VERSION:
+        raise ProfileError(
+            f"{source} has profile format {pb.format_version}, this baechi_tf reads format "
+            f"{_FORMAT_VERSION}; profile the graph again"
+        )
+    if pb.end_marker != _END:
+        raise ProfileError(
+            f"{source} is truncated (its end marker is missing); it was cut short while being "
+            "copied or written: profile the graph again"
+        )
+    ops: dict[str, OpCost] = {}
+    for c in pb.ops:
+        if c.name in ops:
+            raise ProfileError(f"{source} lists op {c.name!r} twice; the file is corrupt")
+        if not (c.compute_us >= 0) or c.temp_bytes < 0 or c.persistent_bytes < 0 or any(
+            b < 0 for b in c.output_bytes
+        ):
+            raise ProfileError(
+                f"{source} gives op {c.name!r} a negative or non-numeric cost; the file is corrupt"
+            )
+        ops[c.name] = OpCost(
+            name=c.name,
+            op_type=c.op_type,
+            compute_us=float(c.compute_us),
+            output_bytes=tuple(int(b) for b in c.output_bytes),
+            temp_bytes=int(c.temp_bytes),
+            persistent_bytes=int(c.persistent_bytes),
+            device=c.device,
+            num_steps=int(c.num_steps),
+        )
+    return CostProfile(
+        ops=ops,
+        graph_fingerprint=pb.graph_fingerprint,
+        graph_nodes=tuple(
+            GraphNode(n.name, n.op_type, int(n.inputs_digest)) for n in pb.graph_nodes
+        ),
+        tf_version=pb.tf_version,
+        num_traced_steps=int(pb.num_traced_steps),
+        traced_compute_us=float(pb.traced_compute_us),
+    )
+
+
+def save_profile(profile: CostProfile, path: str | os.PathLike) -> None:
+    """Writes `profile` to `path` atomically (a reader never sees half a file)."""
+    atomic_write(os.fspath(path), profile_to_bytes(profile))
+
+
+def read_bytes(path: str, what: str, error: type = ProfileError) -> bytes:
+    """The bytes of the file `path` (called `what` in messages); `error` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise error(f"{what} {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path!r} is a directory; give a file") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path!r}: {e.strerror}") from None
+
+
+def load_profile(path: str | os.PathLike) -> CostProfile:
+    """Reads a profile written by `save_profile`; `ProfileError` if it is not one."""
+    path = os.fspath(path)
+    data = read_bytes(path, "cost profile")
+    return profile_from_bytes(data, f"cost profile {path!r}")

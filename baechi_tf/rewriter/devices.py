@@ -1,0 +1,187 @@
+"""The devices a placed graph runs on: real GPUs, or virtual CPU devices standing in for them.
+
+With at least `num_devices` GPUs, the cluster is GPU 0..N-1, each holding TF's
+``memory_limit_bytes`` times `memory_fraction`. With fewer, the session asks TF for N + 1 CPU
+devices (``ConfigProto(device_count={"CPU": N + 1})``): CPU:1..CPU:N stand in for GPU:0..GPU:N-1,
+each with `memory_bytes_per_device`, and CPU:0 stays the host. The host CPU is never a placement
+target; it runs only the ops that must run there (pinned to the CPU by the user, or without a
+kernel for the devices' type), exactly as on a machine with GPUs. A pin to ``/gpu:i`` in the graph
+means the stand-in of GPU i.
+
+Everything but `session_devices` and `session_config` is pure (no TensorFlow import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Optional
+
+from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, GiB
+from baechi_tf.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_MEMORY_BYTES_PER_DEVICE",
+    "DeviceSetup",
+    "gpu_cluster",
+    "host_device",
+    "host_memory_bytes",
+    "resolve_memory",
+    "session_config",
+    "session_devices",
+    "standin_cluster",
+]
+
+DEFAULT_MEMORY_BYTES_PER_DEVICE = 8 * GiB
+LOCAL_TASK = "/job:localhost/replica:0/task:0"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSetup:
+    """Placement targets, the host CPU, and how a session must be configured to have them."""
+
+    cluster: Cluster  # the devices the placer chooses from
+    host: Device  # the host CPU (not a placement target)
+    aliases: Mapping[str, str]  # 'device:GPU:i' -> the stand-in's name (virtual devices only)
+    num_cpus: int  # CPU devices the session must ask for (0: leave TF's default)
+    virtual: bool  # True when CPU devices stand in for GPUs
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this machine (the host CPU's capacity), 64 GiB when unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 64 * GiB
+
+
+def host_device(prefix: str = "") -> Device:
+    """The host CPU, ``{prefix}/device:CPU:0``."""
+    return Device(f"{prefix}/device:CPU:0", host_memory_bytes(), "CPU")
+
+
+def _check_count(num_devices: int) -> None:
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ConfigError(f"num_devices={num_devices!r}; give at least one device")
+
+
+def standin_cluster(
+    num_devices: int,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
+    *,
+    comm: CommCost = DEFAULT_COMM,
+    prefix: str = "",
+) -> DeviceSetup:
+    """CPU:1..CPU:N standing in for GPU:0..GPU:N-1; CPU:0 is the host."""
+    _check_count(num_devices)
+    devices = tuple(
+        Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU") for i in range(num_devices)
+    )
+    return DeviceSetup(
+        cluster=Cluster(devices, comm),
+        host=host_device(prefix),
+        aliases={f"device:GPU:{i}": d.name for i, d in enumerate(devices)},
+        num_cpus=num_devices + 1,
+        virtual=True,
+    )
+
+
+def gpu_cluster(
+    num_devices: int,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
+    *,
+    comm: CommCost = DEFAULT_COMM,
+    prefix: str = "",
+) -> DeviceSetup:
+    """GPU:0..GPU:N-1 with equal memory; the host is CPU:0 (for graphs placed offline)."""
+    _check_count(num_devices)
+    return DeviceSetup(
+        cluster=Cluster.homogeneous(num_devices, memory_bytes, comm=comm, prefix=prefix),
+        host=host_device(prefix),
+        aliases={},
+        num_cpus=0,
+        virtual=False,
+    )
+
+
+def session_devices(
+    num_devices: int,
+    *,
+    memory_bytes_per_device: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
+    memory_fraction: float = 1.0,
+    comm: CommCost = DEFAULT_COMM,
+    config: Any = None,
+) -> DeviceSetup:
+    """The devices of a local session: GPUs when there are `num_devices` of them, else stand-ins."""
+    import tensorflow as tf
+
+    _check_count(num_devices)
+    if not (0 < memory_fraction <= 1):
+        raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
+    if len(tf.config.list_physical_devices("GPU")) < num_devices:
+        return standin_cluster(num_devices, memory_bytes_per_device, comm=comm, prefix=LOCAL_TASK)
+    probe_config = tf.compat.v1.ConfigProto()
+    if config is not None:
+        probe_config.CopyFrom(config)
+    with tf.compat.v1.Session(graph=tf.Graph(), config=probe_config) as probe:
+        listed = probe.list_devices()
+    gpus = sorted(
+        (d for d in listed if d.device_type == "GPU"),
+        key=lambda d: int(d.name.rsplit(":", 1)[1]),
+    )[:num_devices]
+    if len(gpus) < num_devices:  # the config hides some GPUs: fall back to stand-ins
+        return standin_cluster(num_devices, memory_bytes_per_device, comm=comm, prefix=LOCAL_TASK)
+    devices = tuple(
+        Device(d.name, max(1, int(d.memory_limit_bytes * memory_fraction)), "GPU") for d in gpus
+    )
+    return DeviceSetup(
+        cluster=Cluster(devices, comm),
+        host=host_device(LOCAL_TASK),
+        aliases={},
+        num_cpus=0,
+        virtual=False,
+    )
+
+
+def session_config(setup: DeviceSetup, base: Any = None, *, grappler: bool = False) -> Any:
+    """A ``ConfigProto`` for a session that has `setup`'s devices, built on `base` (copied).
+
+    Unless `grappler`, Grappler and the classic graph optimizer are turned off, so the placed
+    graph runs as placed and its op names stay those of the graph.
+    """
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.profiler import profiling_config
+
+    config = tf.compat.v1.ConfigProto()
+    if base is not None:
+        config.CopyFrom(base)
+    if setup.num_cpus:
+        config.device_count["CPU"] = max(setup.num_cpus, config.device_count.get("CPU", 0))
+    if not grappler:
+        config = profiling_config(config)
+    return config
+
+
+def resolve_memory(text: Optional[str]) -> int:
+    """Parses ``'8GiB'``, ``'512MiB'``, ``'4096'`` (bytes) into bytes; `ConfigError` otherwise."""
+    if text is None:
+        return DEFAULT_MEMORY_BYTES_PER_DEVICE
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 1000, "MB": 10**6, "GB": 10**9}
+    t = str(text).strip().upper().replace(" ", "")
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if t.endswith(suffix):
+            number, scale = t[: -len(suffix)], mult
+            break
+    else:
+        number, scale = (t[:-1], 1) if t.endswith("B") else (t, 1)
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = -1
+    if not value >= 1 or value != value:
+        raise ConfigError(
+            f"memory size {text!r} is not a positive size; write e.g. '8GiB', '512MiB' or a "
+            "number of bytes"
+        )
+    return int(value)

@@ -1,0 +1,220 @@
+"""The graph pass: GraphDef + profile + cluster -> placed GraphDef and a report.
+
+`place_graph_def` is the ordered list of named steps of the design: import (GraphDef -> `OpGraph`),
+place (group, place, check, simulate: `baechi_tf.placer.pipeline.place`) and apply (placement ->
+a copy of the GraphDef whose ``device`` fields changed). A failure says which step broke.
+
+Ops that must run on the host CPU (pinned there, or without a kernel for the devices' type) take
+part in the simulation there. The host is not a placement target: the other ops are placed on the
+cluster's devices, the host's ops (with their TF colocation groups) go to the host, and the whole
+placement is checked and simulated on the cluster plus the host, which is then the report's
+cluster. The placer's choices for the other ops count the host's ops as if they ran on a cluster
+device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster, Device
+from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
+from baechi_tf.errors import BaechiError, InfeasiblePlacementError
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.grouping import colocation_groups
+from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
+from baechi_tf.placer.schedule import Placement
+from baechi_tf.placer.simulator import lower_bound_us, simulate
+from baechi_tf.rewriter.apply import apply_placement
+from baechi_tf.rewriter.devices import host_device as default_host_device
+from baechi_tf.rewriter.importer import KernelLookup, import_graph_def
+
+__all__ = ["PlacementReport", "place_graph_def", "place_with_host"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PlacementReport:
+    """What a placement decided and how good the simulator says it is."""
+
+    result: PlacementResult  # graph, cluster (with the host when used), placement, schedule
+    coverage: Coverage  # how much of the graph the profile measured
+    default_compute_ops: tuple[str, ...]  # unprofiled ops with no same-type estimate
+    host_ops: tuple[str, ...]  # ops kept on the host CPU for lack of a kernel
+    host_device: Optional[str]  # the host CPU when it runs some ops, else None
+    mismatch: Optional[ProfileMismatch]  # what did not match, when a mismatch was allowed
+    notes: tuple[str, ...]
+    step_seconds: Mapping[str, float]  # wall time of import, place, apply
+
+    @functools.cached_property
+    def op_to_device(self) -> dict[str, str]:
+        """Op name -> device name, for every op of the graph."""
+        return self.result.op_to_device()
+
+    @property
+    def makespan_us(self) -> float:
+        return self.result.makespan_us
+
+    @property
+    def lower_bound_us(self) -> float:
+        return self.result.lower_bound_us
+
+    @property
+    def single_device_makespan_us(self) -> Optional[float]:
+        return self.result.single_device_makespan_us
+
+    @property
+    def devices_used(self) -> tuple[str, ...]:
+        used = np.unique(self.result.placement.device_of)
+        return tuple(self.result.cluster.names[int(d)] for d in used)
+
+    def summary(self) -> str:
+        from baechi_tf.report import summary_table
+
+        lines = [summary_table(self.result), "", self.coverage.describe()]
+        if self.default_compute_ops:
+            lines.append(
+                f"{len(self.default_compute_ops)} unprofiled ops of types never profiled were "
+                "given 1 us each"
+            )
+        if self.mismatch is not None:
+            lines.append(f"profile mismatch (allowed): {self.mismatch.describe()}")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+
+def _with_host(cluster: Cluster, host: Device) -> Cluster:
+    return dataclasses.replace(cluster, devices=cluster.devices + (host,))
+
+
+def place_with_host(
+    graph: OpGraph, cluster: Cluster, host: Optional[Device], options: PlacementOptions
+) -> PlacementResult:
+    """`place` on `cluster`, with the ops pinned to `host` (not a cluster device) kept there."""
+    host_pinned = (
+        [host.name == d for d in graph.pinned_device] if host is not None else [False] * graph.num_ops
+    )
+    if not any(host_pinned) or cluster.find(host.name) is not None:  # type: ignore[union-attr]
+        return place(graph, cluster, options)
+    assert host is not None
+    t0 = time.perf_counter()
+    colocation_groups(graph)  # raises when a group is pinned both to the host and elsewhere
+    free = dataclasses.replace(
+        graph,
+        pinned_device=tuple(None if h else d for h, d in zip(host_pinned, graph.pinned_device)),
+    )
+    inner = place(free, cluster, options)
+    t1 = time.perf_counter()
+    full = _with_host(cluster, host)
+    host_index = full.num_devices - 1
+    device_of = inner.placement.device_of.copy()
+    on_host_groups = {int(inner.groups.group_of[op]) for op, h in enumerate(host_pinned) if h}
+    for g in sorted(on_host_groups):
+        device_of[inner.groups.members[g]] = host_index
+    placement = Placement(device_of, inner.placement.method)
+    checked = full if options.memory_fraction == 1.0 else full.with_memory_fraction(
+        options.memory_fraction
+    )
+    schedule = check_placement(graph, checked, inner.groups, placement)
+    single = inner.single_device_makespan_us
+    if single is not None:
+        capacities = [d.memory_bytes for d in cluster.devices]
+        one = np.full(graph.num_ops, capacities.index(max(capacities)), dtype=np.int32)
+        one[device_of == host_index] = host_index
+        try:
+            single = simulate(graph, checked, Placement(one, "single")).makespan_us
+        except InfeasiblePlacementError:
+            single = None
+    seconds = dict(inner.step_seconds)
+    seconds["host"] = time.perf_counter() - t1
+    return PlacementResult(
+        graph=graph,
+        cluster=full,
+        groups=inner.groups,
+        placement=placement,
+        schedule=schedule,
+        lower_bound_us=lower_bound_us(graph, full),
+        single_device_makespan_us=single,
+        placement_seconds=time.perf_counter() - t0,
+        step_seconds=seconds,
+    )
+
+
+def place_graph_def(
+    graph_def: Any,
+    profile: Union[CostProfile, str, os.PathLike],
+    cluster: Cluster,
+    options: PlacementOptions = PlacementOptions(),
+    *,
+    allow_profile_mismatch: bool = False,
+    host_device: Optional[Device] = None,
+    device_aliases: Optional[Mapping[str, str]] = None,
+    ignore_user_devices: bool = False,
+    kernel_lookup: Optional[KernelLookup] = None,
+) -> tuple[Any, PlacementReport]:
+    """Places the ops of `graph_def` on `cluster` and returns (placed GraphDef, report).
+
+    `profile` is a `CostProfile` or the path of a profile file. The placed GraphDef is a new
+    message; `graph_def` is not changed. `host_device` defaults to CPU:0 of the cluster's first
+    device's task. The other keywords are those of `baechi_tf.rewriter.importer.import_graph_def`.
+    """
+    options.validate()
+    if not isinstance(profile, CostProfile):
+        profile = load_profile(profile)
+    if host_device is None:
+        host_device = default_host_device(cluster.devices[0].task)
+    seconds: dict[str, float] = {}
+    done: list[str] = []
+
+    def step(name: str, fn):
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except BaechiError as e:
+            ran = f" (after {', '.join(done)})" if done else ""
+            raise type(e)(f"step '{name}' failed{ran}: {e}") from e
+        seconds[name] = time.perf_counter() - t0
+        done.append(name)
+        return value
+
+    imported = step(
+        "import",
+        lambda: import_graph_def(
+            graph_def,
+            profile,
+            cluster,
+            host_device=host_device,
+            device_aliases=device_aliases,
+            allow_profile_mismatch=allow_profile_mismatch,
+            ignore_user_devices=ignore_user_devices,
+            kernel_lookup=kernel_lookup,
+        ),
+    )
+    result = step("place", lambda: place_with_host(imported.graph, cluster, host_device, options))
+    placed = step("apply", lambda: apply_placement(graph_def, result.op_to_device()))
+    report = PlacementReport(
+        result=result,
+        coverage=imported.coverage,
+        default_compute_ops=imported.default_compute_ops,
+        host_ops=imported.host_ops,
+        host_device=imported.host_device,
+        mismatch=imported.mismatch,
+        notes=imported.notes,
+        step_seconds=seconds,
+    )
+    log.info(
+        "placed %d ops on %d devices: makespan %.0f us, lower bound %.0f us",
+        imported.graph.num_ops,
+        len(report.devices_used),
+        report.makespan_us,
+        report.lower_bound_us,
+    )
+    return placed, report

@@ -1,0 +1,415 @@
+"""GraphDef + CostProfile + Cluster -> `OpGraph`: the TensorFlow end that feeds the placers.
+
+One op per node, in node order, with:
+
+* **Costs** from the profile: compute time, bytes of each output slot, temporary and persistent
+  memory. Variables always hold at least their own size as persistent memory (a resource
+  variable's buffer is allocated by the op that assigns it, so the handle op's trace shows none).
+  Ops the profile lacks get estimates and are listed in the coverage: output bytes from static
+  shapes and types (unknown dimensions count as 1), variables their size as persistent memory,
+  compute time the median of the profiled ops of the same type, or `DEFAULT_COMPUTE_US` when no op
+  of that type was profiled (those ops are listed apart).
+* **Edges**: one data edge per (producer output, consumer), carrying the producer's output bytes;
+  one control edge per control input, unless a data edge already links the two ops.
+  ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
+* **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
+  placer adds: an op reading a resource handle or a reference from another op runs on that op's
+  device (TF moves it there whatever the GraphDef says), and so does a dataset op reading another
+  dataset.
+* **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
+  ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
+  GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
+  device that is neither is an error, unless `ignore_user_devices`, which lets the placer move
+  it. Partial names (``/job:worker``) pin nothing.
+* **Kernels**: an op without a kernel for the cluster's device type, but with a CPU kernel, is
+  pinned to the host CPU (TF's registry,
+  ``tensorflow.python.framework.kernels.get_registered_kernels_for_op``). A registry that knows
+  no kernel at all of a device type (``tensorflow-cpu`` and GPUs) cannot tell, and the check is
+  skipped for that type, with a note saying so. Ops that call a function of the graph's library
+  are not checked.
+
+Time: O(nodes + inputs) plus TensorFlow's own import of the GraphDef (for output types and static
+shapes); memory O(nodes + inputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import statistics
+from typing import Any, Callable, Mapping, Optional
+
+from baechi_tf.cluster import Cluster, Device
+from baechi_tf.cost_model.profile import (
+    CostProfile,
+    Coverage,
+    OpCost,
+    ProfileMismatch,
+    compare_to_graph,
+)
+from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
+from baechi_tf.graph import OpGraph, OpGraphBuilder
+
+__all__ = [
+    "DEFAULT_COMPUTE_US",
+    "ImportResult",
+    "VARIABLE_OP_TYPES",
+    "has_registered_kernel",
+    "import_graph_def",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COMPUTE_US = 1.0
+"""Compute time of an unprofiled op when no op of its type was profiled (reported)."""
+
+VARIABLE_OP_TYPES = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
+_BACK_EDGE_SRC = frozenset({"NextIteration", "RefNextIteration"})
+_BACK_EDGE_DST = frozenset({"Merge", "RefMerge"})
+
+KernelLookup = Callable[[str, str], bool]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ImportResult:
+    """The op graph of a GraphDef and what the import had to decide."""
+
+    graph: OpGraph
+    coverage: Coverage
+    default_compute_ops: tuple[str, ...]  # unprofiled ops given DEFAULT_COMPUTE_US
+    host_ops: tuple[str, ...]  # ops pinned to the host CPU: no kernel for the cluster's type
+    host_device: Optional[str]  # name of the host CPU when some op is pinned there
+    mismatch: Optional[ProfileMismatch]  # set when the profile was of another graph (allowed)
+    notes: tuple[str, ...]  # decisions worth telling the user
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_device_types(op_type: str) -> frozenset[str]:
+    from tensorflow.python.framework import kernels
+
+    try:
+        registered = kernels.get_registered_kernels_for_op(op_type).kernel
+    except Exception:  # an unknown op type: no kernel anywhere
+        return frozenset()
+    return frozenset(k.device_type for k in registered)
+
+
+def has_registered_kernel(op_type: str, device_type: str) -> bool:
+    """Whether TF's kernel registry has a kernel of `op_type` for `device_type`."""
+    types = _kernel_device_types(op_type)
+    return device_type.upper() in types or "DEFAULT" in types
+
+
+def _registry_knows(lookup: KernelLookup, device_type: str) -> bool:
+    # Every real device type has a MatMul kernel; a registry without one was built without it.
+    return lookup("MatMul", device_type)
+
+
+def _parse_input(text: str) -> tuple[str, int]:
+    """'^a' -> ('a', -1); 'a:2' -> ('a', 2); 'a' -> ('a', 0)."""
+    if text.startswith("^"):
+        return text[1:], -1
+    name, sep, port = text.rpartition(":")
+    if sep and port.isdigit():
+        return name, int(port)
+    return text, 0
+
+
+def _static_bytes(tensor) -> int:
+    dtype = tensor.dtype.base_dtype
+    size = dtype.size or 8  # string, resource and variant elements: count a pointer
+    shape = tensor.shape
+    if shape.rank is None:
+        return size
+    count = 1
+    for d in shape.as_list():
+        count *= d if d is not None and d >= 0 else 1
+    return count * size
+
+
+def _variable_bytes(op) -> int:
+    import tensorflow as tf
+
+    try:
+        dtype = tf.as_dtype(op.get_attr("dtype")).base_dtype
+        shape = tf.TensorShape(op.get_attr("shape"))
+    except (ValueError, TypeError):
+        return 0
+    if shape.rank is None:
+        return dtype.size
+    count = 1
+    for d in shape.as_list():
+        count *= d if d is not None and d >= 0 else 1
+    return count * (dtype.size or 8)
+
+
+def _tf_graph(graph_def):
+    import tensorflow as tf
+
+    g = tf.Graph()
+    try:
+        with g.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+    except (ValueError, TypeError, tf.errors.OpError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidGraphError(f"the GraphDef does not import into TensorFlow: {msg}") from None
+    return g
+
+
+class _DeviceResolver:
+    """Maps a node's ``device`` field to a cluster device name, the host CPU, or nothing."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        host: Optional[Device],
+        aliases: Mapping[str, str],
+        ignore_user_devices: bool,
+    ) -> None:
+        self.cluster = cluster
+        self.host = host
+        self.host_cluster = Cluster((host,)) if host is not None else None
+        self.aliases = {self._local(k) or k: v for k, v in aliases.items()}
+        self.ignore = ignore_user_devices
+        self.ignored: list[str] = []
+
+    @staticmethod
+    def _spec(text: str):
+        import tensorflow as tf
+
+        try:
+            return tf.DeviceSpec.from_string(text)
+        except (ValueError, TypeError):
+            return None
+
+    @classmethod
+    def _local(cls, text: str) -> Optional[str]:
+        spec = cls._spec(text)
+        if spec is None or spec.device_type is None or spec.device_index is None:
+            return None
+        return f"device:{spec.device_type.upper()}:{spec.device_index}"
+
+    def resolve(self, op_name: str, text: str) -> tuple[Optional[str], bool]:
+        """(device name or None, whether it is the host CPU)."""
+        if not text:
+            return None, False
+        spec = self._spec(text)
+        if spec is None:
+            raise ConfigError(f"op {op_name!r} has the malformed device {text!r}")
+        if spec.device_type is None or spec.device_index is None:
+            return None, False  # a job or task only: no single device
+        local = f"device:{spec.device_type.upper()}:{spec.device_index}"
+        if spec.job is None and local in self.aliases:
+            return self.aliases[local], False
+        i = self.cluster.find(text)
+        if i is not None:
+            return self.cluster.names[i], False
+        if self.host_cluster is not None and self.host_cluster.find(text) is not None:
+            return self.host.name, True  # type: ignore[union-attr]
+        if self.ignore:
+            self.ignored.append(op_name)
+            return None, False
+        raise ConfigError(
+            f"op {op_name!r} is pinned to {text!r}, which is not one of the devices "
+            f"({', '.join(self.cluster.names)}); give that many devices, or ignore the pins "
+            "the graph carries (ignore_user_devices=True, --ignore_user_devices)"
+        )
+
+
+def import_graph_def(
+    graph_def: Any,
+    profile: CostProfile,
+    cluster: Cluster,
+    *,
+    host_device: Optional[Device] = None,
+    device_aliases: Optional[Mapping[str, str]] = None,
+    allow_profile_mismatch: bool = False,
+    ignore_user_devices: bool = False,
+    kernel_lookup: Optional[KernelLookup] = None,
+) -> ImportResult:
+    """The `OpGraph` of `graph_def` with the costs of `profile`, for placement on `cluster`.
+
+    `host_device` is the host CPU: ops the user pinned to it, and ops without a kernel for the
+    cluster's device type, are pinned to it. When it is not a device of `cluster`, the caller
+    places on `cluster` plus the host (see `baechi_tf.rewriter.graph_pass`). A profile of another
+    graph raises `ProfileError` unless `allow_profile_mismatch`: then only the ops of the same
+    name, type and inputs take measured costs, and the result says what did not match.
+    """
+    mismatch = compare_to_graph(profile, graph_def)
+    if mismatch is not None and not allow_profile_mismatch:
+        raise ProfileError(
+            f"the cost profile was taken on another graph: {mismatch.describe()}; profile this "
+            "graph again, or allow the mismatch (--allow_profile_mismatch) to use the costs of "
+            "the ops that match"
+        )
+    usable: Mapping[str, OpCost] = profile.ops
+    if mismatch is not None:
+        bad = set(mismatch.changed)
+        usable = {n: c for n, c in profile.ops.items() if n not in bad}
+
+    tfg = _tf_graph(graph_def)
+    lookup = kernel_lookup or has_registered_kernel
+    resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
+    notes: list[str] = []
+
+    # Kernel check: the device types of the cluster the registry knows about.
+    target_types = sorted({d.type.upper() for d in cluster.devices})
+    checked_types = [t for t in target_types if _registry_knows(lookup, t)]
+    for t in target_types:
+        if t not in checked_types:
+            notes.append(
+                f"kernel check skipped for {t}: this TensorFlow registers no {t} kernels, so "
+                f"ops without a {t} kernel cannot be told apart"
+            )
+    library_ops = {f.signature.name for f in graph_def.library.function}
+
+    by_type: dict[str, list[float]] = {}
+    for c in usable.values():
+        by_type.setdefault(c.op_type, []).append(c.compute_us)
+    type_median = {t: statistics.median(v) for t, v in by_type.items()}
+
+    builder = OpGraphBuilder()
+    default_ops: list[str] = []
+    host_ops: list[str] = []
+    used_host = False
+    estimated: list[str] = []
+    profiled_us = 0.0
+    names = [n.name for n in graph_def.node]
+    name_set = set(names)
+    node_types = {n.name: n.op for n in graph_def.node}
+
+    for node in graph_def.node:
+        op = tfg.get_operation_by_name(node.name)
+        outputs = op.outputs
+        static = [_static_bytes(t) for t in outputs]
+        var_bytes = _variable_bytes(op) if node.op in VARIABLE_OP_TYPES else 0
+        cost = usable.get(node.name)
+        if cost is not None and cost.op_type and cost.op_type != node.op:
+            cost = None  # same name, another op: only possible with an allowed mismatch
+        if cost is not None:
+            if len(cost.output_bytes) > len(outputs) and not allow_profile_mismatch:
+                raise ProfileError(
+                    f"the profile gives op {node.name!r} {len(cost.output_bytes)} outputs but the "
+                    f"graph's op has {len(outputs)}; profile this graph again"
+                )
+            out_bytes = [
+                cost.output_bytes[i] if i < len(cost.output_bytes) else static[i]
+                for i in range(len(outputs))
+            ]
+            compute = cost.compute_us
+            temp = cost.temp_bytes
+            persistent = max(cost.persistent_bytes, var_bytes)
+            profiled_us += compute
+        else:
+            estimated.append(node.name)
+            out_bytes = static
+            if node.op in type_median:
+                compute = type_median[node.op]
+            else:
+                compute = DEFAULT_COMPUTE_US
+                default_ops.append(node.name)
+            temp = 0
+            persistent = var_bytes
+
+        device, on_host = resolver.resolve(node.name, node.device)
+        if (
+            device is None
+            and host_device is not None
+            and _needs_host(node.op, checked_types, lookup, library_ops)
+        ):
+            device, on_host = host_device.name, True
+            host_ops.append(node.name)
+        used_host = used_host or on_host
+
+        colocation = [
+            v.decode() if isinstance(v, bytes) else v
+            for v in (node.attr["_class"].list.s if "_class" in node.attr else ())
+        ]
+        colocation = [c[len("loc:@") :] for c in colocation if c.startswith("loc:@")]
+        builder.add_op(
+            node.name,
+            compute_us=float(compute),
+            output_bytes=[int(b) for b in out_bytes],
+            temp_bytes=int(temp),
+            persistent_bytes=int(persistent),
+            device=device,
+            colocation=tuple(colocation) + tuple(_implicit_colocation(op, node_types)),
+            op_type=node.op,
+        )
+
+    for node in graph_def.node:
+        data_srcs: set[str] = set()
+        for text in node.input:
+            src, port = _parse_input(text)
+            if src not in name_set:
+                raise InvalidGraphError(
+                    f"op {node.name!r} reads {text!r}, but the graph has no op {src!r}: the "
+                    "GraphDef is incomplete"
+                )
+            if node_types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST:
+                continue  # a loop's back edge: left out of the DAG
+            if port >= 0:
+                builder.add_edge(src, node.name, port)
+                data_srcs.add(src)
+            elif src not in data_srcs:
+                builder.add_control_edge(src, node.name)
+
+    graph = builder.build()
+    if resolver.ignored:
+        notes.append(
+            f"{len(resolver.ignored)} ops named devices outside the cluster and were placed "
+            f"freely (first: {resolver.ignored[0]!r})"
+        )
+    if host_ops:
+        notes.append(
+            f"{len(host_ops)} ops have no kernel for {', '.join(checked_types)} and stay on the "
+            f"host CPU (first: {host_ops[0]!r})"
+        )
+    coverage = Coverage(
+        num_graph_ops=len(names),
+        num_profiled_ops=len(names) - len(estimated),
+        estimated_ops=tuple(estimated),
+        profiled_compute_us=profiled_us,
+        traced_compute_us=profile.traced_compute_us,
+    )
+    log.info("%s", coverage.describe())
+    return ImportResult(
+        graph=graph,
+        coverage=coverage,
+        default_compute_ops=tuple(default_ops),
+        host_ops=tuple(host_ops),
+        host_device=host_device.name if used_host and host_device is not None else None,
+        mismatch=mismatch,
+        notes=tuple(notes),
+    )
+
+
+def _needs_host(
+    op_type: str, checked_types: list[str], lookup: KernelLookup, library_ops: set[str]
+) -> bool:
+    """True when `op_type` has no kernel for any checked cluster type but one for the CPU."""
+    if not checked_types or op_type in library_ops:
+        return False
+    if any(lookup(op_type, t) for t in checked_types):
+        return False
+    return "CPU" not in checked_types and lookup(op_type, "CPU")
+
+
+def _implicit_colocation(op, node_types: Mapping[str, str]) -> list[str]:
+    """Producers TF's placer puts this op with: resource and reference inputs, dataset inputs."""
+    import tensorflow as tf
+
+    out: list[str] = []
+    for t in op.inputs:
+        dtype = t.dtype
+        src = t.op
+        if dtype == tf.resource or dtype._is_ref_dtype:
+            out.append(src.name)
+        elif dtype == tf.variant and _is_dataset(src.type) and _is_dataset(op.type):
+            out.append(src.name)
+    return list(dict.fromkeys(out))
+
+
+def _is_dataset(op_type: str) -> bool:
+    return "Dataset" in op_type

@@ -1,0 +1,414 @@
+"""`BaechiSession`: a ``tf.compat.v1.Session`` look-alike that places the graph before it runs.
+
+Either form works::
+
+    sess = BaechiSession(tf.compat.v1.Session(graph=g, config=cfg), placement_method="m_etf",
+                         num_devices=4)
+    sess = BaechiSession(graph=g, config=cfg, placement_method="m_etf", num_devices=4)
+
+The first `run` of a fetch whose ops were never profiled:
+
+1. reads the values of the variables that are initialised (from the wrapped session, or from
+   the placed session of an earlier fetch);
+2. profiles the fetch on a scratch copy of the graph holding those values (`warmup_steps`
+   untraced runs, then `profile_steps` traced ones), so the real variables do not move;
+3. places the whole graph (`place_graph_def`; ops no fetch has run yet get estimated costs);
+4. imports the placed GraphDef into a fresh graph and session, writes the variable values in,
+   and runs the fetch there.
+
+Later runs of fetches whose ops were all profiled go straight to the placed session. A training
+loop through a `BaechiSession` therefore computes what a plain session computes, step for step.
+`sess.placement` is the `PlacementReport` of the last placement (``op_to_device``,
+``makespan_us``, ``lower_bound_us``, ``coverage``).
+
+Devices come from `baechi_tf.rewriter.devices.session_devices`: the GPUs when there are
+`num_devices` of them, else virtual CPU devices standing in for GPUs (`memory_bytes_per_device`
+each). Unless `grappler=True`, Grappler and the classic graph optimizer are off in the sessions
+this class makes, so ops run where they were placed and keep their names.
+
+Only variables carry over from one session to the next: the state of iterators, lookup tables,
+queues and random number generators starts afresh in each placed session.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from baechi_tf.cluster import DEFAULT_COMM, CommCost
+from baechi_tf.cost_model.profile import CostProfile, merge_profiles, save_profile
+from baechi_tf.errors import ConfigError
+from baechi_tf.placer.pipeline import PlacementOptions
+from baechi_tf.rewriter.devices import (
+    DEFAULT_MEMORY_BYTES_PER_DEVICE,
+    DeviceSetup,
+    session_config,
+    session_devices,
+)
+from baechi_tf.rewriter.graph_pass import PlacementReport, place_graph_def
+from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
+
+__all__ = ["BaechiSession"]
+
+log = logging.getLogger(__name__)
+
+
+class _VariableIO:
+    """Reads and writes the variables of a graph this module owns (helper ops added to it)."""
+
+    def __init__(self, graph: Any) -> None:
+        import tensorflow as tf
+
+        self.entries: list[tuple[str, Any, Any, Any, Any]] = []
+        variables = [op for op in graph.get_operations() if op.type in VARIABLE_OP_TYPES]
+        with graph.as_default(), tf.name_scope("baechi_tf_io"):
+            for op in variables:
+                with graph.device(op.device):
+                    dtype = tf.as_dtype(op.get_attr("dtype"))
+                    handle = op.outputs[0]
+                    value = tf.compat.v1.placeholder(dtype)
+                    if op.type == "VarHandleOp":
+                        is_init = tf.raw_ops.VarIsInitializedOp(resource=handle)
+                        read = tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+                        assign = tf.raw_ops.AssignVariableOp(resource=handle, value=value)
+                    else:
+                        is_init = tf.raw_ops.IsVariableInitialized(ref=handle)
+                        read = handle
+                        assign = tf.raw_ops.Assign(ref=handle, value=value, validate_shape=False)
+                self.entries.append((op.name, is_init, read, value, assign))
+
+    def read(self, session: Any) -> dict[str, Any]:
+        """Values of the initialised variables, by variable op name."""
+        if not self.entries:
+            return {}
+        flags = session.run([e[1] for e in self.entries])
+        live = [e for e, ok in zip(self.entries, flags) if ok]
+        values = session.run([e[2] for e in live]) if live else []
+        return {e[0]: v for e, v in zip(live, values)}
+
+    def load(self, session: Any, values: dict[str, Any]) -> None:
+        """Writes `values` into the variables of the same names."""
+        todo = [e for e in self.entries if e[0] in values]
+        if todo:
+            session.run([e[4] for e in todo], feed_dict={e[3]: values[e[0]] for e in todo})
+
+
+def _read_user_variables(session: Any) -> dict[str, Any]:
+    """Values of the initialised variables of a session whose graph belongs to the user.
+
+    Reads through the graph's existing ops (a reference variable's own output, a resource
+    variable's ``ReadVariableOp``); adds a read op only for a resource variable that has none.
+    """
+    import tensorflow as tf
+
+    graph = session.graph
+    readers: list[tuple[str, Any]] = []
+    for op in graph.get_operations():
+        if op.type not in VARIABLE_OP_TYPES:
+            continue
+        if op.type != "VarHandleOp":
+            readers.append((op.name, op.outputs[0]))
+            continue
+        reader = next(
+            (
+                c.outputs[0]
+                for c in op.outputs[0].consumers()
+                if c.type == "ReadVariableOp" and not c.control_inputs
+            ),
+            None,
+        )
+        if reader is None and not graph.finalized:
+            with graph.as_default(), graph.device(op.device):
+                reader = tf.raw_ops.ReadVariableOp(
+                    resource=op.outputs[0], dtype=tf.as_dtype(op.get_attr("dtype"))
+                )
+        if reader is None:
+            log.warning("cannot read variable %r of a finalized graph; it starts afresh", op.name)
+            continue
+        readers.append((op.name, reader))
+    if not readers:
+        return {}
+    try:
+        values = session.run([r for _, r in readers])
+        return {name: v for (name, _), v in zip(readers, values)}
+    except tf.errors.FailedPreconditionError:
+        pass  # some are not initialised: read one by one
+    out = {}
+    for name, reader in readers:
+        try:
+            out[name] = session.run(reader)
+        except tf.errors.FailedPreconditionError:
+            continue
+    return out
+
+
+class _Placed:
+    """A placed GraphDef imported into a graph of its own, with its session."""
+
+    def __init__(self, graph_def: Any, config: Any, target: str) -> None:
+        import tensorflow as tf
+
+        self.graph_def = graph_def
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        self.names = {n.name for n in graph_def.node}
+        self.io = _VariableIO(self.graph)
+        self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
+
+
+class BaechiSession:
+    """Runs a ``tf.compat.v1`` graph placed by Baechi; see the module docstring."""
+
+    def __init__(
+        self,
+        sess: Any = None,
+        *,
+        graph: Any = None,
+        config: Any = None,
+        target: str = "",
+        placement_method: Optional[str] = None,
+        num_devices: Optional[int] = None,
+        memory_bytes_per_device: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
+        memory_fraction: float = 1.0,
+        options: Optional[PlacementOptions] = None,
+        comm: CommCost = DEFAULT_COMM,
+        warmup_steps: int = 2,
+        profile_steps: int = 5,
+        cost_path: Optional[str] = None,
+        grappler: bool = False,
+    ) -> None:
+        import tensorflow as tf
+
+        if sess is not None:
+            if graph is not None and graph is not sess.graph:
+                raise ConfigError("graph= differs from the graph of the session given; give one")
+            if config is not None:
+                raise ConfigError(
+                    "config= is for BaechiSession(graph=..., config=...); the session given "
+                    "already has its config"
+                )
+            graph = sess.graph
+            config = getattr(sess, "_config", None)
+            target = target or getattr(sess, "sess_str", "") or ""
+        elif graph is None:
+            graph = tf.compat.v1.get_default_graph()
+        options = options or PlacementOptions()
+        if placement_method is not None and placement_method != options.placement_method:
+            if options != PlacementOptions():
+                raise ConfigError(
+                    f"placement_method={placement_method!r} contradicts options="
+                    f"{options.placement_method!r}; give one of them"
+                )
+            options = PlacementOptions(placement_method=placement_method)
+        options.validate()
+        if profile_steps < 1 or warmup_steps < 0:
+            raise ConfigError(
+                f"profile_steps={profile_steps}, warmup_steps={warmup_steps}: trace at least one "
+                "step and warm up zero or more"
+            )
+        if num_devices is None:
+            num_devices = max(1, len(tf.config.list_physical_devices("GPU")))
+        self._graph = graph
+        self._user_session = sess
+        self._options = options
+        self._setup: DeviceSetup = session_devices(
+            num_devices,
+            memory_bytes_per_device=memory_bytes_per_device,
+            memory_fraction=memory_fraction,
+            comm=comm,
+            config=config,
+        )
+        self._run_config = session_config(self._setup, config, grappler=grappler)
+        profile_config = session_config(self._setup, config, grappler=False)
+        profile_config.allow_soft_placement = True
+        self._profile_config = profile_config
+        self._target = target
+        self._warmup_steps = warmup_steps
+        self._profile_steps = profile_steps
+        self._cost_path = cost_path
+        self._placed: Optional[_Placed] = None
+        self._profile: Optional[CostProfile] = None
+        self._covered: set[str] = set()
+        self._ready: set[tuple] = set()
+        self._closed = False
+        self.placement: Optional[PlacementReport] = None
+
+    # ------------------------------------------------------------------ Session look-alike
+
+    @property
+    def graph(self) -> Any:
+        """The user's graph (fetches and feeds name its tensors and ops)."""
+        return self._graph
+
+    @property
+    def graph_def(self) -> Any:
+        return self._graph.as_graph_def()
+
+    @property
+    def devices(self) -> DeviceSetup:
+        """The placement targets, the host CPU and how sessions are configured for them."""
+        return self._setup
+
+    @property
+    def profile(self) -> Optional[CostProfile]:
+        """The profile of every fetch run so far (None before the first run)."""
+        return self._profile
+
+    @property
+    def placed_graph_def(self) -> Any:
+        """The GraphDef the placed session runs (None before the first run)."""
+        return self._placed.graph_def if self._placed is not None else None
+
+    def list_devices(self) -> list:
+        """The devices of the sessions this object runs graphs in."""
+        import tensorflow as tf
+
+        self._check_open()
+        if self._placed is not None:
+            return self._placed.session.list_devices()
+        with tf.compat.v1.Session(self._target, graph=tf.Graph(), config=self._run_config) as s:
+            return s.list_devices()
+
+    def run(
+        self,
+        fetches: Any,
+        feed_dict: Optional[dict] = None,
+        options: Any = None,
+        run_metadata: Any = None,
+    ) -> Any:
+        """Like ``Session.run``; the first run of a new fetch profiles and places first."""
+        import tensorflow as tf
+
+        self._check_open()
+        named = tf.nest.map_structure(self._name_of, fetches)
+        feeds = {self._name_of(k): v for k, v in (feed_dict or {}).items()}
+        leaves = tuple(sorted(set(tf.nest.flatten(named))))
+        key = (leaves, tuple(sorted(feeds)))
+        if key not in self._ready:
+            closure = self._closure(leaves, feeds)
+            if (
+                self._placed is None
+                or not closure <= self._covered
+                or not closure <= self._placed.names
+            ):
+                self._profile_and_place(named, feeds, closure)
+            self._ready.add(key)
+        assert self._placed is not None
+        return self._placed.session.run(
+            named, feed_dict=feeds, options=options, run_metadata=run_metadata
+        )
+
+    def close(self) -> None:
+        """Closes the placed session and the session this object was given."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._placed is not None:
+            self._placed.session.close()
+            self._placed = None
+        if self._user_session is not None:
+            self._user_session.close()
+
+    def __enter__(self) -> "BaechiSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("Attempted to use a closed BaechiSession.")
+
+    def _name_of(self, x: Any) -> str:
+        import tensorflow as tf
+
+        if isinstance(x, str):
+            return x
+        element = getattr(x, "_as_graph_element", None)
+        if callable(element):
+            x = element() or x
+        if isinstance(x, (tf.Tensor, tf.Operation)):
+            if x.graph is not self._graph:
+                raise ValueError(f"{x.name!r} is not an element of this session's graph")
+            return x.name
+        raise TypeError(
+            f"cannot fetch or feed {x!r}: give tensors, operations, variables or their names"
+        )
+
+    def _closure(self, fetch_names: tuple[str, ...], feeds: dict[str, Any]) -> set[str]:
+        """Names of the ops a run of the fetches executes (fed tensors cut the graph)."""
+        import tensorflow as tf
+
+        stack = []
+        for name in fetch_names:
+            element = self._graph.as_graph_element(name)
+            stack.append(element if isinstance(element, tf.Operation) else element.op)
+        seen: set[str] = set()
+        while stack:
+            op = stack.pop()
+            if op.name in seen:
+                continue
+            seen.add(op.name)
+            stack.extend(t.op for t in op.inputs if t.name not in feeds)
+            stack.extend(op.control_inputs)
+        return seen
+
+    def _read_values(self) -> dict[str, Any]:
+        if self._placed is not None:
+            return self._placed.io.read(self._placed.session)
+        if self._user_session is not None:
+            return _read_user_variables(self._user_session)
+        return {}
+
+    def _profile_and_place(self, fetches: Any, feeds: dict[str, Any], closure: set[str]) -> None:
+        import tensorflow as tf
+
+        from baechi_tf.cost_model.profiler import profile_fetch
+
+        graph_def = self._graph.as_graph_def()
+        values = self._read_values()
+        scratch = tf.Graph()
+        with scratch.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        io = _VariableIO(scratch)
+        with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
+            io.load(s, values)
+            profile = profile_fetch(
+                s,
+                fetches,
+                feeds,
+                warmup_steps=self._warmup_steps,
+                traced_steps=self._profile_steps,
+                graph_def=graph_def,
+            )
+        self._profile = profile if self._profile is None else merge_profiles(self._profile, profile)
+        if self._cost_path:
+            save_profile(self._profile, self._cost_path)
+        placed_def, report = place_graph_def(
+            graph_def,
+            self._profile,
+            self._setup.cluster,
+            self._options,
+            host_device=self._setup.host,
+            device_aliases=self._setup.aliases,
+        )
+        placed = _Placed(placed_def, self._run_config, self._target)
+        try:
+            placed.io.load(placed.session, values)
+        except BaseException:
+            placed.session.close()
+            raise
+        if self._placed is not None:
+            self._placed.session.close()
+        self._placed = placed
+        self._covered |= closure
+        self.placement = report
+        log.info(
+            "placed %d ops on %d devices (%s)",
+            len(placed.names),
+            len(report.devices_used),
+            report.coverage.describe(),
+        )
