@@ -54,6 +54,9 @@ __all__ = [
 ]
 
 _INF = float("inf")
+# A transfer looks for a free gap among at most this many bookings after its earliest start
+# before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
+_MAX_GAPS = 16
 
 
 def format_bytes(n: float) -> str:
@@ -159,6 +162,9 @@ class SchedulerState:
         self.order: list[int] = []
         self.device_free = [0.0] * nd  # compute clock
         self.last_op = [-1] * nd
+        self.min_transfer_us = min(
+            (self.intercept[a][b] for a in range(nd) for b in range(nd) if a != b), default=0.0
+        )
         self.chan_start: list[list[float]] = [[] for _ in range(nd)]
         self.chan_end: list[list[float]] = [[] for _ in range(nd)]
         self.usage = [0] * nd
@@ -170,44 +176,45 @@ class SchedulerState:
 
     # ---------------------------------------------------------------- channels
 
-    def _first_fit(self, dev: int, t: float, w: float, extra: list[tuple[int, float, float]]) -> float:
-        starts, ends = self.chan_start[dev], self.chan_end[dev]
-        while True:
-            i = bisect.bisect_right(ends, t)
-            moved = False
-            while i < len(starts) and starts[i] < t + w:
-                if ends[i] > t:
-                    t = ends[i]
-                    moved = True
-                i += 1
-            for d, s, e in extra:
-                if d == dev and s < t + w and e > t:
-                    t = e
-                    moved = True
-            if not moved:
-                return t
-
     def _slot(self, a: int, b: int, t: float, w: float, extra: list) -> float:
-        """Earliest start >= t of a w-long interval free on the channels of a and b."""
+        """Earliest start >= t of a w-long interval free on the channels of a and b.
+
+        `extra` holds tentative bookings (device, start, end) of the same dry run.
+        """
         if w <= 0:
             return t
+        channels = ((self.chan_start[a], self.chan_end[a], a), (self.chan_start[b], self.chan_end[b], b))
         while True:
-            s = self._first_fit(a, t, w, extra)
-            s = self._first_fit(b, s, w, extra)
-            if s == t:
-                return s
-            t = s
+            t0 = t
+            for starts, ends, dev in channels:
+                n = len(ends)
+                if n and ends[-1] > t:
+                    i = bisect.bisect_right(ends, t)  # first booking ending after t
+                    stop = i + _MAX_GAPS
+                    while i < n and starts[i] < t + w:
+                        t = ends[i]
+                        i += 1
+                        if i == stop:  # a long run of gaps too small: go after the last booking
+                            t = ends[-1]
+                            break
+                for d, s, e in extra:
+                    if d == dev and s < t + w and e > t:
+                        t = e
+            if t == t0:
+                return t
 
     def _book(self, dev: int, s: float, e: float) -> None:
         starts, ends = self.chan_start[dev], self.chan_end[dev]
         i = bisect.bisect_left(starts, s)
-        # Merge with touching neighbours to keep the lists short.
-        if i > 0 and ends[i - 1] >= s:
+        # Merge with neighbours closer than the shortest possible transfer: such a gap can never
+        # be used, and dropping it keeps the lists short.
+        gap = self.min_transfer_us
+        if i > 0 and ends[i - 1] + gap > s:
             i -= 1
             s = starts[i]
             e = max(e, ends[i])
             del starts[i], ends[i]
-        while i < len(starts) and starts[i] <= e:
+        while i < len(starts) and starts[i] < e + gap:
             e = max(e, ends[i])
             del starts[i], ends[i]
         starts.insert(i, s)
@@ -236,20 +243,21 @@ class SchedulerState:
                 s = self._slot(pd, dev, self.end[p], w, extra)
                 arrived = s + w
                 new_bytes += nbytes
+                if w > 0:
+                    extra.append((pd, s, arrived))
+                    extra.append((dev, s, arrived))
                 if commit:
-                    if w > 0:
-                        self._book(pd, s, arrived)
-                        self._book(dev, s, arrived)
                     self.arrival[(t, dev)] = arrived
                     self.transfers.append(Transfer(t, pd, dev, s, arrived))
                     rel = self.release.setdefault(t, {})
                     if rel.get(pd, -1.0) < arrived:
                         rel[pd] = arrived
-                elif w > 0:
-                    extra.append((pd, s, arrived))
-                    extra.append((dev, s, arrived))
             if arrived > ready:
                 ready = arrived
+        if commit:
+            # Booked only now, so that a commit finds exactly the slots its dry run found.
+            for d, s, e in extra:
+                self._book(d, s, e)
         return ready, new_bytes
 
     def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
@@ -347,21 +355,23 @@ def run_list_scheduler(
             if dev >= 0:
                 state.place_group(g, int(dev))
 
-    heap: list[tuple[float, int, int, int]] = []
-    waiting: list[set[int]] = [set() for _ in range(state.num_devices)]  # ops held by memory
+    nd = state.num_devices
+    # Per device: `later` holds (lower bound of start, topo, op) for ops that cannot start when
+    # the device is next free; `now` holds (topo, op) for ops that can (their start is the
+    # device's free time). Both are lazy: entries are checked when they reach the top.
+    later: list[list[tuple[float, int, int]]] = [[] for _ in range(nd)]
+    now: list[list[tuple[int, int]]] = [[] for _ in range(nd)]
+    waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
     dead: set[tuple[int, int]] = set()
     topo = state.topo
     group_of = state.group_of
+    device_of = state.device
 
-    def candidate_devices(op: int) -> list[int]:
+    def push_ready(op: int, t: float) -> None:
         g = group_of[op]
-        if state.group_device[g] >= 0:
-            return [state.group_device[g]]
-        return list(policy.devices(op, state))
-
-    def push_ready(op: int, now: float) -> None:
-        for d in candidate_devices(op):
-            heapq.heappush(heap, (now, topo[op], d, op))
+        devices = (state.group_device[g],) if state.group_device[g] >= 0 else policy.devices(op, state)
+        for d in devices:
+            heapq.heappush(later[d], (t, topo[op], op))
 
     def evaluate(op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory)."""
@@ -377,7 +387,8 @@ def run_list_scheduler(
             dead.add((op, dev))
             return None
         ready, new_bytes = state.ready_time(op, dev)
-        base = max(ready, state.device_free[dev])
+        free = state.device_free[dev]
+        base = ready if ready > free else free
         need = state.alloc[op] + new_bytes + need_persistent
         t = state.memory_time(dev, need, base)
         if t is None or t > base:
@@ -386,22 +397,55 @@ def run_list_scheduler(
             return None
         return policy.hold(op, dev, t, state)
 
+    def best(d: int) -> Optional[tuple[float, int, int, int]]:
+        """The (start, topo, device, op) that starts first on device d."""
+        free = state.device_free[d]
+        h, p = later[d], now[d]
+        while h and h[0][0] <= free:
+            _, tp, op = heapq.heappop(h)
+            heapq.heappush(p, (tp, op))
+        while p:
+            tp, op = p[0]
+            if device_of[op] >= 0 or (op, d) in dead:
+                heapq.heappop(p)
+                continue
+            v = evaluate(op, d)
+            if v is None:
+                heapq.heappop(p)
+            elif v > free:
+                heapq.heappop(p)
+                heapq.heappush(h, (v, tp, op))
+            else:
+                return (v, tp, d, op)
+        while h:
+            key, tp, op = h[0]
+            if device_of[op] >= 0 or (op, d) in dead:
+                heapq.heappop(h)
+                continue
+            v = evaluate(op, d)
+            if v is None:
+                heapq.heappop(h)
+            elif v > key:
+                heapq.heapreplace(h, (v, tp, op))
+            else:
+                return (v, tp, d, op)
+        return None
+
     for op in graph.topo_order.tolist():
         if state.preds_left[op] == 0:
             push_ready(op, 0.0)
 
     scheduled = 0
     n = graph.num_ops
-    while heap:
-        key, _, dev, op = heapq.heappop(heap)
-        if state.device[op] >= 0 or (op, dev) in dead:
-            continue
-        t = evaluate(op, dev)
-        if t is None:
-            continue
-        if t > key:
-            heapq.heappush(heap, (t, topo[op], dev, op))
-            continue
+    while True:
+        choice = None
+        for d in range(nd):
+            c = best(d)
+            if c is not None and (choice is None or c < choice):
+                choice = c
+        if choice is None:
+            break
+        t, _, dev, op = choice
         g = group_of[op]
         first_of_group = state.group_device[g] < 0
         newly_free = state.commit(op, dev, t)
@@ -409,8 +453,8 @@ def run_list_scheduler(
         policy.committed(op, dev, state)
         for d in newly_free:
             for w in waiting[d]:
-                if state.device[w] < 0:
-                    heapq.heappush(heap, (t, topo[w], d, w))
+                if device_of[w] < 0:
+                    heapq.heappush(later[d], (t, topo[w], w))
             waiting[d].clear()
         for s in state.succ[op]:
             if state.preds_left[s] == 0:
@@ -418,9 +462,9 @@ def run_list_scheduler(
         if first_of_group and len(groups.members[g]) > 1:
             # Ready members of a group placed just now may only go where the group went.
             for m in groups.members[g].tolist():
-                if state.device[m] < 0 and state.preds_left[m] == 0:
+                if device_of[m] < 0 and state.preds_left[m] == 0:
                     dead.discard((m, dev))
-                    heapq.heappush(heap, (t, topo[m], dev, m))
+                    heapq.heappush(later[dev], (t, topo[m], m))
 
     if scheduled < n:
         raise _stuck(graph, cluster, groups, state)

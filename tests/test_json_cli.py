@@ -1,0 +1,161 @@
+"""`baechi place-json`: the JSON schema, the summary, and every bad input ending in exit 2."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from baechi_tf.cli import main
+from baechi_tf.errors import BaechiError
+from baechi_tf.json_io import parse_graph_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "fork_join.json")
+
+
+def small_doc():
+    return {
+        "devices": [
+            {"name": "/device:GPU:0", "memory_bytes": 1 << 30},
+            {"name": "/device:GPU:1", "memory_bytes": 1 << 30},
+        ],
+        "comm": {"slope_us_per_byte": 0.0001754, "intercept_us": 134},
+        "ops": [
+            {"name": "a", "compute_us": 12.5, "output_bytes": [4096]},
+            {"name": "b", "compute_us": 500, "output_bytes": [4096], "temp_bytes": 10,
+             "colocation_group": "g1"},
+            {"name": "c", "compute_us": 500, "output_bytes": [4], "persistent_bytes": 64,
+             "device": "/device:GPU:1"},
+        ],
+        "edges": [{"src": "a", "dst": "b", "src_output": 0}, {"src": "a", "dst": "c", "control": True}],
+    }
+
+
+def test_parse_schema():
+    graph, cluster = parse_graph_json(small_doc())
+    assert graph.names == ("a", "b", "c")
+    assert graph.colocation[1] == ("g1",)
+    assert graph.pinned_device[2] == "/device:GPU:1"
+    assert graph.is_control.tolist() == [False, True]
+    assert cluster.names == ("/device:GPU:0", "/device:GPU:1")
+    assert cluster.devices[0].type == "GPU"
+
+
+def test_place_json_writes_output(tmp_path, capsys):
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(small_doc()))
+    out = tmp_path / "p.json"
+    assert main(["place-json", str(src), "--placement_method", "m_etf", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "makespan (simulated)" in printed and "lower bound" in printed
+    doc = json.loads(out.read_text())
+    assert set(doc) >= {
+        "placement", "makespan_us", "single_device_makespan_us", "lower_bound_us",
+        "peak_memory_bytes", "placement_seconds",
+    }
+    assert set(doc["placement"]) == {"a", "b", "c"}
+    assert doc["placement"]["c"] == "/device:GPU:1"
+    assert doc["makespan_us"] >= doc["lower_bound_us"]
+    assert set(doc["peak_memory_bytes"]) == {"/device:GPU:0", "/device:GPU:1"}
+
+
+def test_example_runs_as_module():
+    proc = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place-json", EXAMPLE, "--placement_method", "m_topo"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "/device:GPU:3" in proc.stdout
+
+
+def mutate(fn):
+    doc = small_doc()
+    fn(doc)
+    return json.dumps(doc)
+
+
+BAD = {
+    "syntax": ("{ not json", "not valid JSON: .* line 1"),
+    "truncated": (json.dumps(small_doc())[:-40], "not valid JSON"),
+    "empty": ("", "not valid JSON"),
+    "not utf-8": (b"\xff\xfe\x00garbage", "not UTF-8"),
+    "top not object": ("[1, 2]", "top level must be an object"),
+    "no devices": (mutate(lambda d: d.pop("devices")), "has no 'devices'"),
+    "zero devices": (mutate(lambda d: d.update(devices=[])), "'devices' is empty"),
+    "no ops": (mutate(lambda d: d.pop("ops")), "has no 'ops'"),
+    "op without name": (mutate(lambda d: d["ops"][0].pop("name")), r"ops\[0\] has no 'name'"),
+    "op without compute": (mutate(lambda d: d["ops"][1].pop("compute_us")), "op 'b' has no 'compute_us'"),
+    "negative cost": (mutate(lambda d: d["ops"][1].update(compute_us=-5)), "compute_us=-5"),
+    "NaN cost": (mutate(lambda d: d["ops"][1].update(compute_us=float("nan"))), "NaN is not a number"),
+    "string cost": (mutate(lambda d: d["ops"][1].update(compute_us="5")), "expected an integer or a number"),
+    "negative memory": (mutate(lambda d: d["ops"][1].update(temp_bytes=-1)), "temp_bytes=-1"),
+    "fractional bytes": (mutate(lambda d: d["ops"][1].update(output_bytes=[1.5])), "whole number of bytes"),
+    "unknown op field": (mutate(lambda d: d["ops"][1].update(compute=5)), "unknown field.*'compute'"),
+    "duplicate op": (mutate(lambda d: d["ops"].append(dict(d["ops"][0]))), "'a' is used by two ops"),
+    "unknown edge op": (mutate(lambda d: d["edges"].append({"src": "a", "dst": "zz"})), "names op 'zz'"),
+    "bad output slot": (mutate(lambda d: d["edges"].append({"src": "a", "dst": "c", "src_output": 3})), "reads output 3"),
+    "cycle": (mutate(lambda d: d["edges"].append({"src": "b", "dst": "a"})), "cycle: 'a' -> 'b' -> 'a'"),
+    "missing pinned device": (mutate(lambda d: d["ops"][0].update(device="/device:GPU:7")), "pinned to '/device:GPU:7'"),
+    "malformed device name": (mutate(lambda d: d["devices"][0].update(name="gpu zero")), "malformed"),
+    "duplicate device": (mutate(lambda d: d["devices"].append(dict(d["devices"][0]))), "same device"),
+    "zero memory device": (mutate(lambda d: d["devices"][0].update(memory_bytes=0)), "positive capacity"),
+    "bad comm": (mutate(lambda d: d["comm"].update(intercept_us=-1)), "intercept_us=-1"),
+    "does not fit": (
+        mutate(lambda d: d["ops"][2].update(persistent_bytes=2 << 30)),
+        "needs .* but no device can hold it|persistent memory",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    content, match = BAD[case]
+    src = tmp_path / "g.json"
+    src.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = tmp_path / "p.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place-json", str(src), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("baechi place-json: error: ")
+    import re
+
+    assert re.search(match, lines[0]), lines[0]
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [src]  # no temporary file left behind either
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == before
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(BaechiError, match="cannot read"):
+        from baechi_tf.json_io import load_graph_json
+
+        load_graph_json(str(tmp_path / "nope.json"))
+
+
+def test_bad_flag_value_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["place-json", EXAMPLE, "--placement_method", "m_nope"])
+    assert e.value.code == 2
+    assert "invalid choice: 'm_nope'" in capsys.readouterr().err
+
+
+def test_bad_memory_fraction_exits_2(capsys):
+    assert main(["place-json", EXAMPLE, "--placer_memory_fraction", "1.5"]) == 2
+    assert "must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_help_explains():
+    proc = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place-json", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.returncode == 0
+    assert "--placement_method" in proc.stdout and "--out" in proc.stdout
