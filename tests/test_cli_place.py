@@ -1,0 +1,197 @@
+"""`baechi place`: GraphDef and MetaGraphDef, binary and text; every bad input ends in exit 2."""
+
+import hashlib
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+
+from baechi_tf.cli import main
+from baechi_tf.cost_model import save_profile
+from tf_models import profiled_lstm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    lstm = profiled_lstm()
+    d = tmp_path_factory.mktemp("cli")
+    paths = {
+        "pb": d / "graph.pb",
+        "pbtxt": d / "graph.pbtxt",
+        "meta": d / "model.meta",
+        "cost": d / "cost.pb",
+    }
+    paths["pb"].write_bytes(lstm.graph_def.SerializeToString())
+    paths["pbtxt"].write_text(text_format.MessageToString(lstm.graph_def))
+    with lstm.model.graph.as_default():
+        meta = tf.compat.v1.train.export_meta_graph(graph=lstm.model.graph)
+    paths["meta"].write_bytes(meta.SerializeToString())
+    save_profile(lstm.profile, paths["cost"])
+    return lstm, paths
+
+
+def _digest(*paths):
+    return {str(p): hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest() for p in paths}
+
+
+def _devices_only(a, b):
+    a, b = type(a).FromString(a.SerializeToString()), type(b).FromString(b.SerializeToString())
+    for graph in (a, b):
+        for node in graph.node:
+            node.device = ""
+    return a == b
+
+
+def place(*args):
+    return main(["place", *map(str, args)])
+
+
+def test_places_a_binary_graphdef(files, tmp_path, capsys):
+    lstm, p = files
+    out = tmp_path / "placed.pb"
+    before = _digest(p["pb"], p["cost"])
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--num_devices", 4,
+                 "--placement_method", "m_etf", "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert "makespan (simulated)" in printed and "profile covers" in printed
+    assert f"placed GraphDef written to {out}" in printed
+    assert _digest(p["pb"], p["cost"]) == before
+    placed = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert _devices_only(placed, lstm.graph_def)
+    assert {n.device for n in placed.node} <= {f"/device:GPU:{i}" for i in range(4)}
+    assert len({n.device for n in placed.node}) >= 2
+
+
+def test_places_text_and_meta_graphs(files, tmp_path, capsys):
+    lstm, p = files
+    out = tmp_path / "placed.pbtxt"
+    assert place("--graph", p["pbtxt"], "--cost_path", p["cost"], "--num_devices", 2,
+                 "--device_type", "CPU", "--placement_method", "m_topo", "--out", out) == 0
+    placed = text_format.Parse(out.read_text(), tf.compat.v1.GraphDef())
+    assert _devices_only(placed, lstm.graph_def)
+    assert {n.device for n in placed.node} <= {"/device:CPU:1", "/device:CPU:2"}
+
+    out = tmp_path / "placed.meta"
+    assert place("--graph", p["meta"], "--cost_path", p["cost"], "--out", out) == 0
+    assert "placed MetaGraphDef" in capsys.readouterr().out
+    meta_in = tf.compat.v1.MetaGraphDef.FromString(p["meta"].read_bytes())
+    meta_out = tf.compat.v1.MetaGraphDef.FromString(out.read_bytes())
+    assert _devices_only(meta_out.graph_def, meta_in.graph_def)
+    assert meta_out.meta_info_def == meta_in.meta_info_def
+    assert meta_out.collection_def == meta_in.collection_def
+    assert any(n.device for n in meta_out.graph_def.node)
+
+
+class _Trap:
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.flag),))
+
+
+def _expect_refusal(capsys, args, out, inputs, pattern):
+    before = _digest(*inputs)
+    assert place(*args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("baechi place: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert pattern in err, err
+    assert not out.exists()
+    assert _digest(*inputs) == before
+    assert [f for f in os.listdir(out.parent) if f.startswith(".tmp-")] == []
+
+
+def test_profiles_that_are_not_profiles(files, tmp_path, capsys):
+    lstm, p = files
+    good = p["cost"].read_bytes()
+    flag = tmp_path / "unpickled"
+    bad = {
+        "pickle": pickle.dumps({"graphdef": lstm.graph_def.SerializeToString(),
+                                "cost_dict": {"x": _Trap(str(flag))}}),
+        "text": b"loss 12.5 us\nMatMul 3 us\n",
+        "truncated": good[: len(good) * 2 // 3],
+        "empty": b"",
+    }
+    out = tmp_path / "placed.pb"
+    for label, data in bad.items():
+        cost = tmp_path / f"{label}.pkl"
+        cost.write_bytes(data)
+        _expect_refusal(
+            capsys, ["--graph", p["pb"], "--cost_path", cost, "--out", out], out,
+            [p["pb"], cost], "cost profile",
+        )
+    assert not flag.exists()
+
+
+def test_profile_of_another_graph(files, tmp_path, capsys):
+    lstm, p = files
+    other = tf.compat.v1.GraphDef()
+    other.CopyFrom(lstm.graph_def)
+    other.node.add(name="extra_op", op="NoOp")
+    graph = tmp_path / "other.pb"
+    graph.write_bytes(other.SerializeToString())
+    out = tmp_path / "placed.pb"
+    args = ["--graph", graph, "--cost_path", p["cost"], "--out", out]
+    _expect_refusal(capsys, args, out, [graph, p["cost"]], "--allow_profile_mismatch")
+    assert place(*args, "--allow_profile_mismatch") == 0
+    printed = capsys.readouterr().out
+    assert "profile mismatch (allowed): 1 graph ops not in the profiled graph ('extra_op')" in printed
+    assert out.exists()
+
+
+def test_graphs_that_do_not_parse(files, tmp_path, capsys):
+    _, p = files
+    out = tmp_path / "placed.pb"
+    for label, data in {
+        "garbage": bytes(range(256)) * 4,
+        "text": b"node { name: 'a' op: \n",
+        "empty": b"",
+    }.items():
+        graph = tmp_path / f"{label}.pb"
+        graph.write_bytes(data)
+        _expect_refusal(capsys, ["--graph", graph, "--cost_path", p["cost"], "--out", out], out,
+                        [graph, p["cost"]], "graph")
+    _expect_refusal(capsys, ["--graph", tmp_path / "missing.pb", "--cost_path", p["cost"],
+                             "--out", out], out, [p["cost"]], "does not exist")
+    _expect_refusal(capsys, ["--graph", p["pb"], "--cost_path", p["cost"], "--out", p["pb"]],
+                    p["pb"].parent / "never.pb", [p["pb"], p["cost"]], "overwrite an input")
+    _expect_refusal(capsys, ["--graph", p["pb"], "--cost_path", p["cost"], "--out", out,
+                             "--memory_per_device", "lots"], out, [p["pb"]], "memory size")
+
+
+def test_exit_status_of_the_real_command(files, tmp_path):
+    cost = tmp_path / "cost.pkl"
+    cost.write_bytes(pickle.dumps({"cost_dict": {}}))
+    graph = tmp_path / "g.pb"
+    graph.write_bytes(b"\n\x05\n\x01a\x12\x00")
+    out = tmp_path / "placed.pb"
+    done = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place", "--graph", str(graph), "--cost_path",
+         str(cost), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("baechi place: error: cost profile")
+    assert "Traceback" not in done.stderr and "pickle" in done.stderr
+    assert not out.exists()
+    # A graph that does not parse fails after TensorFlow is loaded: still one line, exit 2.
+    cost.write_bytes(b"")
+    done = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place", "--graph", str(cost), "--cost_path",
+         str(files[1]["cost"]), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2
+    # TensorFlow's C++ start-up lines (not ours) may come first; ours is the one last line.
+    last = done.stderr.splitlines()[-1]
+    assert last == f"baechi place: error: graph {str(cost)!r} is empty; give a GraphDef or MetaGraphDef"
+    assert "Traceback" not in done.stderr and done.stderr.count("baechi place") == 1
+    assert not out.exists()

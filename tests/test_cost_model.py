@@ -1,0 +1,279 @@
+"""Profiles: step stats -> CostProfile (real traces and hand-written ones), the file, coverage."""
+
+import os
+import pathlib
+import pickle
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.framework import step_stats_pb2
+
+from baechi_tf.cost_model import (
+    CostProfile,
+    OpCost,
+    compare_to_graph,
+    graph_fingerprint,
+    load_profile,
+    merge_profiles,
+    profile_coverage,
+    profile_from_bytes,
+    profile_from_step_stats,
+    profile_to_bytes,
+    save_profile,
+)
+from baechi_tf.errors import ProfileError
+from baechi_tf.proto import cost_profile_pb2
+from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ a real profile
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    return profiled_lstm()
+
+
+def test_real_profile_keeps_graph_ops_only(lstm):
+    graph_ops = {n.name: n.op for n in lstm.graph_def.node}
+    profile = lstm.profile
+    assert profile.num_traced_steps == 2
+    assert profile.tf_version == tf.__version__
+    assert profile.graph_fingerprint == graph_fingerprint(lstm.graph_def)
+    assert len(profile.ops) > 300
+    for name, cost in profile.ops.items():
+        assert name in graph_ops, name  # no _SOURCE, _arg_*, _retval_*, send/recv
+        assert cost.op_type == graph_ops[name]
+        assert cost.compute_us >= 0
+        assert cost.num_steps == 2
+        assert cost.device.endswith("device:CPU:0")
+
+
+def test_real_profile_sizes(lstm):
+    ops = lstm.profile.ops
+    # The gate matmul of a step: [BATCH, 4 * HIDDEN] float32.
+    assert ops["lstm0/t0/MatMul"].output_bytes == (BATCH * 4 * HIDDEN * 4,)
+    # A read of a resource variable aliases its buffer (allocates nothing) but still has a size.
+    read = ops["lstm0/t0/MatMul/ReadVariableOp"]
+    assert read.output_bytes == ((INPUT_DIM + HIDDEN) * 4 * HIDDEN * 4,)
+    # Split has four outputs, each recorded by slot.
+    assert ops["lstm1/t2/split"].output_bytes == (BATCH * HIDDEN * 4,) * 4
+    # The training fetch's ops ran; the initialisers did not.
+    assert "train" in ops and "init" not in ops
+
+
+def test_real_profile_coverage(lstm):
+    coverage = profile_coverage(lstm.profile, lstm.graph_def)
+    assert coverage.num_graph_ops == len(lstm.graph_def.node)
+    assert coverage.num_profiled_ops == len(lstm.profile.ops)
+    assert set(coverage.estimated_ops) == {n.name for n in lstm.graph_def.node} - set(lstm.profile.ops)
+    assert 0.5 < coverage.op_share < 1
+    # Runtime nodes (_arg_, _retval_, _SOURCE) are the only traced time outside the graph's ops.
+    assert 0.9 < coverage.compute_share <= 1
+    assert "ops have estimated costs" in coverage.describe()
+
+
+def test_round_trip_is_exact_and_deterministic(lstm, tmp_path):
+    path = tmp_path / "cost.pb"
+    save_profile(lstm.profile, path)
+    assert os.listdir(tmp_path) == ["cost.pb"]  # no temporary file left behind
+    again = load_profile(path)
+    assert dict(again.ops) == dict(lstm.profile.ops)
+    assert again.graph_nodes == lstm.profile.graph_nodes
+    assert (again.graph_fingerprint, again.tf_version, again.traced_compute_us) == (
+        lstm.profile.graph_fingerprint,
+        lstm.profile.tf_version,
+        lstm.profile.traced_compute_us,
+    )
+    assert profile_to_bytes(again) == path.read_bytes()
+
+
+def test_fingerprint_ignores_devices_and_sees_structure(lstm):
+    placed = tf.compat.v1.GraphDef()
+    placed.CopyFrom(lstm.graph_def)
+    for node in placed.node:
+        node.device = "/device:CPU:3"
+    assert compare_to_graph(lstm.profile, placed) is None
+    changed = tf.compat.v1.GraphDef()
+    changed.CopyFrom(lstm.graph_def)
+    changed.node.add(name="extra", op="NoOp")
+    changed.node[5].input.append("^extra")
+    mismatch = compare_to_graph(lstm.profile, changed)
+    assert mismatch.missing_from_profile == ("extra",)
+    assert mismatch.changed == (changed.node[5].name,)
+    assert mismatch.missing_from_graph == ()
+    assert "1 graph ops not in the profiled graph ('extra')" in mismatch.describe()
+
+
+# ------------------------------------------------------------------ hand-written step stats
+
+
+def _node(name, us, outputs=(), temp=0, persistent=0, nanos=None):
+    ns = step_stats_pb2.NodeExecStats(node_name=name, op_end_rel_micros=us)
+    if nanos is not None:
+        ns.op_end_rel_nanos = nanos
+    for slot, nbytes in outputs:
+        out = ns.output.add(slot=slot)
+        out.tensor_description.allocation_description.allocated_bytes = nbytes
+    ns.memory_stats.temp_memory_size = temp
+    ns.memory_stats.persistent_memory_size = persistent
+    return ns
+
+
+def _step(a_us, b_bytes, extra=()):
+    stats = step_stats_pb2.StepStats()
+    cpu = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0")
+    cpu.node_stats.extend(
+        [
+            _node("_SOURCE", 5),
+            _node("a", a_us, [(0, 400)], temp=16),
+            _node("b", 7, [(1, b_bytes)], persistent=8),
+            _node("b", 3),  # b ran twice in this step (a loop): times add up
+            _node("a/_12", 9),  # a send/recv: skipped, but counted in the traced time
+            _node("_retval_b_0_0", 1),
+            *extra,
+        ]
+    )
+    gpu = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:GPU:0")
+    gpu.node_stats.extend([_node("g", 1000, [(0, 64)])])
+    hw = stats.dev_stats.add(device="/device:GPU:0/stream:all")
+    hw.node_stats.extend([_node("g:MatMul", 30), _node("g:Add", 12), _node("only_hw:K", 50)])
+    stats.dev_stats.add(device="/device:GPU:0/stream:7").node_stats.extend([_node("g:MatMul", 999)])
+    return stats
+
+
+class _Graph:
+    """A GraphDef stand-in: what the profiler reads of a graph is its nodes' name, op, input."""
+
+    def __init__(self, **ops):
+        self.node = [tf.compat.v1.NodeDef(name=n, op=t) for n, t in ops.items()]
+
+
+GRAPH = _Graph(a="MatMul", b="Switch", g="MatMul", only_hw="Add", never="NoOp")
+
+
+def test_step_stats_rules():
+    steps = [_step(10, 100), _step(30, 300), _step(20, 200)]
+    profile = profile_from_step_stats(steps, GRAPH, tf_version="x")
+    assert sorted(profile.ops) == ["a", "b", "g"]  # only_hw: seen in the hardware trace only
+    a, b, g = profile.ops["a"], profile.ops["b"], profile.ops["g"]
+    assert a == OpCost("a", "MatMul", 20.0, (400,), 16, 0, a.device, 3)  # median of 10, 30, 20
+    assert b.compute_us == 10.0  # 7 + 3 in every step
+    assert b.output_bytes == (0, 300)  # slot 1 only; max over steps
+    assert b.persistent_bytes == 8
+    assert g.compute_us == 42.0  # kernel time (30 + 12) replaces the host-side 1000
+    assert g.device.endswith("GPU:0")
+    # Traced time per step: every executor node, runtime ones included (median step: a=20).
+    assert profile.traced_compute_us == 5 + 20 + 10 + 9 + 1 + 42
+    coverage = profile_coverage(profile, GRAPH)
+    assert (coverage.num_graph_ops, coverage.num_profiled_ops) == (5, 3)
+    assert coverage.estimated_ops == ("only_hw", "never")
+    assert coverage.compute_share == pytest.approx(72 / 87)
+
+
+def test_nanoseconds_win_over_microseconds():
+    stats = step_stats_pb2.StepStats()
+    dev = stats.dev_stats.add(device="/device:CPU:0")
+    dev.node_stats.extend([_node("a", 3, nanos=2500)])
+    profile = profile_from_step_stats([stats], GRAPH)
+    assert profile.ops["a"].compute_us == 2.5
+
+
+def test_no_trace_is_an_error():
+    with pytest.raises(ProfileError, match="no traced step"):
+        profile_from_step_stats([], GRAPH)
+
+
+def test_merge_keeps_old_ops_and_takes_new_costs():
+    old = profile_from_step_stats([_step(10, 100)], GRAPH)
+    new = CostProfile(
+        ops={"a": OpCost("a", "MatMul", 99.0, (1,))},
+        graph_fingerprint="f",
+        graph_nodes=(),
+        traced_compute_us=100.0,
+    )
+    merged = merge_profiles(old, new)
+    assert merged.ops["a"].compute_us == 99.0 and "b" in merged.ops and "g" in merged.ops
+    assert merged.graph_fingerprint == "f"
+    overhead = old.traced_compute_us - old.profiled_compute_us
+    assert merged.traced_compute_us == pytest.approx(merged.profiled_compute_us + overhead)
+
+
+# ------------------------------------------------------------------ files that are not profiles
+
+
+class _Trap:
+    """Unpickling this touches a file: proof that a loader ran code from the data."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.flag),))
+
+
+def _bad_files(tmp_path, good: bytes):
+    flag = tmp_path / "unpickled"
+    return flag, {
+        "pickle": pickle.dumps({"graphdef": None, "cost_dict": {"a": _Trap(str(flag))}}),
+        "pickle_protocol0": pickle.dumps({"a": 1}, protocol=0),
+        "text": b"this is a text file\nnot a profile\n",
+        "empty": b"",
+        "truncated_half": good[: len(good) // 2],
+        "truncated_before_end": good[: good.rindex(b"end") - 2],
+        "truncated_one_byte": good[:-1],
+        "graphdef": tf.compat.v1.GraphDef(node=[tf.compat.v1.NodeDef(name="a", op="NoOp")])
+        .SerializeToString(),
+    }
+
+
+def test_files_that_are_not_profiles_are_refused(lstm, tmp_path):
+    flag, files = _bad_files(tmp_path, profile_to_bytes(lstm.profile))
+    for label, data in files.items():
+        path = tmp_path / f"{label}.pkl"
+        path.write_bytes(data)
+        with pytest.raises(ProfileError, match=r"not a baechi_tf cost profile|truncated") as e:
+            load_profile(path)
+        assert str(path) in str(e.value), label
+    assert not flag.exists()  # nothing was unpickled
+    with pytest.raises(ProfileError, match="empty"):
+        profile_from_bytes(b"")
+    with pytest.raises(ProfileError, match="pickle, which is never loaded"):
+        profile_from_bytes(files["pickle"])
+    with pytest.raises(ProfileError, match="truncated"):
+        profile_from_bytes(files["truncated_before_end"])
+
+
+def test_missing_directory_and_future_format(tmp_path):
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "nope.pb")
+    with pytest.raises(ProfileError, match="is a directory"):
+        load_profile(tmp_path)
+    pb = cost_profile_pb2.CostProfile(magic="baechi_tf.CostProfile", format_version=9, end_marker="end")
+    with pytest.raises(ProfileError, match="format 9"):
+        profile_from_bytes(pb.SerializeToString())
+    pb.format_version = 1
+    pb.ops.add(name="a", compute_us=-1.0)
+    with pytest.raises(ProfileError, match="negative"):
+        profile_from_bytes(pb.SerializeToString())
+
+
+def test_generated_module_matches_the_proto_file():
+    text = (ROOT / "baechi_tf" / "proto" / "cost_profile.proto").read_text()
+    declared: dict[str, dict[str, int]] = {}
+    for message, body in re.findall(r"message (\w+) \{(.*?)\n\}", text, re.S):
+        declared[message] = {
+            name: int(number)
+            for name, number in re.findall(r"^\s+(?:repeated )?\w+ (\w+) = (\d+);", body, re.M)
+        }
+    generated = {
+        name: {f.name: f.number for f in desc.fields}
+        for name, desc in cost_profile_pb2.DESCRIPTOR.message_types_by_name.items()
+    }
+    assert declared == generated
+    assert cost_profile_pb2.DESCRIPTOR.name == "baechi_tf/proto/cost_profile.proto"
+    assert np.all([f.number < 15 for f in cost_profile_pb2.OpCost.DESCRIPTOR.fields])

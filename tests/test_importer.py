@@ -1,0 +1,258 @@
+"""GraphDef + CostProfile + Cluster -> OpGraph: costs, estimates, edges, colocation, pins, kernels."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from baechi_tf.cluster import GiB
+from baechi_tf.cost_model import CostProfile, graph_fingerprint, graph_nodes
+from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
+from baechi_tf.graph import CONTROL
+from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.grouping import colocation_groups
+from baechi_tf.placer.pipeline import PlacementOptions
+from baechi_tf.rewriter.devices import gpu_cluster, standin_cluster
+from baechi_tf.rewriter.graph_pass import place_graph_def
+from baechi_tf.rewriter.importer import DEFAULT_COMPUTE_US, import_graph_def
+from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
+
+TASK = "/job:localhost/replica:0/task:0"
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    return profiled_lstm()
+
+
+@pytest.fixture(scope="module")
+def imported(lstm):
+    setup = standin_cluster(4, prefix=TASK)
+    return import_graph_def(
+        lstm.graph_def, lstm.profile, setup.cluster, host_device=setup.host,
+        device_aliases=setup.aliases,
+    )
+
+
+def empty_profile(graph_def) -> CostProfile:
+    return CostProfile(
+        ops={}, graph_fingerprint=graph_fingerprint(graph_def), graph_nodes=graph_nodes(graph_def)
+    )
+
+
+def test_ops_costs_and_estimates(lstm, imported):
+    graph = imported.graph
+    graph.validate()
+    assert graph.names == tuple(n.name for n in lstm.graph_def.node)
+    assert graph.op_types == tuple(n.op for n in lstm.graph_def.node)
+    i = graph.op_id("lstm0/t1/MatMul")
+    cost = lstm.profile.ops["lstm0/t1/MatMul"]
+    assert graph.compute_us[i] == cost.compute_us
+    assert graph.output_bytes[i] == cost.output_bytes
+    # A variable holds its own size for the whole step, profiled or not.
+    kernel_bytes = (INPUT_DIM + HIDDEN) * 4 * HIDDEN * 4
+    assert graph.persistent_bytes[graph.op_id("lstm0/kernel")] == kernel_bytes
+    # Initialisers never ran in the training fetch: estimated from static shapes.
+    init = graph.op_id("lstm0/kernel/Initializer/random_uniform/RandomUniform")
+    assert "lstm0/kernel/Initializer/random_uniform/RandomUniform" in imported.coverage.estimated_ops
+    assert graph.output_bytes[init] == (kernel_bytes,)
+    # Unprofiled ops of a profiled type take that type's median; of an unseen type, the default.
+    profiled_types = {c.op_type for c in lstm.profile.ops.values()}
+    for name in imported.coverage.estimated_ops:
+        op = graph.op_id(name)
+        if graph.op_types[op] not in profiled_types:
+            assert name in imported.default_compute_ops
+            assert graph.compute_us[op] == DEFAULT_COMPUTE_US
+    assert "RandomUniform" not in profiled_types
+    assert len(imported.coverage.estimated_ops) == len(graph.names) - len(lstm.profile.ops)
+    assert imported.host_ops == () and imported.host_device is None and imported.mismatch is None
+
+
+def test_edges(lstm, imported):
+    graph = imported.graph
+    by_pair = {}
+    for e in range(graph.num_edges):
+        key = (graph.names[graph.edge_src[e]], graph.names[graph.edge_dst[e]])
+        by_pair.setdefault(key, []).append(int(graph.edge_src_output[e]))
+    assert by_pair[("lstm0/t1/concat", "lstm0/t1/MatMul")] == [0]
+    assert by_pair[("lstm1/t0/split", "lstm1/t0/Tanh")] == [1]
+    # Every data input is an edge; a control input is one unless a data edge links the pair.
+    data = sum(1 for n in lstm.graph_def.node for x in n.input if not x.startswith("^"))
+    assert int((graph.edge_src_output != CONTROL).sum()) == len(
+        {(n.name, x) for n in lstm.graph_def.node for x in n.input if not x.startswith("^")}
+    ) <= data
+    controls = [(x[1:], n.name) for n in lstm.graph_def.node for x in n.input if x.startswith("^")]
+    assert controls, "Adam's update group has control inputs"
+    for src, dst in controls:
+        kinds = by_pair[(src, dst)]
+        assert CONTROL in kinds or all(k >= 0 for k in kinds)
+    e = next(e for e in range(graph.num_edges) if graph.names[graph.edge_dst[e]] == "lstm0/t1/MatMul"
+             and graph.names[graph.edge_src[e]] == "lstm0/t1/concat")
+    assert graph.edge_bytes[e] == BATCH * (INPUT_DIM + HIDDEN) * 4
+
+
+def test_colocation(lstm, imported):
+    graph = imported.graph
+    for node in lstm.graph_def.node:
+        if "_class" in node.attr:
+            names = [s.decode()[len("loc:@"):] for s in node.attr["_class"].list.s]
+            assert set(names) <= set(graph.colocation[graph.op_id(node.name)])
+    # TF's placer puts an op reading a resource handle with the handle's producer.
+    read = graph.op_id("lstm0/t1/MatMul/ReadVariableOp")
+    assert "lstm0/kernel" in graph.colocation[read]
+    groups = colocation_groups(graph)
+    assert groups.group_of[read] == groups.group_of[graph.op_id("lstm0/kernel")]
+    # Gradients are colocated with their forward ops.
+    grad = graph.op_id("gradients/lstm0/t1/MatMul_grad/MatMul")
+    assert groups.group_of[grad] == groups.group_of[graph.op_id("lstm0/t1/MatMul")]
+
+
+def test_profile_of_another_graph(lstm):
+    other = tf.compat.v1.GraphDef()
+    other.CopyFrom(lstm.graph_def)
+    other.node.add(name="extra", op="NoOp")
+    other.node[-2].input.append("^extra")
+    cluster = standin_cluster(2).cluster
+    with pytest.raises(ProfileError, match=r"another graph: 1 graph ops not in the profiled .*'extra'"):
+        import_graph_def(other, lstm.profile, cluster)
+    result = import_graph_def(other, lstm.profile, cluster, allow_profile_mismatch=True)
+    assert result.mismatch.missing_from_profile == ("extra",)
+    assert result.mismatch.changed == (other.node[-2].name,)
+    changed = other.node[-2].name
+    assert changed in result.coverage.estimated_ops  # its measured cost is of another op
+    assert "extra" in result.coverage.estimated_ops
+
+
+def _pinned_graph():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+        with tf.device("/cpu:0"):
+            a = tf.identity(x, name="on_host")
+        with tf.device("/gpu:1"):
+            b = tf.square(a, name="on_gpu1")
+        with tf.device("/job:localhost"):
+            c = tf.negative(b, name="partial")
+        s = tf.strings.as_string(c, name="to_text")
+        tf.strings.join([s, s], name="joined")
+    return g.as_graph_def()
+
+
+def test_pins_with_stand_ins():
+    gd = _pinned_graph()
+    setup = standin_cluster(2, prefix=TASK)
+    result = import_graph_def(
+        gd, empty_profile(gd), setup.cluster, host_device=setup.host, device_aliases=setup.aliases
+    )
+    pins = dict(zip(result.graph.names, result.graph.pinned_device))
+    assert pins["on_host"] == f"{TASK}/device:CPU:0"  # the host, not a stand-in
+    assert pins["on_gpu1"] == f"{TASK}/device:CPU:2"  # the stand-in of GPU 1
+    assert pins["partial"] is None and pins["x"] is None
+    assert result.host_device == f"{TASK}/device:CPU:0"
+    # Every op has a CPU kernel: nothing is pinned for lack of one.
+    assert result.host_ops == ()
+    assert result.coverage.num_profiled_ops == 0
+    assert len(result.default_compute_ops) == len(gd.node)
+
+
+def test_pins_on_gpus_and_unknown_devices():
+    gd = _pinned_graph()
+    setup = gpu_cluster(2, 1 * GiB)
+    result = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host)
+    pins = dict(zip(result.graph.names, result.graph.pinned_device))
+    assert pins["on_gpu1"] == "/device:GPU:1" and pins["on_host"] == "/device:CPU:0"
+    # tensorflow-cpu registers no GPU kernels: the kernel check cannot tell and says so.
+    if not tf.test.is_built_with_gpu_support():
+        assert any("kernel check skipped for GPU" in n for n in result.notes)
+    small = gpu_cluster(1, 1 * GiB)
+    with pytest.raises(ConfigError, match=r"'on_gpu1' is pinned to '/device:GPU:1'.*ignore"):
+        import_graph_def(gd, empty_profile(gd), small.cluster, host_device=small.host)
+    freed = import_graph_def(
+        gd, empty_profile(gd), small.cluster, host_device=small.host, ignore_user_devices=True
+    )
+    assert dict(zip(freed.graph.names, freed.graph.pinned_device))["on_gpu1"] is None
+    assert any("placed freely" in n for n in freed.notes)
+
+
+def test_ops_without_a_kernel_stay_on_the_host():
+    gd = _pinned_graph()
+    setup = gpu_cluster(3, 1 * GiB)
+
+    def registry(op_type: str, device_type: str) -> bool:  # GPU kernels for all but strings
+        return device_type == "CPU" or op_type not in ("AsString", "StringJoin")
+
+    placed, report = place_graph_def(
+        gd, empty_profile(gd), setup.cluster, PlacementOptions("m_etf"),
+        host_device=setup.host, kernel_lookup=registry,
+    )
+    assert report.host_ops == ("to_text", "joined")
+    assert report.host_device == "/device:CPU:0"
+    cluster = report.result.cluster
+    assert cluster.names == setup.cluster.names + ("/device:CPU:0",)  # the host takes part
+    devices = {n.name: n.device for n in placed.node}
+    assert devices["to_text"] == devices["joined"] == devices["on_host"] == "/device:CPU:0"
+    assert devices["on_gpu1"] == "/device:GPU:1"
+    assert all(devices[n] != "/device:CPU:0" for n in ("x", "partial"))
+    # The simulated schedule runs the host's ops on the host.
+    host = cluster.num_devices - 1
+    assert set(report.result.schedule.device_ops(host).tolist()) == {
+        report.result.graph.op_id(n) for n in ("on_host", "to_text", "joined")
+    }
+    check_placement(report.result.graph, cluster, report.result.groups, report.result.placement)
+
+
+def _while_loop_graph():
+    previous = tf.compat.v1.control_flow_v2_enabled()
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [3], name="x")
+            _, total = tf.compat.v1.while_loop(
+                lambda i, acc: i < 4, lambda i, acc: (i + 1, acc * 1.5 + x), [0, tf.zeros([3])],
+                name="loop",
+            )
+            tf.identity(total, name="result")
+    finally:
+        if previous:
+            tf.compat.v1.enable_control_flow_v2()
+    return g.as_graph_def()
+
+
+def test_loop_back_edges_are_left_out():
+    gd = _while_loop_graph()
+    types = {n.name: n.op for n in gd.node}
+    back = [(x.split(":")[0], n.name) for n in gd.node if n.op == "Merge" for x in n.input
+            if types[x.split(":")[0].lstrip("^")] == "NextIteration"]
+    assert back, "the v1 loop has NextIteration -> Merge edges"
+    result = import_graph_def(gd, empty_profile(gd), standin_cluster(2).cluster)
+    graph = result.graph
+    graph.validate()  # a DAG
+    pairs = {(graph.names[s], graph.names[d]) for s, d in zip(graph.edge_src, graph.edge_dst)}
+    assert not pairs & set(back)
+    assert len(graph.topo_order) == len(gd.node)
+
+
+def test_bad_graphs():
+    cluster = standin_cluster(2).cluster
+    gd = tf.compat.v1.GraphDef()
+    gd.node.add(name="a", op="NoOp")
+    gd.node.add(name="b", op="Identity").input.append("ghost:0")
+    with pytest.raises(InvalidGraphError, match="does not import|'ghost'"):
+        import_graph_def(gd, empty_profile(gd), cluster)
+    unknown = tf.compat.v1.GraphDef()
+    unknown.node.add(name="a", op="NoSuchOpAnywhere")
+    with pytest.raises(InvalidGraphError, match="does not import into TensorFlow"):
+        import_graph_def(unknown, empty_profile(unknown), cluster)
+
+
+def test_profiled_output_count_must_fit(lstm):
+    profile = dataclasses.replace(
+        lstm.profile,
+        ops={**lstm.profile.ops, "loss": dataclasses.replace(lstm.profile.ops["loss"],
+                                                            output_bytes=(4, 4))},
+    )
+    with pytest.raises(ProfileError, match="'loss' 2 outputs but the graph's op has 1"):
+        import_graph_def(lstm.graph_def, profile, standin_cluster(2).cluster)
+    assert np.isfinite(lstm.profile.ops["loss"].compute_us)

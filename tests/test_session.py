@@ -1,0 +1,148 @@
+"""BaechiSession: both forms, training losses equal a plain session's, re-placement, the API."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import baechi_tf
+from baechi_tf import BaechiSession, PlacementOptions
+from baechi_tf.cluster import GiB
+from baechi_tf.cost_model import load_profile
+from baechi_tf.errors import ConfigError
+from tf_models import build_lstm
+
+STEPS = 4
+TASK = "/job:localhost/replica:0/task:0"
+
+
+def plain_losses(model, start=0, steps=STEPS, sess=None):
+    own = sess is None
+    sess = sess or tf.compat.v1.Session(graph=model.graph)
+    try:
+        if own:
+            sess.run(model.init)
+        return [sess.run([model.loss, model.train_op], model.feed(start + i))[0] for i in range(steps)]
+    finally:
+        if own:
+            sess.close()
+
+
+def fast(**kwargs):
+    return dict(warmup_steps=0, profile_steps=1, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def resource_model():
+    model = build_lstm()
+    return model, plain_losses(model)
+
+
+def test_training_reproduces_plain_losses(resource_model, tmp_path):
+    model, expected = resource_model
+    cost_path = tmp_path / "cost.pb"
+    with BaechiSession(
+        graph=model.graph, placement_method="m_etf", num_devices=4, cost_path=str(cost_path),
+        **fast(),
+    ) as sess:
+        assert sess.placement is None
+        sess.run(model.init)
+        first = sess.placement
+        losses = [sess.run([model.loss, model.train_op], model.feed(i))[0] for i in range(STEPS)]
+        report = sess.placement
+        assert report is not first  # the training fetch had new ops: placed again
+        # Later runs of known fetches, and of fetches whose ops were all profiled, reuse it.
+        sess.run({"loss": model.loss}, model.feed(0))
+        sess.run(model.predictions.name, model.feed_by_name(0))
+        assert sess.placement is report
+        assert sess.graph is model.graph
+        names = {d.name for d in sess.list_devices()}
+        assert names == {f"{TASK}/device:CPU:{i}" for i in range(5)}
+        placed_def = sess.placed_graph_def
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    # The report.
+    assert set(report.op_to_device) == {n.name for n in model.graph.as_graph_def().node}
+    assert set(report.op_to_device.values()) <= {f"{TASK}/device:CPU:{i}" for i in range(1, 5)}
+    assert {n.name: n.device for n in placed_def.node} == report.op_to_device
+    assert report.makespan_us >= report.lower_bound_us > 0
+    assert 0.5 < report.coverage.op_share <= 1 and report.coverage.compute_share > 0.5
+    # The profile of both fetches was written.
+    profile = load_profile(cost_path)
+    assert "train" in profile.ops and "init" in profile.ops
+
+
+def test_wrapping_a_session_that_already_trained(resource_model):
+    model, expected = resource_model
+    user = tf.compat.v1.Session(graph=model.graph)
+    user.run(model.init)
+    head = plain_losses(model, steps=2, sess=user)
+    np.testing.assert_allclose(head, expected[:2], rtol=1e-5)
+    sess = BaechiSession(user, placement_method="m_topo", num_devices=3, **fast())
+    with sess:
+        tail = [sess.run([model.loss, model.train_op], model.feed(2 + i))[0] for i in range(2)]
+        # Ops added to the graph after a placement make the next run place again.
+        with model.graph.as_default():
+            doubled = tf.multiply(model.loss, 2.0, name="doubled_loss_for_test")
+        before = sess.placement
+        value = sess.run(doubled, model.feed(9))
+        assert sess.placement is not before
+        assert "doubled_loss_for_test" in sess.placement.op_to_device
+    np.testing.assert_allclose(tail, expected[2:4], rtol=1e-5)  # variables carried over
+    assert user._closed  # closing the BaechiSession closed the session it wrapped
+    with pytest.raises(RuntimeError, match="closed"):
+        sess.run(model.loss, model.feed(0))
+    assert np.isfinite(value)
+
+
+def test_reference_variables_train_the_same():
+    model = build_lstm(use_resource=False)
+    expected = plain_losses(model, steps=3)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+    with BaechiSession(
+        graph=model.graph, config=config, placement_method="m_etf", num_devices=2,
+        memory_bytes_per_device=1 * GiB, **fast(),
+    ) as sess:
+        sess.run(model.init)
+        losses = [sess.run([model.loss, model.train_op], model.feed(i))[0] for i in range(3)]
+        assert {d.memory_bytes for d in sess.devices.cluster.devices} == {1 * GiB}
+        # Reference variables' assigns are colocated with their variables (TF requires it).
+        chosen = sess.placement.op_to_device
+        assert chosen["lstm0/kernel/Assign"] == chosen["lstm0/kernel"]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+
+
+def test_arguments_are_checked():
+    model = build_lstm()
+    with pytest.raises(ConfigError, match="contradicts"):
+        BaechiSession(graph=model.graph, placement_method="m_topo",
+                      options=PlacementOptions("m_etf", grouper="coplace"), num_devices=2)
+    with pytest.raises(ConfigError, match="unknown placement method"):
+        BaechiSession(graph=model.graph, placement_method="nope", num_devices=2)
+    with pytest.raises(ConfigError, match="at least one device"):
+        BaechiSession(graph=model.graph, num_devices=0)
+    user = tf.compat.v1.Session(graph=model.graph)
+    with pytest.raises(ConfigError, match="differs"):
+        BaechiSession(user, graph=tf.Graph(), num_devices=2)
+    user.close()
+
+
+def test_import_baechi_tf_does_not_import_tensorflow():
+    code = (
+        "import sys, baechi_tf; "
+        "assert 'tensorflow' not in sys.modules; "
+        "import baechi_tf.rewriter, baechi_tf.cost_model, baechi_tf.rewriter.cli_place; "
+        "assert 'tensorflow' not in sys.modules; "
+        "print(sorted(baechi_tf.__all__))"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("BaechiSession", "place_graph_def", "PlacementOptions", "Cluster", "Device",
+                 "BaechiError", "ProfileError"):
+        assert name in done.stdout
+    assert baechi_tf.BaechiSession is BaechiSession
