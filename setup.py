@@ -22,6 +22,8 @@ setup(
     extras_require={
         "mosek": ["Mosek==11.2.7"],
         "test": ["pytest==9.2.0", "hypothesis==6.170.17"],
+        # Only to regenerate baechi_tf/proto/*_pb2.py (committed); its protoc matches protobuf 7.x.
+        "proto": ["grpcio-tools==1.85.1"],
     },
     entry_points={"console_scripts": ["baechi=baechi_tf.cli:main"]},
 )

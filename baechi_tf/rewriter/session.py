@@ -193,14 +193,17 @@ class BaechiSession:
             target = target or getattr(sess, "sess_str", "") or ""
         elif graph is None:
             graph = tf.compat.v1.get_default_graph()
-        options = options or PlacementOptions()
-        if placement_method is not None and placement_method != options.placement_method:
-            if options != PlacementOptions():
-                raise ConfigError(
-                    f"placement_method={placement_method!r} contradicts options="
-                    f"{options.placement_method!r}; give one of them"
-                )
-            options = PlacementOptions(placement_method=placement_method)
+        if options is None:
+            options = (
+                PlacementOptions()
+                if placement_method is None
+                else PlacementOptions(placement_method=placement_method)
+            )
+        elif placement_method is not None and placement_method != options.placement_method:
+            raise ConfigError(
+                f"placement_method={placement_method!r} contradicts the options' "
+                f"{options.placement_method!r}; give one of them"
+            )
         options.validate()
         if profile_steps < 1 or warmup_steps < 0:
             raise ConfigError(
