@@ -46,6 +46,7 @@ from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 __all__ = [
     "EarliestStartPolicy",
     "FixedPolicy",
+    "ListScheduler",
     "Policy",
     "SchedulerState",
     "format_bytes",
@@ -334,57 +335,67 @@ class SchedulerState:
         return sorted(freed)
 
 
-def run_list_scheduler(
-    graph: OpGraph,
-    cluster: Cluster,
-    groups: Groups,
-    policy: Policy,
-    *,
-    method: str,
-    initial_group_device: Optional[Sequence[int]] = None,
-) -> Schedule:
-    """Schedules every op under `policy`; raises `InfeasiblePlacementError` when stuck.
+class ListScheduler:
+    """One run of the list scheduler, step by step, with snapshots to resume from.
 
-    `initial_group_device` places groups up front (the simulator places all of them): their
-    persistent memory is then held from the start.
+    `run_list_scheduler` is the plain entry point; the refiner uses `snapshot`/`restore` to
+    re-simulate only the part of a schedule that a move can change.
     """
-    state = SchedulerState(graph, cluster, groups)
-    _place_pinned(graph, cluster, groups, state)
-    if initial_group_device is not None:
-        for g, dev in enumerate(initial_group_device):
-            if dev >= 0:
-                state.place_group(g, int(dev))
 
-    nd = state.num_devices
-    # Per device: `later` holds (lower bound of start, topo, op) for ops that cannot start when
-    # the device is next free; `now` holds (topo, op) for ops that can (their start is the
-    # device's free time). Both are lazy: entries are checked when they reach the top.
-    later: list[list[tuple[float, int, int]]] = [[] for _ in range(nd)]
-    now: list[list[tuple[int, int]]] = [[] for _ in range(nd)]
-    waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
-    dead: set[tuple[int, int]] = set()
-    topo = state.topo
-    group_of = state.group_of
-    device_of = state.device
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        groups: Groups,
+        policy: Policy,
+        initial_group_device: Optional[Sequence[int]] = None,
+    ) -> None:
+        self.graph, self.cluster, self.groups, self.policy = graph, cluster, groups, policy
+        state = self.state = SchedulerState(graph, cluster, groups)
+        _place_pinned(graph, cluster, groups, state)
+        if initial_group_device is not None:
+            for g, dev in enumerate(initial_group_device):
+                if dev >= 0 and state.group_device[g] < 0:
+                    state.place_group(g, int(dev))
+        nd = state.num_devices
+        # Per device: `later` holds (lower bound of start, topo, op) for ops that cannot start
+        # when the device is next free; `now` holds (topo, op) for ops that can (their start is
+        # the device's free time). Both are lazy: entries are checked when they reach the top.
+        self.later: list[list[tuple[float, int, int]]] = [[] for _ in range(nd)]
+        self.now: list[list[tuple[int, int]]] = [[] for _ in range(nd)]
+        self.waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
+        self.waited = [False] * nd  # whether any op ever waited for memory on the device
+        self.dead: set[tuple[int, int]] = set()
+        self.scheduled = 0
+        self.last_time = 0.0
+        for op in graph.topo_order.tolist():
+            if state.preds_left[op] == 0:
+                self.push_ready(op, 0.0)
 
-    def push_ready(op: int, t: float) -> None:
-        g = group_of[op]
-        devices = (state.group_device[g],) if state.group_device[g] >= 0 else policy.devices(op, state)
+    # ---------------------------------------------------------------- candidates
+
+    def push_ready(self, op: int, t: float) -> None:
+        state = self.state
+        g = state.group_of[op]
+        gdev = state.group_device[g]
+        devices = (gdev,) if gdev >= 0 else self.policy.devices(op, state)
+        item = (t, state.topo[op], op)
         for d in devices:
-            heapq.heappush(later[d], (t, topo[op], op))
+            heapq.heappush(self.later[d], item)
 
-    def evaluate(op: int, dev: int) -> Optional[float]:
+    def evaluate(self, op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory)."""
-        g = group_of[op]
+        state = self.state
+        g = state.group_of[op]
         gdev = state.group_device[g]
         need_persistent = 0
         if gdev < 0:
             need_persistent = state.group_persistent[g]
             if state.peak[dev] + need_persistent > state.capacity[dev]:
-                dead.add((op, dev))
+                self.dead.add((op, dev))
                 return None
         elif gdev != dev:
-            dead.add((op, dev))
+            self.dead.add((op, dev))
             return None
         ready, new_bytes = state.ready_time(op, dev)
         free = state.device_free[dev]
@@ -392,15 +403,17 @@ def run_list_scheduler(
         need = state.alloc[op] + new_bytes + need_persistent
         t = state.memory_time(dev, need, base)
         if t is None or t > base:
-            waiting[dev].add(op)
+            self.waiting[dev].add(op)
+            self.waited[dev] = True
         if t is None:
             return None
-        return policy.hold(op, dev, t, state)
+        return self.policy.hold(op, dev, t, state)
 
-    def best(d: int) -> Optional[tuple[float, int, int, int]]:
+    def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
         """The (start, topo, device, op) that starts first on device d."""
-        free = state.device_free[d]
-        h, p = later[d], now[d]
+        free = self.state.device_free[d]
+        h, p = self.later[d], self.now[d]
+        device_of, dead, evaluate = self.state.device, self.dead, self.evaluate
         while h and h[0][0] <= free:
             _, tp, op = heapq.heappop(h)
             heapq.heappush(p, (tp, op))
@@ -431,53 +444,126 @@ def run_list_scheduler(
                 return (v, tp, d, op)
         return None
 
-    for op in graph.topo_order.tolist():
-        if state.preds_left[op] == 0:
-            push_ready(op, 0.0)
+    # ---------------------------------------------------------------- running
 
-    scheduled = 0
-    n = graph.num_ops
-    while True:
+    def step(self) -> Optional[tuple[int, int, float]]:
+        """Commits the next (op, device, start), or returns None when nothing can run."""
+        state = self.state
         choice = None
-        for d in range(nd):
-            c = best(d)
+        for d in range(state.num_devices):
+            c = self.best(d)
             if c is not None and (choice is None or c < choice):
                 choice = c
         if choice is None:
-            break
+            return None
         t, _, dev, op = choice
-        g = group_of[op]
+        g = state.group_of[op]
         first_of_group = state.group_device[g] < 0
         newly_free = state.commit(op, dev, t)
-        scheduled += 1
-        policy.committed(op, dev, state)
+        self.scheduled += 1
+        self.last_time = t
+        self.policy.committed(op, dev, state)
+        topo, device_of = state.topo, state.device
         for d in newly_free:
-            for w in waiting[d]:
+            for w in self.waiting[d]:
                 if device_of[w] < 0:
-                    heapq.heappush(later[d], (t, topo[w], w))
-            waiting[d].clear()
+                    heapq.heappush(self.later[d], (t, topo[w], w))
+            self.waiting[d].clear()
         for s in state.succ[op]:
             if state.preds_left[s] == 0:
-                push_ready(s, t)
-        if first_of_group and len(groups.members[g]) > 1:
+                self.push_ready(s, t)
+        members = self.groups.members[g]
+        if first_of_group and len(members) > 1:
             # Ready members of a group placed just now may only go where the group went.
-            for m in groups.members[g].tolist():
+            for m in members.tolist():
                 if device_of[m] < 0 and state.preds_left[m] == 0:
-                    dead.discard((m, dev))
-                    heapq.heappush(later[dev], (t, topo[m], m))
+                    self.dead.discard((m, dev))
+                    heapq.heappush(self.later[dev], (t, topo[m], m))
+        return op, dev, t
 
-    if scheduled < n:
-        raise _stuck(graph, cluster, groups, state)
+    @property
+    def done(self) -> bool:
+        return self.scheduled == self.graph.num_ops
 
-    placement = Placement(np.asarray(state.device, dtype=np.int32), method)
-    return Schedule(
-        placement=placement,
-        start_us=_ro(np.asarray(state.start, dtype=np.float64)),
-        end_us=_ro(np.asarray(state.end, dtype=np.float64)),
-        transfers=tuple(state.transfers),
-        peak_memory_bytes=tuple(int(p) for p in state.peak),
-        order=_ro(np.asarray(state.order, dtype=np.int32)),
+    def run(self) -> None:
+        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled."""
+        while self.step() is not None:
+            pass
+        if not self.done:
+            raise _stuck(self.graph, self.cluster, self.groups, self.state)
+
+    def schedule(self, method: str) -> Schedule:
+        state = self.state
+        return Schedule(
+            placement=Placement(np.asarray(state.device, dtype=np.int32), method),
+            start_us=_ro(np.asarray(state.start, dtype=np.float64)),
+            end_us=_ro(np.asarray(state.end, dtype=np.float64)),
+            transfers=tuple(state.transfers),
+            peak_memory_bytes=tuple(int(p) for p in state.peak),
+            order=_ro(np.asarray(state.order, dtype=np.int32)),
+        )
+
+    # ---------------------------------------------------------------- snapshots
+
+    _STATE_FIELDS = (
+        "device", "start", "end", "order", "device_free", "last_op", "usage", "peak",
+        "tensor_consumers_left", "preds_left", "group_device", "transfers",
     )
+
+    def snapshot(self) -> dict:
+        """A copy of everything a step changes (static arrays are shared)."""
+        st = self.state
+        snap = {f: list(getattr(st, f)) for f in self._STATE_FIELDS}
+        snap["chan_start"] = [list(x) for x in st.chan_start]
+        snap["chan_end"] = [list(x) for x in st.chan_end]
+        snap["pending"] = [list(x) for x in st.pending]
+        snap["arrival"] = dict(st.arrival)
+        snap["release"] = {t: dict(r) for t, r in st.release.items()}
+        snap["later"] = [list(x) for x in self.later]
+        snap["now"] = [list(x) for x in self.now]
+        snap["waiting"] = [set(x) for x in self.waiting]
+        snap["waited"] = list(self.waited)
+        snap["dead"] = set(self.dead)
+        snap["scheduled"] = self.scheduled
+        snap["last_time"] = self.last_time
+        return snap
+
+    def restore(self, snap: dict) -> None:
+        """Returns to `snap` (which stays usable for later restores)."""
+        st = self.state
+        for f in self._STATE_FIELDS:
+            setattr(st, f, list(snap[f]))
+        st.chan_start = [list(x) for x in snap["chan_start"]]
+        st.chan_end = [list(x) for x in snap["chan_end"]]
+        st.pending = [list(x) for x in snap["pending"]]
+        st.arrival = dict(snap["arrival"])
+        st.release = {t: dict(r) for t, r in snap["release"].items()}
+        self.later = [list(x) for x in snap["later"]]
+        self.now = [list(x) for x in snap["now"]]
+        self.waiting = [set(x) for x in snap["waiting"]]
+        self.waited = list(snap["waited"])
+        self.dead = set(snap["dead"])
+        self.scheduled = snap["scheduled"]
+        self.last_time = snap["last_time"]
+
+
+def run_list_scheduler(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    policy: Policy,
+    *,
+    method: str,
+    initial_group_device: Optional[Sequence[int]] = None,
+) -> Schedule:
+    """Schedules every op under `policy`; raises `InfeasiblePlacementError` when stuck.
+
+    `initial_group_device` places groups up front (the simulator places all of them): their
+    persistent memory is then held from the start.
+    """
+    scheduler = ListScheduler(graph, cluster, groups, policy, initial_group_device)
+    scheduler.run()
+    return scheduler.schedule(method)
 
 
 def _ro(a: np.ndarray) -> np.ndarray:
