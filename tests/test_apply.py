@@ -48,6 +48,16 @@ def test_round_trip_changes_devices_only(lstm):
     assert "profile covers" in report.summary()
 
 
+def test_same_inputs_same_placed_bytes(lstm):
+    setup = standin_cluster(3, prefix=TASK)
+    runs = [
+        place_graph_def(lstm.graph_def, lstm.profile, setup.cluster, PlacementOptions("m_etf"),
+                        host_device=setup.host)[0].SerializeToString(deterministic=True)
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
 def test_apply_keeps_unnamed_nodes_and_refuses_strangers(lstm):
     first = lstm.graph_def.node[0].name
     placed = apply_placement(lstm.graph_def, {first: "/device:CPU:1"})

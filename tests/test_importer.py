@@ -241,6 +241,15 @@ def test_bad_graphs():
     gd.node.add(name="b", op="Identity").input.append("ghost:0")
     with pytest.raises(InvalidGraphError, match="does not import|'ghost'"):
         import_graph_def(gd, empty_profile(gd), cluster)
+    cycle = tf.compat.v1.GraphDef()
+    x = cycle.node.add(name="x", op="Placeholder")
+    x.attr["dtype"].type = tf.float32.as_datatype_enum
+    for name, op, inputs in (("a", "AddV2", ["x", "b"]), ("b", "Identity", ["a"])):
+        node = cycle.node.add(name=name, op=op)
+        node.input.extend(inputs)
+        node.attr["T"].type = tf.float32.as_datatype_enum
+    with pytest.raises(InvalidGraphError, match="cycle: '(a|b)' -> '(a|b)' -> '(a|b)'"):
+        import_graph_def(cycle, empty_profile(cycle), cluster)
     unknown = tf.compat.v1.GraphDef()
     unknown.node.add(name="a", op="NoSuchOpAnywhere")
     with pytest.raises(InvalidGraphError, match="does not import into TensorFlow"):

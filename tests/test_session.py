@@ -58,6 +58,17 @@ def test_training_reproduces_plain_losses(resource_model, tmp_path):
         sess.run({"loss": model.loss}, model.feed(0))
         sess.run(model.predictions.name, model.feed_by_name(0))
         assert sess.placement is report
+        # Traced through the session: every op that ran, ran where the placement put it.
+        metadata = tf.compat.v1.RunMetadata()
+        sess.run(
+            [model.loss, model.train_op], model.feed(0),
+            options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+            run_metadata=metadata,
+        )
+        ran = {n.node_name: d.device for d in metadata.step_stats.dev_stats for n in d.node_stats}
+        checked = [n for n in ran if n in report.op_to_device]
+        assert len(checked) > 300
+        assert all(ran[n] == report.op_to_device[n] for n in checked)
         assert sess.graph is model.graph
         names = {d.name for d in sess.list_devices()}
         assert names == {f"{TASK}/device:CPU:{i}" for i in range(5)}

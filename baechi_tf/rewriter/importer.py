@@ -153,8 +153,25 @@ def _tf_graph(graph_def):
             tf.graph_util.import_graph_def(graph_def, name="")
     except (ValueError, TypeError, tf.errors.OpError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "cycle" in msg:
+            _structure(graph_def).validate()  # names the ops on a cycle
         raise InvalidGraphError(f"the GraphDef does not import into TensorFlow: {msg}") from None
     return g
+
+
+def _structure(graph_def) -> OpGraph:
+    """Nodes and inputs only (every input as a control edge), loops' back edges left out."""
+    builder = OpGraphBuilder()
+    types = {}
+    for node in graph_def.node:
+        builder.add_op(node.name, op_type=node.op)
+        types[node.name] = node.op
+    for node in graph_def.node:
+        for text in node.input:
+            src, _ = _parse_input(text)
+            if src in types and not (types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST):
+                builder.add_control_edge(src, node.name)
+    return builder.build()
 
 
 class _DeviceResolver:
@@ -249,9 +266,16 @@ def import_graph_def(
         usable = {n: c for n, c in profile.ops.items() if n not in bad}
 
     tfg = _tf_graph(graph_def)
+    import tensorflow as tf
+
+    notes: list[str] = []
+    if profile.tf_version and profile.tf_version != tf.__version__:
+        notes.append(
+            f"the profile was taken with TensorFlow {profile.tf_version}, this is "
+            f"{tf.__version__}: op costs may have changed"
+        )
     lookup = kernel_lookup or has_registered_kernel
     resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
-    notes: list[str] = []
 
     # Kernel check: the device types of the cluster the registry knows about.
     target_types = sorted({d.type.upper() for d in cluster.devices})
