@@ -300,41 +300,22 @@ def import_graph_def(
     estimated: list[str] = []
     profiled_us = 0.0
     names = [n.name for n in graph_def.node]
-    name_set = set(names)
     node_types = {n.name: n.op for n in graph_def.node}
 
     for node in graph_def.node:
         op = tfg.get_operation_by_name(node.name)
-        outputs = op.outputs
-        static = [_static_bytes(t) for t in outputs]
-        var_bytes = _variable_bytes(op) if node.op in VARIABLE_OP_TYPES else 0
         cost = usable.get(node.name)
         if cost is not None and cost.op_type and cost.op_type != node.op:
             cost = None  # same name, another op: only possible with an allowed mismatch
+        out_bytes, compute, temp, persistent = _op_costs(
+            node.name, node.op, op, cost, type_median, allow_profile_mismatch
+        )
         if cost is not None:
-            if len(cost.output_bytes) > len(outputs) and not allow_profile_mismatch:
-                raise ProfileError(
-                    f"the profile gives op {node.name!r} {len(cost.output_bytes)} outputs but the "
-                    f"graph's op has {len(outputs)}; profile this graph again"
-                )
-            out_bytes = [
-                cost.output_bytes[i] if i < len(cost.output_bytes) else static[i]
-                for i in range(len(outputs))
-            ]
-            compute = cost.compute_us
-            temp = cost.temp_bytes
-            persistent = max(cost.persistent_bytes, var_bytes)
             profiled_us += compute
         else:
             estimated.append(node.name)
-            out_bytes = static
-            if node.op in type_median:
-                compute = type_median[node.op]
-            else:
-                compute = DEFAULT_COMPUTE_US
+            if node.op not in type_median:
                 default_ops.append(node.name)
-            temp = 0
-            persistent = var_bytes
 
         device, on_host = resolver.resolve(node.name, node.device)
         if (
@@ -358,27 +339,11 @@ def import_graph_def(
             temp_bytes=int(temp),
             persistent_bytes=int(persistent),
             device=device,
-            colocation=tuple(colocation) + tuple(_implicit_colocation(op, node_types)),
+            colocation=tuple(colocation) + tuple(_implicit_colocation(op)),
             op_type=node.op,
         )
 
-    for node in graph_def.node:
-        data_srcs: set[str] = set()
-        for text in node.input:
-            src, port = _parse_input(text)
-            if src not in name_set:
-                raise InvalidGraphError(
-                    f"op {node.name!r} reads {text!r}, but the graph has no op {src!r}: the "
-                    "GraphDef is incomplete"
-                )
-            if node_types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST:
-                continue  # a loop's back edge: left out of the DAG
-            if port >= 0:
-                builder.add_edge(src, node.name, port)
-                data_srcs.add(src)
-            elif src not in data_srcs:
-                builder.add_control_edge(src, node.name)
-
+    _add_edges(builder, graph_def, node_types)
     graph = builder.build()
     if resolver.ignored:
         notes.append(
@@ -409,6 +374,52 @@ def import_graph_def(
     )
 
 
+def _op_costs(
+    name: str,
+    op_type: str,
+    op: Any,
+    cost: Optional[OpCost],
+    type_median: Mapping[str, float],
+    allow_profile_mismatch: bool,
+) -> tuple[list[int], float, int, int]:
+    """(output bytes, compute us, temporary bytes, persistent bytes) of one op."""
+    outputs = op.outputs
+    static = [_static_bytes(t) for t in outputs]
+    var_bytes = _variable_bytes(op) if op_type in VARIABLE_OP_TYPES else 0
+    if cost is None:
+        return static, type_median.get(op_type, DEFAULT_COMPUTE_US), 0, var_bytes
+    if len(cost.output_bytes) > len(outputs) and not allow_profile_mismatch:
+        raise ProfileError(
+            f"the profile gives op {name!r} {len(cost.output_bytes)} outputs but the graph's op "
+            f"has {len(outputs)}; profile this graph again"
+        )
+    out_bytes = [
+        cost.output_bytes[i] if i < len(cost.output_bytes) else static[i]
+        for i in range(len(outputs))
+    ]
+    return out_bytes, cost.compute_us, cost.temp_bytes, max(cost.persistent_bytes, var_bytes)
+
+
+def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str]) -> None:
+    """Data edges, then control edges not parallel to a data edge; loops' back edges left out."""
+    for node in graph_def.node:
+        data_srcs: set[str] = set()
+        for text in node.input:
+            src, port = _parse_input(text)
+            if src not in node_types:
+                raise InvalidGraphError(
+                    f"op {node.name!r} reads {text!r}, but the graph has no op {src!r}: the "
+                    "GraphDef is incomplete"
+                )
+            if node_types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST:
+                continue  # a loop's back edge: left out of the DAG
+            if port >= 0:
+                builder.add_edge(src, node.name, port)
+                data_srcs.add(src)
+            elif src not in data_srcs:
+                builder.add_control_edge(src, node.name)
+
+
 def _needs_host(
     op_type: str, checked_types: list[str], lookup: KernelLookup, library_ops: set[str]
 ) -> bool:
@@ -420,7 +431,7 @@ def _needs_host(
     return "CPU" not in checked_types and lookup(op_type, "CPU")
 
 
-def _implicit_colocation(op, node_types: Mapping[str, str]) -> list[str]:
+def _implicit_colocation(op: Any) -> list[str]:
     """Producers TF's placer puts this op with: resource and reference inputs, dataset inputs."""
     import tensorflow as tf
 
