@@ -38,7 +38,8 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "--placement_method",
         default=defaults.placement_method,
         choices=sorted(PLACEMENT_METHODS),
-        help="placement algorithm (default: %(default)s)",
+        help="placement algorithm; 'auto' runs every placer, keeps the best simulated placement "
+        "and refines it (default: %(default)s)",
     )
     parser.add_argument(
         "--grouper",
@@ -68,6 +69,16 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--refine_seconds",
+        type=float,
+        default=defaults.refine_seconds,
+        help="auto: time for the refinement that moves groups while the simulated step time "
+        "drops; 0 turns it off (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=defaults.seed, help="auto: seed of the refinement (default: %(default)s)"
+    )
+    parser.add_argument(
         "--placer_memory_fraction",
         type=float,
         default=defaults.memory_fraction,
@@ -85,6 +96,8 @@ def options_from_args(args: argparse.Namespace):
         sct_threshold=args.sct_threshold,
         lp_solver=args.lp_solver,
         memory_fraction=args.placer_memory_fraction,
+        refine_seconds=args.refine_seconds,
+        seed=args.seed,
     )
     options.validate()
     return options
@@ -96,6 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_placement_arguments(parser)
     parser.add_argument(
         "--out", metavar="P.json", help="write the placement and its figures here as JSON"
+    )
+    parser.add_argument(
+        "--report_dir",
+        metavar="DIR",
+        help="write reports here: gantt.png, memory_<i>.png, trace.json (Perfetto), summary.json",
     )
 
 
@@ -113,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         atomic_write(args.out, json.dumps(result_to_json(result), indent=1, sort_keys=True) + "\n")
         print(f"placement written to {args.out}")
+    if args.report_dir:
+        from baechi_tf.reports import write_reports
+
+        write_reports(result, args.report_dir)
+        print(f"reports written to {args.report_dir}")
     return 0
 
 

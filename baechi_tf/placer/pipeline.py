@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
@@ -39,10 +39,59 @@ def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     return schedule.placement
 
 
+def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+    """The model's own layout (op name -> device), completed by TF's rule: an op without one
+    goes where its group or its first placed input went, else to the first device."""
+    from baechi_tf.errors import InfeasiblePlacementError
+
+    if not options.expert:
+        raise ConfigError("placement method 'expert' needs the model's own layout; this graph has none")
+    device_of = [-1] * graph.num_ops
+    for name, device in options.expert.items():
+        op = graph.index.get(name)
+        if op is not None:
+            device_of[op] = cluster.device_index(device)
+    group_device: dict[int, int] = {}
+    for op in graph.topo_order.tolist():
+        g = int(groups.group_of[op])
+        if device_of[op] < 0:
+            if g in group_device:
+                device_of[op] = group_device[g]
+            else:
+                placed = [device_of[p] for p in graph.predecessors[op] if device_of[p] >= 0]
+                device_of[op] = placed[0] if placed else 0
+        group_device.setdefault(g, device_of[op])
+    for g, members in enumerate(groups.members):  # one device per group: the first member's
+        for op in members.tolist():
+            device_of[op] = device_of[int(members[0])]
+    for op, name in enumerate(graph.pinned_device):
+        if name is not None and cluster.find(name) != device_of[op]:
+            raise InfeasiblePlacementError(f"the expert layout moves pinned op {graph.names[op]!r}")
+    return Placement(device_of, "expert")
+
+
+def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
+    from baechi_tf.placer.auto import AutoOptions, place_auto
+    from baechi_tf.placer.refine import RefineOptions
+
+    names = [m for m in _PORTFOLIO if m in _METHODS]
+    if options.expert:
+        names.append("expert")
+    thunks = [(m, (lambda m=m: _METHODS[m](graph, cluster, groups, options))) for m in names]
+    return place_auto(
+        graph, cluster, groups, thunks,
+        options=AutoOptions(RefineOptions(options.refine_seconds, options.seed)),
+    )
+
+
+_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "single")
+
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
     "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
     "single": _single,
+    "expert": _expert,
+    "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
 
@@ -56,12 +105,15 @@ def register_method(name: str, method: Method) -> None:
 class PlacementOptions:
     """Options of the placement pipeline; each field mirrors a command-line flag."""
 
-    placement_method: str = "m_etf"  # one of PLACEMENT_METHODS
+    placement_method: str = "auto"  # one of PLACEMENT_METHODS
     grouper: str = "tf"  # 'tf': TF colocation only; 'coplace': also single-consumer merging
     placer_type: str = "default"  # 'default' or 'fusion' (place a fused graph)
     sct_threshold: float = 0.1  # m-SCT: LP edge values <= this make a favourite child
     lp_solver: str = "auto"  # m-SCT: 'auto', 'mosek', 'highs' or 'cvxopt'
     memory_fraction: float = 1.0  # share of each device's memory the placer may fill
+    refine_seconds: float = 3.0  # auto: budget of the refinement local search; 0 turns it off
+    seed: int = 0  # auto: seeds the refinement's random moves
+    expert: Optional[Mapping[str, str]] = None  # the model's own layout: op name -> device
 
     def validate(self) -> None:
         if self.placement_method not in _METHODS:
@@ -81,6 +133,8 @@ class PlacementOptions:
             raise ConfigError(
                 f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
             )
+        if not (self.refine_seconds >= 0):
+            raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be >= 0")
         if not (0 <= self.sct_threshold < 1):
             raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
 
@@ -98,6 +152,8 @@ class PlacementResult:
     single_device_makespan_us: Optional[float]  # None when the graph does not fit one device
     placement_seconds: float  # wall time of the whole pipeline
     step_seconds: dict[str, float]
+    candidates: Optional[dict[str, Optional[float]]] = None  # auto: makespan of each placer
+    refine_stats: Optional[object] = None  # auto: RefineStats
 
     @property
     def makespan_us(self) -> float:
@@ -107,17 +163,22 @@ class PlacementResult:
         return self.placement.op_to_device(self.graph, self.cluster)
 
 
-def _fuse_and_place(
-    graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions
-) -> Placement:
-    method = _METHODS[options.placement_method]
+def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions):
+    """The placement, and the portfolio's result when the method is ``auto`` (else None)."""
+
+    def run(g: OpGraph, gr: Groups):
+        if options.placement_method == "auto":
+            auto = _run_auto(g, cluster, gr, options)
+            return auto.placement, auto
+        return _METHODS[options.placement_method](g, cluster, gr, options), None
+
     if options.placer_type != "fusion":
-        return method(graph, cluster, groups, options)
-    from baechi_tf.placer.fusion import fuse  # issue: m-SCT and fusion
+        return run(graph, groups)
+    from baechi_tf.placer.fusion import fuse
 
     fused = fuse(graph, groups)
-    inner = method(fused.graph, cluster, fused.groups, options)
-    return fused.expand(inner)
+    inner, auto = run(fused.graph, fused.groups)
+    return fused.expand(inner), auto
 
 
 def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = PlacementOptions()) -> PlacementResult:
@@ -144,7 +205,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
 
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
-    placement: Placement = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
+    placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
     schedule: Schedule = step("check", lambda: check_placement(graph, placer_cluster, groups, placement))
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster))
     bound = lower_bound_us(graph, cluster)
@@ -158,4 +219,6 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         single_device_makespan_us=None if baseline is None else baseline.makespan_us,
         placement_seconds=time.perf_counter() - t_all,
         step_seconds=seconds,
+        candidates=auto.candidates if auto else None,
+        refine_stats=auto.refine_stats if auto else None,
     )

@@ -1,0 +1,79 @@
+"""``auto``: a portfolio of placers, the best simulated placement kept, then refined.
+
+Runs every registered placer that applies (m-TOPO, m-ETF, m-SCT, ``single`` when the graph fits
+one device, ``expert`` when the model brought its own layout), simulates each placement, keeps the
+one with the lowest makespan (ties: the order above), and improves it with `refine`. A placer that
+fails (no room, a solver error) is logged and skipped; when every placer failed, the first
+failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once.
+
+Time: the sum of the placers' times plus the refinement budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional, Sequence
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.errors import BaechiError, ConfigError
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.refine import RefineOptions, RefineStats, refine
+from baechi_tf.placer.schedule import Placement, Schedule
+from baechi_tf.placer.simulator import simulate
+
+__all__ = ["AutoOptions", "AutoResult", "place_auto"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoOptions:
+    refine: RefineOptions = RefineOptions()
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoResult:
+    placement: Placement  # method: 'auto(<winner>)'
+    schedule: Schedule
+    candidates: dict[str, Optional[float]]  # method -> simulated makespan, None when it failed
+    refine_stats: Optional[RefineStats]
+
+
+def place_auto(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    placers: Sequence[tuple[str, Callable[[], Placement]]],
+    *,
+    options: AutoOptions = AutoOptions(),
+) -> AutoResult:
+    """Runs `placers` (name, thunk) in order, keeps the best simulated one, refines it."""
+    best: Optional[tuple[float, str, Placement, Schedule]] = None
+    candidates: dict[str, Optional[float]] = {}
+    first_error: Optional[BaechiError] = None
+    for name, thunk in placers:
+        try:
+            placement = thunk()
+            schedule = simulate(graph, cluster, placement)
+        except ConfigError:
+            raise  # the input is wrong for every placer alike
+        except BaechiError as e:
+            log.info("auto: %s failed: %s", name, e)
+            candidates[name] = None
+            first_error = first_error or e
+            continue
+        candidates[name] = schedule.makespan_us
+        log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
+        if best is None or schedule.makespan_us < best[0]:
+            best = (schedule.makespan_us, name, placement, schedule)
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    _, winner, placement, schedule = best
+    stats = None
+    if options.refine.seconds > 0:
+        placement, schedule, stats = refine(graph, cluster, groups, placement, options=options.refine)
+    final = Placement(placement.device_of, f"auto({winner})")
+    return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats)

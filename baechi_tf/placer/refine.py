@@ -1,0 +1,315 @@
+"""Refinement: local search that moves or swaps whole groups while the simulated step time drops.
+
+Starting from a placement, `refine` tries moves that target the critical path of the current
+schedule first (put an op next to the predecessor whose transfer it waits for, take a group off
+the busiest device, swap two groups), then seeded random moves. A move is kept only when the
+simulated makespan drops; a move that breaks a memory limit cannot finish its simulation and is
+dropped. Groups move whole and pinned groups never move, so every intermediate placement passes
+`check_placement`.
+
+Each move is evaluated by incremental re-simulation: the schedule is snapshotted as it is built,
+and a move is re-simulated from the last snapshot taken before any moved op could start (the
+prefix is provably the same: decisions are made in time order, and memory is checked on both
+devices). The re-simulation stops as soon as an op's start plus the longest compute chain after
+it reaches the current makespan, which rejects most bad moves early.
+
+The budget is counted in scheduling steps, not wall time, so the result is deterministic for a
+given seed: ``seconds`` is converted at `STEPS_PER_SECOND` (measured on a 2-core machine); a
+wall-clock stop at three times the budget guards against much slower machines (only then can the
+result depend on timing).
+
+Time per move: O(k log k) for the k ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import random
+import time
+from typing import Optional
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.list_scheduler import FixedPolicy, ListScheduler
+from baechi_tf.placer.schedule import Placement, Schedule
+
+__all__ = ["RefineOptions", "RefineStats", "refine", "STEPS_PER_SECOND"]
+
+log = logging.getLogger(__name__)
+
+STEPS_PER_SECOND = 20_000  # scheduling steps re-simulated per second on this 2-core machine
+_SNAPSHOTS = 24  # snapshots per simulated schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineOptions:
+    seconds: float = 3.0  # budget, converted to scheduling steps; 0 turns refinement off
+    seed: int = 0  # seeds the order of random moves
+
+
+@dataclasses.dataclass(frozen=True)
+class RefineStats:
+    initial_makespan_us: float
+    final_makespan_us: float
+    moves_tried: int
+    moves_accepted: int
+    steps: int  # scheduling steps spent re-simulating
+    seconds: float
+
+
+Move = tuple[tuple[int, int, int], ...]  # (group, from device, to device) per moved group
+
+
+class _Simulation:
+    """The current placement, its schedule and snapshots, and trial moves against them."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups, device_of: np.ndarray):
+        self.graph, self.cluster, self.groups = graph, cluster, groups
+        self.singletons = Groups.singletons(graph)
+        self.device_of = [int(d) for d in device_of]
+        self.group_persistent = np.bincount(
+            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
+        ).astype(np.int64).tolist()
+        self.capacity = [d.memory_bytes for d in cluster.devices]
+        self.tail = _tails(graph)
+        self.topo = graph.topo_index.tolist()
+        self.steps = 0
+        self.snapshots: list[dict] = []
+        self.schedule: Schedule = self._full()
+
+    def _scheduler(self, device_of: list[int]) -> ListScheduler:
+        return ListScheduler(
+            self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of
+        )
+
+    def _full(self) -> Schedule:
+        scheduler = self._scheduler(self.device_of)
+        schedule = self._finish(scheduler, float("inf"), [])
+        assert schedule is not None  # the starting placement was simulated before
+        return schedule
+
+    def _finish(self, scheduler: ListScheduler, bound: float, snaps: list[dict]) -> Optional[Schedule]:
+        """Runs `scheduler` to the end, taking snapshots into `snaps`; None when the makespan
+        cannot beat `bound` or the placement does not fit."""
+        n = self.graph.num_ops
+        every = max(1, n // _SNAPSHOTS)
+        tail = self.tail
+        while True:
+            if scheduler.scheduled % every == 0 and scheduler.scheduled < n and (
+                not snaps or snaps[-1]["scheduled"] != scheduler.scheduled
+            ):
+                snaps.append(scheduler.snapshot())
+            step = scheduler.step()
+            if step is None:
+                break
+            self.steps += 1
+            op, _, t = step
+            if t + tail[op] >= bound - 1e-9:
+                return None
+        if not scheduler.done:
+            return None
+        return scheduler.schedule("refined")
+
+    def try_move(self, move: Move, bound: float) -> Optional[tuple[Schedule, list[dict], list[int]]]:
+        """Re-simulates with `move` applied; the new schedule if its makespan is below `bound`."""
+        members = self.groups.members
+        ops = np.concatenate([members[g] for g, _, _ in move]).tolist()
+        end = self.schedule.end_us
+        preds = self.graph.predecessors
+        earliest = min(max((end[p] for p in preds[o]), default=0.0) for o in ops)
+        extra = {}
+        for g, d_from, d_to in move:
+            extra[d_to] = extra.get(d_to, 0) + self.group_persistent[g]
+            extra[d_from] = extra.get(d_from, 0) - self.group_persistent[g]
+        base = None
+        for i in range(len(self.snapshots) - 1, -1, -1):
+            snap = self.snapshots[i]
+            if snap["scheduled"] == 0:
+                break
+            if snap["last_time"] < earliest and all(
+                not snap["waited"][d] and snap["peak"][d] + max(x, 0) <= self.capacity[d]
+                for d, x in extra.items()
+            ):
+                base = i
+                break
+        device_of = list(self.device_of)
+        for g, _, d_to in move:
+            for o in members[g].tolist():
+                device_of[o] = d_to
+        if base is None:
+            kept: list[dict] = []
+            scheduler = self._scheduler(device_of)
+        else:
+            kept = [
+                _patched(s, move, members, self.group_persistent, self.topo)
+                for s in self.snapshots[: base + 1]
+            ]
+            scheduler = self._scheduler(device_of)
+            scheduler.restore(kept[-1])
+        schedule = self._finish(scheduler, bound, kept)
+        if schedule is None:
+            return None
+        return schedule, kept, device_of
+
+    def accept(self, result: tuple[Schedule, list[dict], list[int]]) -> None:
+        self.schedule, self.snapshots, self.device_of = result
+
+
+def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int]) -> dict:
+    """A snapshot as if the moved groups had been on their new devices from the start."""
+    out = dict(snap)
+    group_device = list(snap["group_device"])
+    usage, peak = list(snap["usage"]), list(snap["peak"])
+    later = [list(h) for h in snap["later"]]
+    dead = set(snap["dead"])
+    for g, d_from, d_to in move:
+        p = group_persistent[g]
+        usage[d_from] -= p
+        peak[d_from] -= p
+        usage[d_to] += p
+        peak[d_to] += p
+        for o in members[g].tolist():
+            group_device[o] = d_to  # the simulator's groups are single ops
+            dead.discard((o, d_to))
+            if snap["device"][o] < 0 and snap["preds_left"][o] == 0:
+                heapq.heappush(later[d_to], (snap["last_time"], topo[o], o))
+    out.update(group_device=group_device, usage=usage, peak=peak, later=later, dead=dead)
+    return out
+
+
+def _tails(graph: OpGraph) -> list[float]:
+    """Longest chain of compute times starting at each op (inclusive)."""
+    tail = graph.compute_us.tolist()
+    compute = graph.compute_us.tolist()
+    succ = graph.successors
+    for op in reversed(graph.topo_order.tolist()):
+        s = succ[op]
+        if s:
+            tail[op] = compute[op] + max(tail[x] for x in s)
+    return tail
+
+
+def _pinned_groups(graph: OpGraph, groups: Groups) -> set[int]:
+    return {int(groups.group_of[op]) for op, d in enumerate(graph.pinned_device) if d is not None}
+
+
+def _candidates(sim: _Simulation, rng: random.Random, pinned: set[int]) -> list[Move]:
+    """Moves worth trying first, from the critical path of the current schedule."""
+    graph, cluster, groups = sim.graph, sim.cluster, sim.groups
+    schedule = sim.schedule
+    device_of = sim.device_of
+    nd = cluster.num_devices
+    group_of = groups.group_of
+    load = [0.0] * nd
+    for op, d in enumerate(device_of):
+        load[d] += graph.compute_us[op]
+    by_load = sorted(range(nd), key=lambda d: (load[d], d))
+    path = schedule.critical_path(graph, cluster)
+    moves: list[Move] = []
+    seen: set[Move] = set()
+
+    def add(move: Move) -> None:
+        if move not in seen and all(g not in pinned and a != b for g, a, b in move):
+            seen.add(move)
+            moves.append(move)
+
+    for i in range(len(path) - 1, 0, -1):
+        op, prev = path[i], path[i - 1]
+        g, gp = int(group_of[op]), int(group_of[prev])
+        if device_of[op] != device_of[prev]:
+            # The op waits for a transfer: bring it (or its producer) next to the other.
+            add(((g, device_of[op], device_of[prev]),))
+            add(((gp, device_of[prev], device_of[op]),))
+    for op in reversed(path):
+        g = int(group_of[op])
+        for d in by_load:
+            add(((g, device_of[op], d),))
+    # Swaps between the busiest and the idlest device.
+    busy, idle = by_load[-1], by_load[0]
+    on_busy = [int(group_of[o]) for o in path if device_of[o] == busy]
+    on_idle = sorted({int(group_of[o]) for o in range(graph.num_ops) if device_of[o] == idle})
+    for g in dict.fromkeys(on_busy):
+        for h in on_idle[:4]:
+            add(((g, busy, idle), (h, idle, busy)))
+    return moves
+
+
+def _random_move(sim: _Simulation, rng: random.Random, pinned: set[int]) -> Optional[Move]:
+    groups, nd = sim.groups, sim.cluster.num_devices
+    free = [g for g in range(groups.num_groups) if g not in pinned]
+    if not free or nd < 2:
+        return None
+    g = rng.choice(free)
+    d_from = sim.device_of[int(groups.members[g][0])]
+    d_to = rng.choice([d for d in range(nd) if d != d_from])
+    return ((g, d_from, d_to),)
+
+
+def refine(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    placement: Placement,
+    *,
+    options: RefineOptions = RefineOptions(),
+) -> tuple[Placement, Schedule, RefineStats]:
+    """Improves `placement` by moving groups; never returns a worse one."""
+    t0 = time.perf_counter()
+    sim = _Simulation(graph, cluster, groups, placement.device_of)
+    initial = sim.schedule.makespan_us
+    budget = int(options.seconds * STEPS_PER_SECOND)
+    deadline = t0 + 3 * options.seconds + 1
+    rng = random.Random(options.seed)
+    pinned = _pinned_groups(graph, groups)
+    tried = accepted = 0
+    failed: set[Move] = set()  # moves that did not help since the last accepted one
+    misses = 0  # random draws in a row that were already in `failed`
+
+    def attempt(move: Move) -> bool:
+        nonlocal tried, accepted
+        tried += 1
+        result = sim.try_move(move, sim.schedule.makespan_us)
+        if result is None:
+            failed.add(move)
+            return False
+        sim.accept(result)
+        accepted += 1
+        failed.clear()
+        return True
+
+    def out_of_budget() -> bool:
+        return sim.steps >= budget or time.perf_counter() >= deadline
+
+    while not out_of_budget() and cluster.num_devices > 1:
+        improved = False
+        for move in _candidates(sim, rng, pinned):
+            if out_of_budget():
+                break
+            if move not in failed and attempt(move):
+                improved = True
+                break
+        if improved:
+            continue
+        move = _random_move(sim, rng, pinned)
+        if move is None:
+            break
+        if move in failed:
+            misses += 1
+            if misses > 4 * groups.num_groups * (cluster.num_devices - 1) + 20:
+                break  # random draws keep finding moves that were tried: a local optimum
+            continue
+        misses = 0
+        attempt(move)
+    final = Placement(np.asarray(sim.device_of, dtype=np.int32), placement.method)
+    schedule = dataclasses.replace(sim.schedule, placement=final)
+    stats = RefineStats(initial, schedule.makespan_us, tried, accepted, sim.steps, time.perf_counter() - t0)
+    log.info(
+        "refinement: %.1f -> %.1f us, %d of %d moves kept, %d steps, %.2f s",
+        initial, schedule.makespan_us, accepted, tried, sim.steps, stats.seconds,
+    )
+    return final, schedule, stats
