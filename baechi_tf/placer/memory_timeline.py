@@ -1,0 +1,181 @@
+"""Memory in use on each device over time, recomputed from a finished `Schedule`.
+
+The list scheduler (`list_scheduler`) tracks memory as a running total while it builds the
+schedule; this module derives the same quantity afterwards from the schedule's own values (start
+and end times, the order ops were committed in, the transfers) as blocks of memory, each held
+from an allocation to a free:
+
+* persistent bytes of every op on the device: from 0 on, never freed in the step;
+* temporary bytes of an op: from its start to its end;
+* an output slot that no data edge reads: from the op's start to its end, unless the op has no
+  successor at all (a sink), whose outputs are kept (never freed in the step);
+* a tensor that is read, on its producer's device: from the producer's start until
+  ``max(end of its last consumer on that device, end of its last transfer out,
+  start of its last consumer anywhere)``;
+* a received copy on another device: from the start of its first consumer there until
+  ``max(end of its last consumer there, start of its last consumer anywhere)``.
+
+The last term of both is the scheduler's: it learns when a tensor can be freed only once its last
+consumer is scheduled, so a tensor is never freed before that consumer's start.
+
+Events of one instant happen in the order the scheduler committed ops (`Schedule.order`): an
+op's allocation sees the frees up to its start that earlier commits made known, not the ones
+that a later commit at the same instant makes known (such as the free of a tensor whose last
+consumer starts at that instant on another device). A free therefore carries the commit that
+made it known (the op itself for temporary memory and unread outputs, the tensor's last consumer
+otherwise). Ordering one instant by time alone, frees first, gives lower peaks than the
+scheduler's on graphs with equal times (0 us ops, integer costs); with the commit order, the
+peak of the timeline is ``Schedule.peak_memory_bytes`` (checked in `tests/test_reports.py`).
+
+Time O((V + E) log(V + E)) for V ops and E edges; memory O(V + E).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.schedule import Schedule
+
+__all__ = ["DeviceMemory", "MemoryBlocks", "memory_blocks", "memory_timeline"]
+
+KEPT = float("inf")  # free time of memory held past the end of the step
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DeviceMemory:
+    """A step function: `bytes[i]` are in use from `times_us[i]` until `times_us[i + 1]`.
+
+    A time appears twice when memory rose above both the values before and after it within that
+    instant (a 0 us op, or a free made known after an allocation of the same instant): first the
+    highest value, then what stays.
+    """
+
+    times_us: np.ndarray  # float64 [k], non-decreasing, times_us[0] == 0
+    bytes: np.ndarray  # int64 [k], memory in use from that time on
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.bytes.max()) if self.bytes.size else 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MemoryBlocks:
+    """Every block of memory of a schedule: where, how big, and when it is held."""
+
+    device: np.ndarray  # int32 [k]
+    nbytes: np.ndarray  # int64 [k]
+    alloc_us: np.ndarray  # float64 [k]
+    free_us: np.ndarray  # float64 [k], >= alloc_us; KEPT (inf): held past the end of the step
+    alloc_rank: np.ndarray  # int64 [k], position in Schedule.order of the allocating op; -1: from the start
+    free_rank: np.ndarray  # int64 [k], position in Schedule.order of the op that made the free known
+    kind: tuple[str, ...]  # 'persistent', 'temp', 'output' or 'received'
+    op: np.ndarray  # int32 [k], the op the block belongs to (the producer for tensors)
+
+
+def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
+    """The blocks of memory the model holds, by the rules in the module docstring."""
+    dev = schedule.placement.device_of.tolist()
+    start = schedule.start_us.tolist()
+    end = schedule.end_us.tolist()
+    rank = [0] * graph.num_ops
+    for i, op in enumerate(schedule.order.tolist()):
+        rank[op] = i
+    rows: list[tuple[int, int, float, float, int, int, str, int]] = []
+
+    def add(d: int, b: int, a: float, f: float, ra: int, rf: int, kind: str, op: int) -> None:
+        if b > 0:
+            rows.append((d, b, a, f, ra, rf, kind, op))
+
+    persistent = graph.persistent_bytes.tolist()
+    temp = graph.temp_bytes.tolist()
+    for op in range(graph.num_ops):
+        add(dev[op], persistent[op], 0.0, KEPT, -1, -1, "persistent", op)
+        add(dev[op], temp[op], start[op], end[op], rank[op], rank[op], "temp", op)
+
+    # Distinct consumers of each tensor that data edges carry.
+    consumers: dict[int, set[int]] = {}
+    for t, c, slot in zip(
+        graph.edge_tensor.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()
+    ):
+        if slot >= 0:
+            consumers.setdefault(t, set()).add(c)
+    tensor_of_slot = {
+        (s, o): t
+        for t, (s, o) in enumerate(zip(graph.tensor_src.tolist(), graph.tensor_src_output.tolist()))
+        if o >= 0
+    }
+    last_send: dict[int, float] = {}
+    for tr in schedule.transfers:
+        if tr.end_us > last_send.get(tr.tensor, -1.0):
+            last_send[tr.tensor] = tr.end_us
+
+    succ = graph.successors
+    for op in range(graph.num_ops):
+        home = dev[op]
+        for slot, b in enumerate(graph.output_bytes[op]):
+            t = tensor_of_slot.get((op, slot))
+            readers = consumers.get(t) if t is not None else None
+            if not readers:
+                add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op)
+                continue
+            last = max(readers, key=rank.__getitem__)  # the commit that frees the tensor
+            by_device: dict[int, list[int]] = {}
+            for c in sorted(readers):
+                by_device.setdefault(dev[c], []).append(c)
+            held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
+            add(home, b, start[op], max(held, start[last]), rank[op], rank[last], "output", op)
+            for d, ops in sorted(by_device.items()):
+                if d != home:
+                    first = min(ops, key=rank.__getitem__)  # its commit books the transfer
+                    free = max(max(end[c] for c in ops), start[last])
+                    add(d, b, start[first], free, rank[first], rank[last], "received", op)
+    cols = list(zip(*rows)) if rows else [()] * 8
+    return MemoryBlocks(
+        device=np.asarray(cols[0], dtype=np.int32),
+        nbytes=np.asarray(cols[1], dtype=np.int64),
+        alloc_us=np.asarray(cols[2], dtype=np.float64),
+        free_us=np.asarray(cols[3], dtype=np.float64),
+        alloc_rank=np.asarray(cols[4], dtype=np.int64),
+        free_rank=np.asarray(cols[5], dtype=np.int64),
+        kind=tuple(cols[6]),
+        op=np.asarray(cols[7], dtype=np.int32),
+    )
+
+
+def memory_timeline(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[DeviceMemory, ...]:
+    """Per device of `cluster`, memory in use over the step as a step function."""
+    blocks = memory_blocks(graph, schedule)
+    return tuple(_sweep(blocks, d) for d in range(cluster.num_devices))
+
+
+def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:
+    mask = blocks.device == d
+    freed = mask & np.isfinite(blocks.free_us)
+    # Events sorted by (time, commit rank, phase): at one commit, allocation (phase 0) before
+    # the frees that commit makes known (phase 1); frees known earlier come first.
+    time = np.concatenate(([0.0], blocks.alloc_us[mask], blocks.free_us[freed]))
+    rank = np.concatenate(([-2], blocks.alloc_rank[mask], blocks.free_rank[freed]))
+    phase = np.concatenate(([0], np.zeros(mask.sum(), np.int64), np.ones(freed.sum(), np.int64)))
+    delta = np.concatenate(([0], blocks.nbytes[mask], -blocks.nbytes[freed]))
+    order = np.lexsort((phase, rank, time))
+    time, level = time[order], np.cumsum(delta[order])
+    # One or two points per instant: the highest level within it when above both the level
+    # before it and the level that stays (memory allocated, then freed, at that instant), then
+    # the level that stays.
+    last = np.flatnonzero(np.append(time[1:] != time[:-1], True))
+    first = np.concatenate(([0], last[:-1] + 1))
+    high = np.maximum.reduceat(level, first)
+    before = np.concatenate(([0], level[last[:-1]]))
+    spike = high > np.maximum(before, level[last])
+    times = np.repeat(time[last], np.where(spike, 2, 1))
+    values = np.empty(times.size, dtype=np.int64)
+    pos = np.cumsum(np.where(spike, 2, 1)) - 1
+    values[pos] = level[last]
+    values[pos[spike] - 1] = high[spike]
+    times.setflags(write=False)
+    values.setflags(write=False)
+    return DeviceMemory(times, values)

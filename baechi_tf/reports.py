@@ -1,0 +1,598 @@
+"""Reports of a placement for people: a Gantt chart, memory over time, a Chrome trace, a summary.
+
+`write_reports(result, report_dir)` writes, from a `PlacementResult` (``placer.pipeline.place``):
+
+* ``gantt.png``: one row per device with its ops as bars and, under it, a thin lane for its
+  communication channel (sends and receives); the critical path (`Schedule.critical_path`) is
+  marked by a red band over its ops, red transfers and red arrows where it changes device. Small
+  graphs get labelled bars coloured by op type (or top-level name scope); when bars would be
+  narrower than a few pixels, ops are merged at the resolution of one pixel.
+* ``memory_<i>.png``: memory in use on device i over the step (`placer.memory_timeline`, the
+  scheduler's memory model) with its capacity as a line, the peak and the persistent part.
+* ``trace.json``: the simulated schedule in Chrome's trace format (Perfetto, chrome://tracing):
+  a process per device (pid = device index + 1) with a ``compute`` thread (tid 0) and a
+  ``channel`` thread (tid 1), ops and transfers as complete events, memory as a counter; with
+  `tf_step_stats`, TensorFlow's own timeline of the real step as more processes (pid >= 1001).
+* ``graph.pbtxt`` and ``events.out.tfevents.baechi``: with `graph_def`, the placed graph as text
+  and as an events file for TensorBoard's graph view (``tensorboard --logdir report_dir``,
+  colour by device).
+* ``summary.json``: the figures of the placement (see `summary`).
+
+Everything is written through `atomic_write`; figures use matplotlib's Agg canvas directly (no
+pyplot, no global state) and come out the same, byte for byte, for the same input. TensorFlow is
+imported only when `graph_def` or a serialized `tf_step_stats` is given.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from baechi_tf._files import atomic_write
+from baechi_tf.placer.list_scheduler import format_bytes
+from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
+
+__all__ = ["chrome_trace", "summary", "write_reports"]
+
+_DPI = 100
+_WIDTH_IN = 14.0
+_AX_LEFT, _AX_RIGHT = 0.085, 0.985  # axes edges as fractions of the figure width
+_CHAR_PX = 5.6  # mean width of a character of the 7 pt label font at _DPI
+_MIN_BAR_PX = 2.5  # below this median op width, ops are merged at one pixel
+_MAX_SINGLE_BARS = 1500  # above this many ops, too
+_MAX_ARROWS = 60  # critical-path device changes drawn as arrows, at most
+_CRITICAL = "#d62728"
+_MERGED = "#4c72b0"
+_SEND, _RECEIVE = "#e08214", "#8073ac"
+_OTHER = "#b8b8b8"
+_PALETTE = (  # no red (the critical path), orange or purple (the channel)
+    "#4c72b0", "#55a868", "#ccb974", "#64b5cd", "#937860",
+    "#da8bc3", "#a6d854", "#e5c494", "#2f4b7c",
+)
+_TF_PID = 1001
+_RC = {"font.size": 8, "axes.titlesize": 10}
+
+
+def write_reports(
+    result: Any,
+    report_dir: str,
+    *,
+    graph_def: Any = None,
+    tf_step_stats: Any = None,
+) -> dict[str, str]:
+    """Writes the reports of `result` (a `PlacementResult`) into `report_dir`, creating it.
+
+    `graph_def`: the placed GraphDef, for TensorBoard. `tf_step_stats`: a TF ``StepStats``
+    message (or its serialized bytes) of a real run of the same step, shown next to the
+    simulated one in the trace. Returns what was written: key -> path.
+    """
+    os.makedirs(report_dir, exist_ok=True)
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    memory = memory_timeline(graph, cluster, schedule)
+    critical = schedule.critical_path(graph, cluster)
+    paths: dict[str, str] = {}
+
+    def put(key: str, name: str, data: bytes | str) -> None:
+        path = os.path.join(report_dir, name)
+        atomic_write(path, data)
+        paths[key] = path
+
+    put("gantt", "gantt.png", _gantt_png(result, critical))
+    for d, mem in enumerate(memory):
+        put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
+    trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
+    put("trace", "trace.json", json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n")
+    put("summary", "summary.json", json.dumps(summary(result, critical), indent=1, sort_keys=True) + "\n")
+    if graph_def is not None:
+        from google.protobuf import text_format
+
+        put("graph_pbtxt", "graph.pbtxt", text_format.MessageToString(graph_def))
+        put("graph_events", "events.out.tfevents.baechi", _graph_events(graph_def))
+    return paths
+
+
+# -------------------------------------------------------------------------------- summary
+
+
+def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """The figures of a placement as plain JSON values.
+
+    Keys: method, num_ops, num_groups, makespan_us, lower_bound_us, makespan_over_lower_bound,
+    single_device_makespan_us (None when the graph does not fit one device), placement_seconds,
+    step_seconds, devices (per device: name, ops, compute_us, peak_memory_bytes, capacity_bytes),
+    num_transfers, transfer_bytes, critical_path (op names, first to last), critical_path_us
+    (compute time of its ops).
+    """
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    if critical is None:
+        critical = schedule.critical_path(graph, cluster)
+    device_of = result.placement.device_of
+    devices = []
+    for d, dev in enumerate(cluster.devices):
+        mask = device_of == d
+        devices.append(
+            {
+                "name": dev.name,
+                "ops": int(mask.sum()),
+                "compute_us": float(graph.compute_us[mask].sum()),
+                "peak_memory_bytes": int(schedule.peak_memory_bytes[d]),
+                "capacity_bytes": int(dev.memory_bytes),
+            }
+        )
+    makespan, bound = float(result.makespan_us), float(result.lower_bound_us)
+    single = result.single_device_makespan_us
+    return {
+        "method": result.placement.method,
+        "num_ops": graph.num_ops,
+        "num_groups": int(result.groups.num_groups),
+        "makespan_us": makespan,
+        "lower_bound_us": bound,
+        "makespan_over_lower_bound": makespan / bound if bound > 0 else None,
+        "single_device_makespan_us": None if single is None else float(single),
+        "placement_seconds": float(result.placement_seconds),
+        "step_seconds": {k: float(v) for k, v in result.step_seconds.items()},
+        "devices": devices,
+        "num_transfers": len(schedule.transfers),
+        "transfer_bytes": int(sum(int(graph.tensor_bytes[t.tensor]) for t in schedule.transfers)),
+        "critical_path": [graph.names[op] for op in critical],
+        "critical_path_us": float(sum(float(graph.compute_us[op]) for op in critical)),
+    }
+
+
+# -------------------------------------------------------------------------------- trace
+
+
+def chrome_trace(
+    result: Any,
+    *,
+    tf_step_stats: Any = None,
+    memory: Optional[Sequence[DeviceMemory]] = None,
+    critical: Optional[Sequence[int]] = None,
+) -> dict[str, Any]:
+    """The schedule as a Chrome trace (a JSON object with ``traceEvents``).
+
+    Device i is process i + 1 with threads ``compute`` (tid 0) and ``channel`` (tid 1). Each op
+    is one complete event (ts = start, dur = compute time); each transfer is two, a ``send`` on
+    the source's channel and a ``receive`` on the destination's, with the same args; memory in use
+    is the counter ``memory``. `tf_step_stats` adds TF's timeline as processes from 1001 on.
+    """
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    if memory is None:
+        memory = memory_timeline(graph, cluster, schedule)
+    if critical is None:
+        critical = schedule.critical_path(graph, cluster)
+    on_path = np.zeros(graph.num_ops, dtype=bool)
+    on_path[list(critical)] = True
+    events: list[dict[str, Any]] = []
+    for d, dev in enumerate(cluster.devices):
+        pid = d + 1
+        events += _process_metadata(pid, f"simulated {dev.name}", d)
+        events += _thread_metadata(pid, 0, "compute") + _thread_metadata(pid, 1, "channel")
+    types = graph.op_types or ("",) * graph.num_ops
+    device_of = schedule.placement.device_of.tolist()
+    start, end = schedule.start_us.tolist(), schedule.end_us.tolist()
+    for op in schedule.order.tolist():
+        events.append(
+            {
+                "name": graph.names[op],
+                "cat": "op",
+                "ph": "X",
+                "ts": start[op],
+                "dur": end[op] - start[op],
+                "pid": device_of[op] + 1,
+                "tid": 0,
+                "args": {
+                    "op": graph.names[op],
+                    "type": types[op],
+                    "output_bytes": list(graph.output_bytes[op]),
+                    "temp_bytes": int(graph.temp_bytes[op]),
+                    "persistent_bytes": int(graph.persistent_bytes[op]),
+                    "critical_path": bool(on_path[op]),
+                },
+            }
+        )
+    for tr in sorted(schedule.transfers, key=lambda t: (t.start_us, t.src_device, t.dst_device, t.tensor)):
+        src = int(graph.tensor_src[tr.tensor])
+        slot = int(graph.tensor_src_output[tr.tensor])
+        tensor = f"{graph.names[src]}:{slot}" if slot >= 0 else f"^{graph.names[src]}"
+        args = {
+            "tensor": tensor,
+            "bytes": int(graph.tensor_bytes[tr.tensor]),
+            "from": cluster.names[tr.src_device],
+            "to": cluster.names[tr.dst_device],
+        }
+        for pid, what in ((tr.src_device + 1, "send"), (tr.dst_device + 1, "receive")):
+            events.append(
+                {
+                    "name": f"{what} {tensor}",
+                    "cat": what,
+                    "ph": "X",
+                    "ts": tr.start_us,
+                    "dur": tr.end_us - tr.start_us,
+                    "pid": pid,
+                    "tid": 1,
+                    "args": args,
+                }
+            )
+    for d, mem in enumerate(memory):
+        for t, b in zip(mem.times_us.tolist(), mem.bytes.tolist()):
+            events.append({"name": "memory", "ph": "C", "ts": t, "pid": d + 1, "args": {"bytes": b}})
+    if tf_step_stats is not None:
+        events += _tf_events(tf_step_stats)
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "method": result.placement.method,
+            "makespan_us": float(result.makespan_us),
+            "lower_bound_us": float(result.lower_bound_us),
+        },
+    }
+
+
+def _process_metadata(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
+        {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": sort_index}},
+    ]
+
+
+def _thread_metadata(pid: int, tid: int, name: str) -> list[dict[str, Any]]:
+    return [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}]
+
+
+def _tf_events(step_stats: Any) -> list[dict[str, Any]]:
+    """TF's ``StepStats`` as complete events, time 0 at the first op TF started."""
+    if isinstance(step_stats, (bytes, bytearray)):
+        from tensorflow.core.framework import step_stats_pb2
+
+        step_stats = step_stats_pb2.StepStats.FromString(bytes(step_stats))
+    devices = sorted(step_stats.dev_stats, key=lambda s: s.device)
+    starts = [_tf_start_us(ns) for dev in devices for ns in dev.node_stats]
+    t0 = min(starts, default=0.0)
+    events: list[dict[str, Any]] = []
+    for k, dev in enumerate(devices):
+        pid = _TF_PID + k
+        events += _process_metadata(pid, f"TensorFlow {dev.device}", 1000 + k)
+        for tid in sorted({int(ns.thread_id) for ns in dev.node_stats}):
+            events += _thread_metadata(pid, tid, f"thread {tid}")
+        for ns in dev.node_stats:
+            events.append(
+                {
+                    "name": ns.node_name,
+                    "cat": "tensorflow",
+                    "ph": "X",
+                    "ts": _tf_start_us(ns) - t0,
+                    "dur": _tf_duration_us(ns),
+                    "pid": pid,
+                    "tid": int(ns.thread_id),
+                    "args": {"op": ns.node_name, "label": ns.timeline_label},
+                }
+            )
+    return events
+
+
+def _tf_start_us(ns: Any) -> float:
+    if ns.all_start_micros:
+        return float(ns.all_start_micros)
+    return ns.all_start_nanos / 1e3
+
+
+def _tf_duration_us(ns: Any) -> float:
+    if ns.op_end_rel_micros or not ns.op_end_rel_nanos:
+        return float(ns.op_end_rel_micros)
+    return ns.op_end_rel_nanos / 1e3
+
+
+def _graph_events(graph_def: Any) -> bytes:
+    """An events file holding `graph_def`, as ``FileWriter.add_graph`` writes it (wall time 0,
+    so that the bytes depend on the graph only)."""
+    import tempfile
+
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    records = [
+        event_pb2.Event(wall_time=0.0, file_version="brain.Event:2"),
+        event_pb2.Event(wall_time=0.0, step=0, graph_def=graph_def.SerializeToString()),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "events")
+        with tf.io.TFRecordWriter(path) as writer:
+            for event in records:
+                writer.write(event.SerializeToString())
+        with open(path, "rb") as f:
+            return f.read()
+
+
+# -------------------------------------------------------------------------------- figures
+
+
+def _time_unit(makespan_us: float) -> tuple[float, str]:
+    if makespan_us >= 10_000:
+        return 1e-3, "ms"
+    return 1.0, "us"
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _short_name(name: str, room_px: float) -> str:
+    """The longest of the name, its last two or its last path part that fits `room_px`."""
+    parts = name.split("/")
+    for k in (len(parts), 2, 1):
+        label = "/".join(parts[-k:])
+        if len(label) * _CHAR_PX + 4 <= room_px:
+            return label
+    return ""
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray, gap: float) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals (sorted by start) joined where they are less than `gap` apart."""
+    if starts.size == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], np.maximum.accumulate(ends[order])
+    cut = np.flatnonzero(s[1:] > e[:-1] + gap) + 1
+    first = np.concatenate(([0], cut))
+    last = np.concatenate((cut - 1, [s.size - 1]))
+    return s[first], np.maximum(e[last], s[first] + gap)
+
+
+def _colour_keys(graph: Any) -> tuple[list[str], dict[str, str]]:
+    """Per op, a colour key (op type, else top-level name scope); the 9 keys with the most
+    compute get colours, the rest share grey."""
+    if graph.op_types and any(graph.op_types):
+        keys = [t or "?" for t in graph.op_types]
+    else:
+        keys = [n.split("/")[0] if "/" in n else "(top level)" for n in graph.names]
+    weight: dict[str, float] = {}
+    for k, us in zip(keys, graph.compute_us.tolist()):
+        weight[k] = weight.get(k, 0.0) + us
+    top = sorted(weight, key=lambda k: (-weight[k], k))
+    colours = {k: _PALETTE[i] for i, k in enumerate(top[: len(_PALETTE)])}
+    return keys, colours
+
+
+def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    nd = cluster.num_devices
+    makespan = max(schedule.makespan_us, 1e-9)
+    scale, unit = _time_unit(makespan)
+    device_of = schedule.placement.device_of
+    start, end = schedule.start_us, schedule.end_us
+    ax_px = (_AX_RIGHT - _AX_LEFT) * _WIDTH_IN * _DPI
+    px_us = makespan / ax_px  # microseconds per pixel
+    widths_px = (end - start) / px_us
+    merged = graph.num_ops > _MAX_SINGLE_BARS or (
+        graph.num_ops > 0 and float(np.median(widths_px)) < _MIN_BAR_PX
+    )
+
+    # Rows from the top: device d has its compute row at y = -d*pitch and its channel lane below.
+    row_h, lane_h, pitch = 0.62, 0.2, 1.0
+    height_in = 1.55 + 0.62 * nd + (0.35 if not merged else 0.0)
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI)
+        FigureCanvasAgg(fig)
+        bottom_in = 0.95 if not merged else 0.6
+        ax = fig.add_axes(
+            (_AX_LEFT, bottom_in / height_in, _AX_RIGHT - _AX_LEFT, 1 - (bottom_in + 0.5) / height_in)
+        )
+        on_path = np.zeros(graph.num_ops, dtype=bool)
+        on_path[list(critical)] = True
+        keys, colours = _colour_keys(graph)
+        yticks, ylabels = [], []
+        for d in range(nd):
+            y = -d * pitch
+            ops = schedule.device_ops(d)
+            yticks += [y, y - row_h / 2 - 0.03 - lane_h / 2]
+            ylabels += [_device_label(cluster.names[d]), "channel"]
+            ax.axhspan(y - row_h / 2, y + row_h / 2, color="#f4f4f4", zorder=0, lw=0)
+            if merged:
+                s, e = _merge(start[ops], end[ops], px_us)
+                ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (y - row_h / 2, row_h),
+                               facecolors=_MERGED, lw=0, zorder=2)
+            else:
+                ax.broken_barh(
+                    list(zip(start[ops] * scale, (end[ops] - start[ops]) * scale)),
+                    (y - row_h / 2, row_h),
+                    facecolors=[colours.get(keys[op], _OTHER) for op in ops.tolist()],
+                    edgecolors=["white"] * len(ops),
+                    linewidth=0.6,
+                    zorder=2,
+                )
+                for op in ops.tolist():
+                    label = _short_name(graph.names[op], widths_px[op])
+                    if label:
+                        ax.text((start[op] + end[op]) / 2 * scale, y, label, ha="center",
+                                va="center", fontsize=7, clip_on=True, zorder=4)
+            # The critical path: a red band over the top of the row.
+            crit = ops[on_path[ops]]
+            s, e = _merge(start[crit], end[crit], px_us)
+            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (y + row_h / 2 - 0.1, 0.13),
+                           facecolors=_CRITICAL, lw=0, zorder=3)
+        _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch)
+        bound = result.lower_bound_us * scale
+        ax.axvline(bound, color="#555555", ls=":", lw=1, zorder=5)
+        ax.text(bound, row_h / 2 + 0.08, " lower bound", color="#555555", fontsize=7, va="bottom",
+                ha="left" if result.lower_bound_us < 0.85 * makespan else "right")
+        ax.set_yticks(yticks, ylabels)
+        for label in ax.get_yticklabels()[1::2]:
+            label.set_fontsize(6.5)
+            label.set_color("#666666")
+        ax.set_ylim(-(nd - 1) * pitch - row_h / 2 - lane_h - 0.12, row_h / 2 + 0.32)
+        ax.set_xlim(0, makespan * scale * 1.005)
+        ax.set_xlabel(f"time ({unit})")
+        ax.tick_params(axis="y", length=0)
+        for side in ("top", "right", "left"):
+            ax.spines[side].set_visible(False)
+        ax.grid(axis="x", color="#dddddd", lw=0.5, zorder=1)
+        ax.set_axisbelow(True)
+        single = result.single_device_makespan_us
+        title = (
+            f"{result.placement.method}: makespan {_us(result.makespan_us)}, lower bound "
+            f"{_us(result.lower_bound_us)}"
+            + (f", one device {_us(single)}" if single is not None else ", does not fit one device")
+            + f"; {graph.num_ops} ops, {len(schedule.transfers)} transfers"
+        )
+        if merged:
+            title += " (ops merged at 1 pixel)"
+        ax.set_title(title, loc="left")
+        handles = [Patch(color=_CRITICAL, label="critical path"), Patch(color=_SEND, label="send"),
+                   Patch(color=_RECEIVE, label="receive")]
+        if not merged:
+            shown = [k for k in colours if any(keys[op] == k for op in range(graph.num_ops))]
+            handles += [Patch(color=colours[k], label=k) for k in shown]
+            if len(colours) < len(set(keys)):
+                handles.append(Patch(color=_OTHER, label="other"))
+        fig.legend(handles=handles, loc="lower left", ncol=min(len(handles), 7), frameon=False,
+                   bbox_to_anchor=(_AX_LEFT, 0.0), fontsize=7.5)
+        return _png(fig)
+
+
+def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch) -> None:
+    """Sends and receives on each device's channel lane; the critical path's in red, with an
+    arrow from the producer's row to the consumer's where the path changes device."""
+    device_of = schedule.placement.device_of
+    crit_transfers: set[tuple[int, int]] = set()
+    hops: list[tuple[int, int, float, float]] = []  # (producer, consumer, t0, t1)
+    arrival = {(t.tensor, t.dst_device): t for t in schedule.transfers}
+    for p, q in zip(critical[:-1], critical[1:]):
+        if device_of[p] == device_of[q]:
+            continue
+        gating = [
+            arrival[key]
+            for e in graph.in_edges(q).tolist()
+            if int(graph.edge_src[e]) == p
+            and (key := (int(graph.edge_tensor[e]), int(device_of[q]))) in arrival
+        ]
+        if gating:
+            tr = max(gating, key=lambda t: (t.end_us, t.tensor))
+            crit_transfers.add((tr.tensor, tr.dst_device))
+            hops.append((p, q, tr.start_us, tr.end_us))
+        else:
+            hops.append((p, q, schedule.end_us[p], schedule.start_us[q]))
+    for d in range(cluster.num_devices):
+        lane_y = -d * pitch - row_h / 2 - 0.03 - lane_h
+        for what, colour in (("send", _SEND), ("receive", _RECEIVE)):
+            mine = [t for t in schedule.transfers
+                    if (t.src_device if what == "send" else t.dst_device) == d]
+            s = np.array([t.start_us for t in mine])
+            e = np.array([t.end_us for t in mine])
+            s, e = _merge(s, e, px_us * 0.5)
+            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (lane_y, lane_h),
+                           facecolors=colour, lw=0, zorder=2)
+        red = [t for t in schedule.transfers
+               if (t.tensor, t.dst_device) in crit_transfers and d in (t.src_device, t.dst_device)]
+        if red:
+            s = np.array([t.start_us for t in red])
+            e = np.array([t.end_us for t in red])
+            s, e = _merge(s, e, px_us * 0.5)
+            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (lane_y, lane_h),
+                           facecolors=_CRITICAL, lw=0, zorder=3)
+    if len(hops) <= _MAX_ARROWS:
+        for p, q, t0, t1 in hops:
+            y0 = -int(device_of[p]) * pitch
+            y1 = -int(device_of[q]) * pitch
+            y0 += -row_h / 2 if y1 < y0 else row_h / 2
+            y1 += row_h / 2 if y1 < y0 else -row_h / 2
+            ax.annotate("", xy=(t1 * scale, y1), xytext=(t0 * scale, y0), zorder=6,
+                        arrowprops={"arrowstyle": "-|>", "color": _CRITICAL, "lw": 1.0,
+                                    "shrinkA": 0, "shrinkB": 0, "mutation_scale": 8})
+
+
+def _device_label(name: str) -> str:
+    """'GPU:0' from '/device:GPU:0'; the task too when there is one."""
+    head, _, local = name.rpartition("/device:")
+    if not local:
+        return name
+    task = head.replace("/job:", "").replace("/replica:", "/r").replace("/task:", "/t")
+    return f"{task} {local}" if task else local
+
+
+def _us(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.4g} ms"
+    return f"{us:.4g} us"
+
+
+def _bytes_unit(n: float) -> tuple[float, str]:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return float(size), unit
+    return 1.0, "B"
+
+
+def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    graph, cluster, schedule = result.graph, result.cluster, result.schedule
+    device = cluster.devices[d]
+    makespan = max(schedule.makespan_us, 1e-9)
+    scale, unit = _time_unit(makespan)
+    capacity = device.memory_bytes
+    peak = mem.peak_bytes
+    persistent = int(graph.persistent_bytes[schedule.placement.device_of == d].sum())
+    size, bunit = _bytes_unit(max(capacity, peak))
+    times = np.append(mem.times_us, max(makespan, float(mem.times_us[-1]))) * scale
+    values = np.append(mem.bytes, mem.bytes[-1]) / size
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(10, 3.8), dpi=_DPI)
+        FigureCanvasAgg(fig)
+        ax = fig.add_axes((0.08, 0.14, 0.9, 0.76))
+        _memory_curve(ax, times, values, persistent / size)
+        ax.axhline(capacity / size, color=_CRITICAL, ls="--", lw=1.2, label=f"capacity {format_bytes(capacity)}")
+        i = int(np.argmax(mem.bytes))
+        ax.plot([mem.times_us[i] * scale], [peak / size], "o", color="black", ms=4, zorder=5)
+        right = mem.times_us[i] > 0.7 * makespan
+        ax.annotate(f"peak {format_bytes(peak)}", (mem.times_us[i] * scale, peak / size),
+                    xytext=(-4 if right else 4, 4), textcoords="offset points", fontsize=7.5,
+                    ha="right" if right else "left")
+        top = max(capacity, peak) / size * 1.1
+        ax.set_ylim(0, top)
+        ax.set_xlim(0, makespan * scale * 1.005)
+        ax.set_xlabel(f"time ({unit})")
+        ax.set_ylabel(f"memory in use ({bunit})")
+        ax.set_title(
+            f"{device.name}: peak {format_bytes(peak)} of {format_bytes(capacity)} "
+            f"({100 * peak / capacity:.1f}%), {int((schedule.placement.device_of == d).sum())} ops",
+            loc="left",
+        )
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False, fontsize=7.5)
+        ax.grid(color="#e4e4e4", lw=0.5)
+        ax.set_axisbelow(True)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        if 0 < peak < 0.3 * capacity:
+            # The curve is low against the capacity: repeat it, zoomed, above it.
+            inset = ax.inset_axes((0.5, 0.4, 0.48, 0.42))
+            _memory_curve(inset, times, values, persistent / size)
+            inset.set_xlim(0, makespan * scale * 1.005)
+            inset.set_ylim(0, peak / size * 1.12)
+            inset.tick_params(labelsize=6.5)
+            inset.set_title("zoomed", fontsize=7, loc="left")
+            inset.grid(color="#e4e4e4", lw=0.5)
+        return _png(fig)
+
+
+def _memory_curve(ax: Any, times: np.ndarray, values: np.ndarray, persistent: float) -> None:
+    ax.fill_between(times, values, step="post", color="#9ecae1", lw=0)
+    ax.step(times, values, where="post", color="#2171b5", lw=0.9, label="in use")
+    if persistent > 0:
+        ax.axhline(persistent, color="#6a51a3", ls=":", lw=1, label="persistent")

@@ -1,0 +1,366 @@
+"""Reports (`baechi_tf.reports`) and the memory timeline they plot (`placer.memory_timeline`).
+
+The timeline is recomputed from a finished schedule; its peak must be the scheduler's own
+`Schedule.peak_memory_bytes` on every graph, including graphs where ops wait for memory and
+graphs full of equal times. The files are checked against the schedule they report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from baechi_tf.cli import main as cli_main
+from baechi_tf.cluster import CommCost
+from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.json_io import load_graph_json
+from baechi_tf.placer import Placement, simulate
+from baechi_tf.placer.memory_timeline import memory_timeline
+from baechi_tf.placer.pipeline import PlacementOptions, place
+from baechi_tf.reports import write_reports
+from graphs import GiB, MiB, chain, cluster, diamond, fork_join, random_dag, too_big_for_one
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from layered import layered_graph  # noqa: E402
+
+FORK_JOIN = os.path.join(ROOT, "examples", "fork_join.json")
+
+
+def _peaks(graph, cluster_, schedule) -> tuple[int, ...]:
+    return tuple(m.peak_bytes for m in memory_timeline(graph, cluster_, schedule))
+
+
+def _memory_waits(graph, cluster_, schedule) -> int:
+    """Ops that started later than their device and their inputs allowed: they waited for memory."""
+    dev = schedule.placement.device_of
+    arrival = {(t.tensor, t.dst_device): t.end_us for t in schedule.transfers}
+    waits = 0
+    for d in range(cluster_.num_devices):
+        free = 0.0
+        for op in schedule.device_ops(d).tolist():
+            ready = free
+            for e in graph.in_edges(op).tolist():
+                p = int(graph.edge_src[e])
+                ready = max(ready, schedule.end_us[p] if dev[p] == d else arrival[(int(graph.edge_tensor[e]), d)])
+            waits += schedule.start_us[op] > ready + 1e-9
+            free = schedule.end_us[op]
+    return waits
+
+
+def _points(mem) -> list[tuple[float, int]]:
+    return [(round(t, 6), int(b)) for t, b in zip(mem.times_us.tolist(), mem.bytes.tolist())]
+
+
+# ---------------------------------------------------------------- memory timeline, by hand
+
+
+def test_timeline_of_a_chain_on_one_device():
+    g = chain(3, compute_us=100.0, nbytes=MiB)  # op0 -> op1 -> op2, 1 MiB outputs
+    c = cluster(1)
+    s = simulate(g, c, Placement(np.zeros(3, np.int32), "hand"))
+    (mem,) = memory_timeline(g, c, s)
+    # op0's output lives until op1 ends, op1's until op2 ends, op2's (a sink) is kept.
+    assert _points(mem) == [(0.0, MiB), (100.0, 2 * MiB), (200.0, 2 * MiB), (300.0, MiB)]
+    assert mem.peak_bytes == s.peak_memory_bytes[0] == 2 * MiB
+
+
+def test_timeline_of_a_transfer():
+    g = chain(2, compute_us=100.0, nbytes=MiB)  # op0 on device 0 -> op1 on device 1
+    c = cluster(2)
+    s = simulate(g, c, Placement(np.array([0, 1], np.int32), "hand"))
+    arrive = 100.0 + 0.0001754 * MiB + 134
+    mem0, mem1 = memory_timeline(g, c, s)
+    # The sender holds the tensor until the copy arrived (op1 starts then); the receiver holds
+    # the copy while op1 runs, and op1's output after.
+    assert _points(mem0) == [(0.0, MiB), (round(arrive, 6), 0)]
+    assert _points(mem1) == [(0.0, 0), (round(arrive, 6), 2 * MiB), (round(arrive + 100, 6), MiB)]
+    assert _peaks(g, c, s) == s.peak_memory_bytes == (MiB, 2 * MiB)
+
+
+def test_timeline_of_zero_time_ops_follows_the_commit_order():
+    # Three 0 us ops at time 0: op1 holds op0's output and its own; the scheduler's peak is 2 MiB,
+    # not the 3 MiB of every block of the instant at once.
+    g = chain(3, compute_us=0.0, nbytes=MiB)
+    c = cluster(1)
+    s = simulate(g, c, Placement(np.zeros(3, np.int32), "hand"))
+    (mem,) = memory_timeline(g, c, s)
+    assert _points(mem) == [(0.0, 2 * MiB), (0.0, MiB)]
+    assert s.peak_memory_bytes == (2 * MiB,)
+
+
+def _wait_graph() -> OpGraph:
+    """
+    device 0:  long (1000 us) --\\
+                                 y (10 us)
+    device 1:  x (10 us, 60 MiB) /      z (10 us, 60 MiB, no inputs)
+    """
+    b = OpGraphBuilder()
+    b.add_op("long", 1000, [4])
+    b.add_op("x", 10, [60 * MiB])
+    b.add_op("y", 10, [4])
+    b.add_op("z", 10, [60 * MiB])
+    b.add_edge("long", "y")
+    b.add_edge("x", "y")
+    return b.build()
+
+
+def test_timeline_where_an_op_waits_for_memory():
+    g = _wait_graph()
+    c = cluster(2, 100 * MiB, CommCost(0.0, 100.0))
+    s = simulate(g, c, Placement(np.array([0, 1, 0, 1], np.int32), "hand"))
+    # x's 60 MiB stay on device 1 until y starts (1000 us), although the copy arrived at 110 us:
+    # z, which needs 60 MiB more, waits until then.
+    assert s.start_us.tolist() == [0.0, 0.0, 1000.0, 1000.0]
+    assert _memory_waits(g, c, s) == 1
+    mem0, mem1 = memory_timeline(g, c, s)
+    assert _points(mem1) == [(0.0, 60 * MiB), (1000.0, 60 * MiB)]
+    assert _points(mem0) == [(0.0, 4), (1000.0, 60 * MiB + 8), (1010.0, 4)]
+    assert _peaks(g, c, s) == s.peak_memory_bytes == (60 * MiB + 8, 60 * MiB)
+
+
+# ---------------------------------------------------------------- memory timeline, against the scheduler
+
+
+@pytest.mark.parametrize(
+    "name, graph, cluster_, method",
+    [
+        ("chain", chain(12), cluster(2), "m_etf"),
+        ("chain/topo", chain(12), cluster(3), "m_topo"),
+        ("fork-join", fork_join(8), cluster(3), "m_etf"),
+        ("diamond", diamond(), cluster(2), "m_topo"),
+        ("too big for one", *too_big_for_one(), "m_etf"),
+        ("layered", layered_graph(400, seed=3), cluster(4, 64 * MiB), "m_etf"),
+        ("fork_join.json", *load_graph_json(FORK_JOIN), "m_etf"),
+    ],
+)
+def test_timeline_peak_is_the_schedule_peak(name, graph, cluster_, method):
+    result = place(graph, cluster_, PlacementOptions(placement_method=method))
+    assert _peaks(graph, cluster_, result.schedule) == result.schedule.peak_memory_bytes, name
+
+
+def test_timeline_peak_is_the_schedule_peak_where_ops_wait_for_memory():
+    # Random placements of random DAGs, simulated on devices shrunk below their unconstrained peak.
+    checked = waited = 0
+    for seed in range(120):
+        g = random_dag(seed, 20, edge_prob=0.2, max_bytes=16 * MiB, persistent_prob=0.1)
+        placement = Placement(np.random.default_rng(seed).integers(0, 3, g.num_ops), "random")
+        roomy = simulate(g, cluster(3, GiB), placement)
+        for fraction in (0.9, 0.8, 0.7, 0.6):
+            c = cluster(3, int(max(roomy.peak_memory_bytes) * fraction))
+            try:
+                s = simulate(g, c, placement)
+            except Exception:
+                break
+            checked += 1
+            waited += _memory_waits(g, c, s) > 0
+            assert _peaks(g, c, s) == s.peak_memory_bytes, (seed, fraction)
+    assert checked >= 50 and waited >= 10, (checked, waited)
+
+
+def test_timeline_peak_is_the_schedule_peak_with_equal_times():
+    # Integer and zero compute times and free or constant-time links make many events share an
+    # instant; only the commit order then says what the scheduler counted.
+    checked = 0
+    for seed in range(40):
+        g = random_dag(seed, 16, persistent_prob=0.2, max_bytes=8 * MiB, max_compute_us=3)
+        g = OpGraph.from_arrays(
+            g.names, np.round(g.compute_us) * (seed % 3 != 0), g.output_bytes, g.temp_bytes,
+            g.persistent_bytes, edge_src=g.edge_src, edge_dst=g.edge_dst,
+            edge_src_output=g.edge_src_output,
+        )
+        for comm in (CommCost(0.0, 0.0), CommCost(0.0, 5.0)):
+            for memory in (GiB, 20 * MiB):
+                for method in ("m_etf", "m_topo"):
+                    c = cluster(3, memory, comm)
+                    try:
+                        result = place(g, c, PlacementOptions(placement_method=method))
+                    except Exception:
+                        continue
+                    checked += 1
+                    assert _peaks(g, c, result.schedule) == result.schedule.peak_memory_bytes, (
+                        seed, comm, memory, method
+                    )
+    assert checked >= 150
+
+
+# ---------------------------------------------------------------- the files
+
+
+@pytest.fixture(scope="module")
+def fork_join_reports(tmp_path_factory):
+    graph, c = load_graph_json(FORK_JOIN)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    folder = str(tmp_path_factory.mktemp("reports"))
+    return result, folder, write_reports(result, folder)
+
+
+def _check_png(path: str, min_width: int, min_height: int) -> None:
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] >= min_height and image.shape[1] >= min_width, image.shape
+    colours = np.unique(image.reshape(-1, image.shape[2])[::7], axis=0)
+    assert len(colours) > 8  # more than a blank canvas and a frame
+
+
+def test_reports_files(fork_join_reports):
+    result, folder, paths = fork_join_reports
+    nd = result.cluster.num_devices
+    names = {"gantt.png", "trace.json", "summary.json"} | {f"memory_{d}.png" for d in range(nd)}
+    assert {os.path.basename(p) for p in paths.values()} == names
+    assert set(os.listdir(folder)) == names  # nothing else, no temporary file left
+    _check_png(paths["gantt"], 1200, 300)
+    for d in range(nd):
+        _check_png(paths[f"memory_{d}"], 800, 300)
+
+
+def test_reports_are_deterministic(fork_join_reports, tmp_path):
+    result, _, paths = fork_join_reports
+    again = write_reports(result, str(tmp_path))
+    for key, path in paths.items():
+        if key != "summary":  # placement_seconds are in both, but the same here too
+            with open(path, "rb") as a, open(again[key], "rb") as b:
+                assert a.read() == b.read(), key
+
+
+def _trace(path):
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    pids = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    return events, pids
+
+
+def test_trace_matches_the_schedule(fork_join_reports):
+    result, _, paths = fork_join_reports
+    graph, c, s = result.graph, result.cluster, result.schedule
+    events, pids = _trace(paths["trace"])
+    pid = [pids[f"simulated {name}"] for name in c.names]
+    assert len(set(pid)) == c.num_devices
+    ops = [e for e in events if e.get("cat") == "op"]
+    assert sorted(e["name"] for e in ops) == sorted(graph.names)  # every op, once
+    dev = s.placement.device_of
+    for e in ops:
+        op = graph.op_id(e["name"])
+        assert e["ph"] == "X" and e["tid"] == 0 and e["pid"] == pid[dev[op]]
+        assert e["ts"] == s.start_us[op] and e["dur"] == pytest.approx(graph.compute_us[op])
+        assert e["args"]["op"] == graph.names[op]
+        assert e["args"]["output_bytes"] == list(graph.output_bytes[op])
+    for what, device in (("send", "src_device"), ("receive", "dst_device")):
+        got = sorted((e["pid"], e["ts"], round(e["ts"] + e["dur"], 6), e["args"]["bytes"])
+                     for e in events if e.get("cat") == what)
+        want = sorted((pid[getattr(t, device)], t.start_us, round(t.end_us, 6),
+                       int(graph.tensor_bytes[t.tensor])) for t in s.transfers)
+        assert len(got) == len(s.transfers) > 0
+        assert got == want
+        assert all(e["tid"] == 1 for e in events if e.get("cat") == what)
+    for d in range(c.num_devices):
+        counter = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["pid"] == pid[d]]
+        assert max(counter) == s.peak_memory_bytes[d]
+
+
+def test_summary_matches_the_result(fork_join_reports):
+    result, _, paths = fork_join_reports
+    with open(paths["summary"]) as f:
+        summary = json.load(f)
+    graph, c, s = result.graph, result.cluster, result.schedule
+    assert summary["method"] == result.placement.method
+    assert summary["makespan_us"] == result.makespan_us
+    assert summary["lower_bound_us"] == result.lower_bound_us
+    assert summary["single_device_makespan_us"] == result.single_device_makespan_us
+    assert summary["placement_seconds"] == result.placement_seconds
+    dev = s.placement.device_of
+    for d, row in enumerate(summary["devices"]):
+        assert row["name"] == c.names[d]
+        assert row["ops"] == int((dev == d).sum())
+        assert row["compute_us"] == pytest.approx(graph.compute_us[dev == d].sum())
+        assert row["peak_memory_bytes"] == s.peak_memory_bytes[d]
+        assert row["capacity_bytes"] == c.devices[d].memory_bytes
+    assert summary["num_transfers"] == len(s.transfers)
+    assert summary["transfer_bytes"] == sum(int(graph.tensor_bytes[t.tensor]) for t in s.transfers)
+    assert summary["critical_path"] == [graph.names[op] for op in s.critical_path(graph, c)]
+
+
+def test_reports_of_a_large_graph(tmp_path):
+    graph = layered_graph(2000, seed=0)
+    c = cluster(4, GiB)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    paths = write_reports(result, str(tmp_path))
+    _check_png(paths["gantt"], 1200, 300)
+    _check_png(paths["memory_0"], 800, 300)
+    events, _ = _trace(paths["trace"])
+    assert sum(e.get("cat") == "op" for e in events) == 2000
+
+
+def test_place_json_report_dir(tmp_path, capsys):
+    out = tmp_path / "reports"
+    assert cli_main(["place-json", FORK_JOIN, "--report_dir", str(out)]) == 0
+    assert "reports written to" in capsys.readouterr().out
+    assert {"gantt.png", "trace.json", "summary.json", "memory_0.png"} <= set(os.listdir(out))
+
+
+def test_reports_import_neither_tensorflow_nor_pyplot(tmp_path):
+    code = (
+        "import sys\n"
+        "from baechi_tf.json_io import load_graph_json\n"
+        "from baechi_tf.placer.pipeline import place\n"
+        "from baechi_tf.reports import write_reports\n"
+        f"g, c = load_graph_json({FORK_JOIN!r})\n"
+        f"write_reports(place(g, c), {str(tmp_path)!r})\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow'\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+# ---------------------------------------------------------------- TensorFlow ends
+
+
+def test_tensorflow_graph_and_step_stats(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.device("/device:CPU:0"):
+            a = tf.compat.v1.placeholder(tf.float32, [64, 64], name="a")
+            b = tf.linalg.matmul(a, a, name="b")
+            c_ = tf.math.tanh(b, name="c")
+    run_metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(
+            c_,
+            {a: np.ones((64, 64), np.float32)},
+            options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+            run_metadata=run_metadata,
+        )
+    graph_def = graph.as_graph_def()
+    ops = OpGraphBuilder()
+    for name, us in (("a", 1), ("b", 50), ("c", 5)):
+        ops.add_op(name, us, [16384])
+    ops.add_edge("a", "b")
+    ops.add_edge("b", "c")
+    result = place(ops.build(), cluster(2))
+    step_stats = run_metadata.step_stats
+    paths = write_reports(result, str(tmp_path), graph_def=graph_def, tf_step_stats=step_stats)
+
+    events, pids = _trace(paths["trace"])
+    tf_pids = {p for name, p in pids.items() if name.startswith("TensorFlow ")}
+    assert len(tf_pids) == len(step_stats.dev_stats) > 0 and min(tf_pids) > 1000
+    tf_events = [e for e in events if e.get("cat") == "tensorflow"]
+    want = sorted(ns.node_name for dev in step_stats.dev_stats for ns in dev.node_stats)
+    assert sorted(e["name"] for e in tf_events) == want
+    assert "b" in want and min(e["ts"] for e in tf_events) == 0
+    assert all(e["dur"] >= 0 and e["pid"] in tf_pids for e in tf_events)
+
+    with open(paths["graph_pbtxt"]) as f:
+        text = f.read()
+    assert 'name: "b"' in text and 'device: "/device:CPU:0"' in text
+    records = list(tf.compat.v1.train.summary_iterator(paths["graph_events"]))
+    assert records[0].file_version == "brain.Event:2"
+    written = tf.compat.v1.GraphDef.FromString(records[1].graph_def)
+    assert written == graph_def
