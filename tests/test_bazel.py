@@ -22,7 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bazel") is None,
-    reason="bazel is not on PATH: install Debian's bazel-bootstrap (apt-get install bazel-bootstrap)",
+    reason="bazel is not on PATH: install Debian's bazel-bootstrap "
+    "(apt-get install bazel-bootstrap)",
 )
 
 

@@ -116,7 +116,8 @@ def measure_transfer_us(
     with graph.as_default():
         ones = tf1.ones_initializer()
         with tf.device(src):
-            big = tf1.get_variable("from_var", [num_elements, 1], initializer=ones, use_resource=True)
+            big = tf1.get_variable("from_var", [num_elements, 1], initializer=ones,
+                                   use_resource=True)
             w_from = tf1.get_variable("from_w", [1, 1], initializer=ones, use_resource=True)
             from_op = tf.matmul(big, w_from, name="from_op")
         with tf.device(dst):
