@@ -107,7 +107,9 @@ class SchedulerState:
     Policies read it; only the scheduler changes it.
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups) -> None:
+    def __init__(
+        self, graph: OpGraph, cluster: Cluster, groups: Groups, persistent_headroom: float = 0.0
+    ) -> None:
         n = graph.num_ops
         nd = cluster.num_devices
         self.graph = graph
@@ -118,6 +120,9 @@ class SchedulerState:
         self.topo = graph.topo_index.tolist()
         self.group_of = groups.group_of.tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
+        # Groups are placed only while persistent memory leaves this share of a device free for
+        # tensors (m-ETF retries with more headroom when it runs out of memory).
+        self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
         self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
         self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
 
@@ -349,9 +354,10 @@ class ListScheduler:
         groups: Groups,
         policy: Policy,
         initial_group_device: Optional[Sequence[int]] = None,
+        persistent_headroom: float = 0.0,
     ) -> None:
         self.graph, self.cluster, self.groups, self.policy = graph, cluster, groups, policy
-        state = self.state = SchedulerState(graph, cluster, groups)
+        state = self.state = SchedulerState(graph, cluster, groups, persistent_headroom)
         _place_pinned(graph, cluster, groups, state)
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
@@ -391,7 +397,7 @@ class ListScheduler:
         need_persistent = 0
         if gdev < 0:
             need_persistent = state.group_persistent[g]
-            if state.peak[dev] + need_persistent > state.capacity[dev]:
+            if state.peak[dev] + need_persistent > state.persistent_cap[dev]:
                 self.dead.add((op, dev))
                 return None
         elif gdev != dev:
@@ -555,13 +561,15 @@ def run_list_scheduler(
     *,
     method: str,
     initial_group_device: Optional[Sequence[int]] = None,
+    persistent_headroom: float = 0.0,
 ) -> Schedule:
     """Schedules every op under `policy`; raises `InfeasiblePlacementError` when stuck.
 
     `initial_group_device` places groups up front (the simulator places all of them): their
-    persistent memory is then held from the start.
+    persistent memory is then held from the start. `persistent_headroom` is the share of each
+    device that placing a group's persistent memory must leave free.
     """
-    scheduler = ListScheduler(graph, cluster, groups, policy, initial_group_device)
+    scheduler = ListScheduler(graph, cluster, groups, policy, initial_group_device, persistent_headroom)
     scheduler.run()
     return scheduler.schedule(method)
 
@@ -603,6 +611,7 @@ def pinned_device_index(graph: OpGraph, cluster: Cluster, op: int) -> int:
 
 
 def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> InfeasiblePlacementError:
+    """The error for a run in which no remaining op can fit anywhere, naming the first such op."""
     ready = [
         op for op in range(graph.num_ops) if state.device[op] < 0 and state.preds_left[op] == 0
     ]
@@ -610,19 +619,28 @@ def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerSta
         o for o in range(graph.num_ops) if state.device[o] < 0
     )
     g = state.group_of[op]
-    need = state.alloc[op]
-    what = f"op {graph.names[op]!r} needs {format_bytes(need)} (outputs and temporary memory)"
-    if state.group_device[g] < 0 and (len(groups.members[g]) > 1 or state.group_persistent[g]):
-        what += (
-            f" and its group {groups.names[g]!r} ({len(groups.members[g])} ops) "
-            f"{format_bytes(state.group_persistent[g])} of persistent memory"
+    gdev = state.group_device[g]
+    devices = [gdev] if gdev >= 0 else list(range(cluster.num_devices))
+    persistent = state.group_persistent[g] if gdev < 0 else 0
+    need = {d: state.alloc[op] + state.ready_time(op, d)[1] + persistent for d in devices}
+    d_best = min(devices, key=lambda d: (need[d], d))
+    parts = [f"{format_bytes(state.alloc[op])} for outputs and scratch"]
+    received = need[d_best] - state.alloc[op] - persistent
+    if received:
+        parts.append(f"{format_bytes(received)} of inputs to receive")
+    if persistent:
+        parts.append(
+            f"{format_bytes(persistent)} of persistent memory of its group {groups.names[g]!r} "
+            f"({len(groups.members[g])} ops)"
         )
+    where = f" on {cluster.names[gdev]!r}, where its group is" if gdev >= 0 else ""
     free = ", ".join(
         f"{cluster.names[d]}: {format_bytes(state.free_bytes(d))} free of "
         f"{format_bytes(state.capacity[d])}"
         for d in range(cluster.num_devices)
     )
     return InfeasiblePlacementError(
-        f"{what}, but no device can hold it ({free}); use more devices, give them more memory "
-        "(--memory_fraction), or split the group"
+        f"op {graph.names[op]!r} needs {format_bytes(need[d_best])}{where} "
+        f"({', '.join(parts)}), but no device can hold it once earlier ops hold theirs ({free}); "
+        "use more devices, give them more memory (--memory_fraction), or split the group"
     )

@@ -5,7 +5,9 @@ and device pair that can start earliest, counting the time to bring the op's inp
 device. Without memory limits its makespan is at most (2 - 1/m) times the optimum plus the
 longest chain of communication. m-ETF only considers devices where the op (and, for the first op
 of a colocation group, the whole group's persistent memory) fits; an op waits for memory to be
-freed when none has room yet. It runs on the shared list scheduler, so the placement's simulated
+freed when none has room yet. Greedy placement can fill devices with weights early and leave no
+room for tensors later; m-ETF then runs again with part of each device kept free of persistent
+memory (25%, 50%, 75%) before it gives up. It runs on the shared list scheduler, so the placement's simulated
 schedule is exactly the schedule m-ETF built.
 
 Time: O((V + E) * D * log(V * D)) for V ops, E edges, D devices; memory O(V * D + E).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from baechi_tf.cluster import Cluster
+from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import EarliestStartPolicy, run_list_scheduler
@@ -26,12 +29,25 @@ __all__ = ["METFOptions", "place_m_etf"]
 
 @dataclasses.dataclass(frozen=True)
 class METFOptions:
-    """m-ETF has no knobs yet; the type keeps every placer's signature alike."""
+    # Shares of each device that placing groups' persistent memory must leave free, tried in
+    # turn when a run runs out of memory (greedy placement can fill devices with weights early).
+    headrooms: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75)
 
 
 def place_m_etf(
     graph: OpGraph, cluster: Cluster, groups: Groups, *, options: METFOptions = METFOptions()
 ) -> Placement:
-    """Places `graph` on `cluster` by m-ETF; `InfeasiblePlacementError` if memory runs out."""
-    schedule = run_list_scheduler(graph, cluster, groups, EarliestStartPolicy(), method="m_etf")
-    return schedule.placement
+    """Places `graph` on `cluster` by m-ETF; `InfeasiblePlacementError` if every run runs out
+    of memory (the first run's error is raised)."""
+    first_error = None
+    for headroom in options.headrooms:
+        try:
+            schedule = run_list_scheduler(
+                graph, cluster, groups, EarliestStartPolicy(), method="m_etf",
+                persistent_headroom=headroom,
+            )
+            return schedule.placement
+        except InfeasiblePlacementError as e:
+            first_error = first_error or e
+    assert first_error is not None
+    raise first_error

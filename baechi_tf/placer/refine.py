@@ -218,13 +218,25 @@ def _candidates(sim: _Simulation, rng: random.Random, pinned: set[int]) -> list[
             seen.add(move)
             moves.append(move)
 
+    def run_of(i: int, step: int) -> list[int]:
+        """Groups of the critical-path ops from i on (step 1) or back (step -1) on one device."""
+        d, out = device_of[path[i]], []
+        while 0 <= i < len(path) and device_of[path[i]] == d:
+            out.append(int(group_of[path[i]]))
+            i += step
+        return list(dict.fromkeys(out))
+
     for i in range(len(path) - 1, 0, -1):
         op, prev = path[i], path[i - 1]
         g, gp = int(group_of[op]), int(group_of[prev])
-        if device_of[op] != device_of[prev]:
-            # The op waits for a transfer: bring it (or its producer) next to the other.
-            add(((g, device_of[op], device_of[prev]),))
-            add(((gp, device_of[prev], device_of[op]),))
+        d, dp = device_of[op], device_of[prev]
+        if d != dp:
+            # The op waits for a transfer: bring it (or its producer) next to the other, alone
+            # or with the run of critical ops it belongs to.
+            add(((g, d, dp),))
+            add(((gp, dp, d),))
+            add(tuple((h, d, dp) for h in run_of(i, 1)))
+            add(tuple((h, dp, d) for h in run_of(i - 1, -1)))
     for op in reversed(path):
         g = int(group_of[op])
         for d in by_load:

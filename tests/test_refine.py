@@ -1,0 +1,104 @@
+"""Refinement: never worse, never breaks memory or groups, deterministic, incremental == full."""
+
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.cluster import CommCost
+from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
+from baechi_tf.placer.refine import RefineOptions, refine
+from invariants import assert_valid_schedule
+
+
+def refined(graph, cluster, placement, seconds=0.5, seed=0):
+    groups = colocation_groups(graph)
+    out, schedule, stats = refine(graph, cluster, groups, placement, options=RefineOptions(seconds, seed))
+    return groups, out, schedule, stats
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_never_worse_and_valid(seed):
+    graph = graphs.random_dag(seed, 40, edge_prob=0.08, group_prob=0.2, persistent_prob=0.3, max_bytes=8 << 20)
+    cluster = graphs.cluster(3, memory_bytes=96 << 20)  # tight: some moves must be refused
+    groups = colocation_groups(graph)
+    start = place_m_etf(graph, cluster, groups)
+    before = simulate(graph, cluster, start).makespan_us
+    groups, out, schedule, stats = refined(graph, cluster, start)
+    assert schedule.makespan_us <= before + 1e-6
+    assert stats.final_makespan_us == schedule.makespan_us
+    assert stats.initial_makespan_us == pytest.approx(before)
+    # The incrementally re-simulated schedule is the simulator's schedule of the result.
+    again = simulate(graph, cluster, out)
+    np.testing.assert_allclose(again.end_us, schedule.end_us)
+    assert_valid_schedule(graph, cluster, groups, again)
+
+
+def test_improves_a_bad_placement():
+    # Four independent heavy ops all on one device: moving them apart is the obvious fix.
+    graph = graphs.independent(4, compute_us=1000)
+    cluster = graphs.cluster(4)
+    _, out, schedule, stats = refined(graph, cluster, Placement(np.zeros(4), "test"))
+    assert schedule.makespan_us == pytest.approx(1000)
+    assert stats.moves_accepted >= 3
+
+
+def test_brings_an_op_next_to_its_producer():
+    # A chain split over two devices with a costly link: refinement joins it.
+    graph = graphs.chain(4, compute_us=100, nbytes=8 << 20)
+    cluster = graphs.cluster(2)
+    _, out, schedule, _ = refined(graph, cluster, Placement([0, 0, 1, 1], "test"))
+    assert len(set(out.device_of.tolist())) == 1
+    assert schedule.makespan_us == pytest.approx(400)
+
+
+def test_respects_memory_limits():
+    # Two 60 MiB weights, devices of 100 MiB: the ops cannot gather on one device even though
+    # that would save the transfer.
+    mib = 1 << 20
+    b = OpGraphBuilder()
+    b.add_op("w0", 5, [4 * mib], persistent_bytes=60 * mib)
+    b.add_op("w1", 5, [4 * mib], persistent_bytes=60 * mib)
+    b.add_op("join", 100, [4])
+    b.add_edge("w0", "join")
+    b.add_edge("w1", "join")
+    graph = b.build()
+    cluster = graphs.cluster(2, 100 * mib)
+    groups, out, schedule, _ = refined(graph, cluster, Placement([0, 1, 0], "test"))
+    assert out.device_of[0] != out.device_of[1]
+    assert_valid_schedule(graph, cluster, groups, simulate(graph, cluster, out))
+
+
+def test_groups_move_whole_and_pins_stay():
+    b = OpGraphBuilder()
+    b.add_op("v", 1, [1024], colocation=["v"])
+    b.add_op("r", 500, [1024], colocation=["v"])
+    b.add_op("p", 500, [4], device="/device:GPU:1")
+    b.add_op("q", 500, [4])
+    b.add_edge("v", "r")
+    b.add_edge("r", "p")
+    b.add_edge("r", "q")
+    graph = b.build()
+    cluster = graphs.cluster(3, comm=CommCost(0.0001, 10))
+    groups, out, schedule, _ = refined(graph, cluster, Placement([0, 0, 1, 0], "test"))
+    assert out.device_of[0] == out.device_of[1]
+    assert out.device_of[2] == 1
+    assert_valid_schedule(graph, cluster, groups, schedule)
+
+
+def test_deterministic_for_a_seed():
+    graph = graphs.random_dag(3, 60, edge_prob=0.06)
+    cluster = graphs.cluster(3)
+    groups = colocation_groups(graph)
+    start = place_m_etf(graph, cluster, groups)
+    a = refine(graph, cluster, groups, start, options=RefineOptions(0.3, 7))[0]
+    b = refine(graph, cluster, groups, start, options=RefineOptions(0.3, 7))[0]
+    assert a.same_as(b)
+
+
+def test_zero_seconds_changes_nothing():
+    graph = graphs.fork_join(4)
+    cluster = graphs.cluster(2)
+    start = Placement(np.zeros(graph.num_ops), "test")
+    _, out, _, stats = refined(graph, cluster, start, seconds=0)
+    assert out.same_as(start) and stats.moves_tried == 0
