@@ -79,7 +79,8 @@ def test_places_text_and_meta_graphs(files, tmp_path, capsys):
     assert {n.device for n in placed.node} <= {"/device:CPU:1", "/device:CPU:2"}
 
     out = tmp_path / "placed.meta"
-    assert place("--graph", p["meta"], "--cost_path", p["cost"], "--out", out) == 0
+    assert place("--graph", p["meta"], "--cost_path", p["cost"], "--placement_method", "m_etf",
+                 "--out", out) == 0
     assert "placed MetaGraphDef" in capsys.readouterr().out
     meta_in = tf.compat.v1.MetaGraphDef.FromString(p["meta"].read_bytes())
     meta_out = tf.compat.v1.MetaGraphDef.FromString(out.read_bytes())
@@ -139,7 +140,7 @@ def test_profile_of_another_graph(files, tmp_path, capsys):
     graph = tmp_path / "other.pb"
     graph.write_bytes(other.SerializeToString())
     out = tmp_path / "placed.pb"
-    args = ["--graph", graph, "--cost_path", p["cost"], "--out", out]
+    args = ["--graph", graph, "--cost_path", p["cost"], "--out", out, "--placement_method", "m_topo"]
     _expect_refusal(capsys, args, out, [graph, p["cost"]], "--allow_profile_mismatch")
     assert place(*args, "--allow_profile_mismatch") == 0
     printed = capsys.readouterr().out
