@@ -105,7 +105,7 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     single_device_makespan_us (None when the graph does not fit one device), placement_seconds,
     step_seconds, devices (per device: name, ops, compute_us, peak_memory_bytes, capacity_bytes),
     num_transfers, transfer_bytes, critical_path (op names, first to last), critical_path_us
-    (compute time of its ops).
+    (compute time of its ops), candidates (``auto``: makespan per placer it ran, else None).
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     if critical is None:
@@ -140,7 +140,16 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
         "transfer_bytes": int(sum(int(graph.tensor_bytes[t.tensor]) for t in schedule.transfers)),
         "critical_path": [graph.names[op] for op in critical],
         "critical_path_us": float(sum(float(graph.compute_us[op]) for op in critical)),
+        "candidates": _candidates(result),
     }
+
+
+def _candidates(result: Any) -> Optional[dict[str, Optional[float]]]:
+    """``auto``: the simulated makespan of each placer it ran (None where one failed)."""
+    found = getattr(result, "candidates", None)
+    if not found:
+        return None
+    return {k: None if v is None else float(v) for k, v in sorted(found.items())}
 
 
 # -------------------------------------------------------------------------------- trace
@@ -464,14 +473,15 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
 
 def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch) -> None:
     """Sends and receives on each device's channel lane; the critical path's in red, with an
-    arrow from the producer's row to the consumer's where the path changes device."""
+    arrow from the producer's end to the consumer's start where the path changes device."""
     device_of = schedule.placement.device_of
     crit_transfers: set[tuple[int, int]] = set()
-    hops: list[tuple[int, int, float, float]] = []  # (producer, consumer, t0, t1)
+    hops: list[tuple[int, int]] = []  # (producer, consumer)
     arrival = {(t.tensor, t.dst_device): t for t in schedule.transfers}
     for p, q in zip(critical[:-1], critical[1:]):
         if device_of[p] == device_of[q]:
             continue
+        hops.append((p, q))
         gating = [
             arrival[key]
             for e in graph.in_edges(q).tolist()
@@ -481,9 +491,6 @@ def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h,
         if gating:
             tr = max(gating, key=lambda t: (t.end_us, t.tensor))
             crit_transfers.add((tr.tensor, tr.dst_device))
-            hops.append((p, q, tr.start_us, tr.end_us))
-        else:
-            hops.append((p, q, schedule.end_us[p], schedule.start_us[q]))
     for d in range(cluster.num_devices):
         lane_y = -d * pitch - row_h / 2 - 0.03 - lane_h
         for what, colour in (("send", _SEND), ("receive", _RECEIVE)):
@@ -503,13 +510,13 @@ def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h,
             ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (lane_y, lane_h),
                            facecolors=_CRITICAL, lw=0, zorder=3)
     if len(hops) <= _MAX_ARROWS:
-        for p, q, t0, t1 in hops:
+        for p, q in hops:
             y0 = -int(device_of[p]) * pitch
             y1 = -int(device_of[q]) * pitch
-            y0 += -row_h / 2 if y1 < y0 else row_h / 2
-            y1 += row_h / 2 if y1 < y0 else -row_h / 2
-            ax.annotate("", xy=(t1 * scale, y1), xytext=(t0 * scale, y0), zorder=6,
-                        arrowprops={"arrowstyle": "-|>", "color": _CRITICAL, "lw": 1.0,
+            y0, y1 = y0 + (-row_h / 2 if y1 < y0 else row_h / 2), y1 + (row_h / 2 if y1 < y0 else -row_h / 2)
+            ax.annotate("", xy=(schedule.start_us[q] * scale, y1),
+                        xytext=(schedule.end_us[p] * scale, y0), zorder=6,
+                        arrowprops={"arrowstyle": "-|>", "color": _CRITICAL, "lw": 0.9,
                                     "shrinkA": 0, "shrinkB": 0, "mutation_scale": 8})
 
 

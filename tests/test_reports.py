@@ -300,7 +300,7 @@ def test_reports_of_a_large_graph(tmp_path):
 
 def test_place_json_report_dir(tmp_path, capsys):
     out = tmp_path / "reports"
-    assert cli_main(["place-json", FORK_JOIN, "--report_dir", str(out)]) == 0
+    assert cli_main(["place-json", FORK_JOIN, "--placement_method", "m_etf", "--report_dir", str(out)]) == 0
     assert "reports written to" in capsys.readouterr().out
     assert {"gantt.png", "trace.json", "summary.json", "memory_0.png"} <= set(os.listdir(out))
 
@@ -309,10 +309,10 @@ def test_reports_import_neither_tensorflow_nor_pyplot(tmp_path):
     code = (
         "import sys\n"
         "from baechi_tf.json_io import load_graph_json\n"
-        "from baechi_tf.placer.pipeline import place\n"
+        "from baechi_tf.placer.pipeline import PlacementOptions, place\n"
         "from baechi_tf.reports import write_reports\n"
         f"g, c = load_graph_json({FORK_JOIN!r})\n"
-        f"write_reports(place(g, c), {str(tmp_path)!r})\n"
+        f"write_reports(place(g, c, PlacementOptions('m_etf')), {str(tmp_path)!r})\n"
         "assert 'tensorflow' not in sys.modules, 'tensorflow'\n"
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot'\n"
     )
@@ -344,7 +344,7 @@ def test_tensorflow_graph_and_step_stats(tmp_path):
         ops.add_op(name, us, [16384])
     ops.add_edge("a", "b")
     ops.add_edge("b", "c")
-    result = place(ops.build(), cluster(2))
+    result = place(ops.build(), cluster(2), PlacementOptions(placement_method="m_etf"))
     step_stats = run_metadata.step_stats
     paths = write_reports(result, str(tmp_path), graph_def=graph_def, tf_step_stats=step_stats)
 
