@@ -16,6 +16,7 @@ from baechi_tf.errors import BaechiError, ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
+from baechi_tf.placer.heft import place_heft
 from baechi_tf.placer.m_etf import place_m_etf
 from baechi_tf.placer.m_topo import place_m_topo
 from baechi_tf.placer.schedule import Placement, Schedule
@@ -72,23 +73,40 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
 
 def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
     from baechi_tf.placer.auto import AutoOptions, place_auto
+    from baechi_tf.placer.grouping import coplace
     from baechi_tf.placer.refine import RefineOptions
 
     names = [m for m in _PORTFOLIO if m in _METHODS]
     if options.expert:
         names.append("expert")
     thunks = [(m, (lambda m=m: _METHODS[m](graph, cluster, groups, options))) for m in names]
+    # The same placers on coarser groups (single-consumer ops joined to their consumer): fewer,
+    # larger moves, which wins on graphs of many short ops where transfers dominate.
+    coarse: list[Groups] = []
+
+    def coarse_groups() -> Groups:
+        if not coarse:
+            coarse.append(coplace(graph, groups))
+        return coarse[0]
+
+    if options.grouper != "coplace":
+        for m in ("m_etf", "m_sct", "heft"):
+            if m in _METHODS:
+                thunks.append(
+                    (f"{m}+coplace", (lambda m=m: _METHODS[m](graph, cluster, coarse_groups(), options)))
+                )
     return place_auto(
         graph, cluster, groups, thunks,
         options=AutoOptions(RefineOptions(options.refine_seconds, options.seed)),
     )
 
 
-_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "single")
+_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
     "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
+    "heft": lambda g, c, gr, o: place_heft(g, c, gr),
     "single": _single,
     "expert": _expert,
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
