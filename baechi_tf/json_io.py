@@ -23,7 +23,7 @@ from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import BaechiError, ConfigError, InvalidGraphError
 from baechi_tf.graph import OpGraph, OpGraphBuilder
 
-__all__ = ["load_graph_json", "parse_graph_json", "result_to_json"]
+__all__ = ["graph_to_json", "load_graph_json", "parse_graph_json", "result_to_json"]
 
 _OP_KEYS = {
     "name", "compute_us", "output_bytes", "temp_bytes", "persistent_bytes", "colocation_group",
@@ -200,3 +200,47 @@ def result_to_json(result) -> dict:
         "peak_memory_bytes": dict(zip(names, result.schedule.peak_memory_bytes)),
         "placement_seconds": result.placement_seconds,
     }
+
+
+def graph_to_json(graph: OpGraph, cluster: Cluster) -> dict:
+    """The input document of ``place-json`` for `graph` on `cluster` (inverse of
+    `parse_graph_json`; an op with several TF colocation names keeps the first)."""
+
+    def comm(c: CommCost) -> dict:
+        return {"slope_us_per_byte": c.slope_us_per_byte, "intercept_us": c.intercept_us}
+
+    doc: dict = {
+        "devices": [{"name": d.name, "memory_bytes": d.memory_bytes, "type": d.type} for d in cluster.devices],
+        "comm": comm(cluster.comm),
+    }
+    if cluster.inter_task_comm is not None:
+        doc["inter_host_comm"] = comm(cluster.inter_task_comm)
+    ops = []
+    for i, name in enumerate(graph.names):
+        op: dict = {
+            "name": name,
+            "compute_us": float(graph.compute_us[i]),
+            "output_bytes": list(graph.output_bytes[i]),
+        }
+        if graph.temp_bytes[i]:
+            op["temp_bytes"] = int(graph.temp_bytes[i])
+        if graph.persistent_bytes[i]:
+            op["persistent_bytes"] = int(graph.persistent_bytes[i])
+        if graph.colocation[i]:
+            op["colocation_group"] = graph.colocation[i][0]
+        if graph.pinned_device[i] is not None:
+            op["device"] = graph.pinned_device[i]
+        if graph.op_types and graph.op_types[i]:
+            op["type"] = graph.op_types[i]
+        ops.append(op)
+    edges = []
+    for s, d, o in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
+        edge: dict = {"src": graph.names[s], "dst": graph.names[d]}
+        if o < 0:
+            edge["control"] = True
+        elif o:
+            edge["src_output"] = o
+        edges.append(edge)
+    doc["ops"] = ops
+    doc["edges"] = edges
+    return doc

@@ -44,6 +44,19 @@ def test_parse_schema():
     assert cluster.devices[0].type == "GPU"
 
 
+def test_graph_to_json_round_trip():
+    from baechi_tf.json_io import graph_to_json
+
+    graph, cluster = parse_graph_json(small_doc())
+    again, cluster2 = parse_graph_json(json.loads(json.dumps(graph_to_json(graph, cluster))))
+    assert again.names == graph.names and cluster2 == cluster
+    assert again.edge_src.tolist() == graph.edge_src.tolist()
+    assert again.edge_src_output.tolist() == graph.edge_src_output.tolist()
+    assert again.compute_us.tolist() == graph.compute_us.tolist()
+    assert again.output_bytes == graph.output_bytes
+    assert again.colocation == graph.colocation and again.pinned_device == graph.pinned_device
+
+
 def test_place_json_writes_output(tmp_path, capsys):
     src = tmp_path / "g.json"
     src.write_text(json.dumps(small_doc()))
