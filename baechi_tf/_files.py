@@ -18,6 +18,9 @@ def atomic_write(path: str, data: bytes | str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would create it; mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -91,10 +91,15 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
             need = group_persistent[g] + group_alloc[g]
             candidates = [d for d in range(nd) if persistent_used[d] + need <= capacity[d]]
             if not candidates:
+                free = ", ".join(
+                    f"{cluster.names[d]}: {format_bytes(capacity[d] - persistent_used[d])} free"
+                    for d in range(nd)
+                )
                 raise InfeasiblePlacementError(
                     f"op {graph.names[op]!r}: its group {groups.names[g]!r} needs "
-                    f"{format_bytes(need)} but no device has that much left beside the weights "
-                    "already placed; use more devices or more memory per device"
+                    f"{format_bytes(need)} (persistent memory and its largest op), but no device "
+                    f"has that much beside the weights already placed ({free}); use more devices "
+                    "or more memory per device"
                 )
         edges = in_idx[in_ptr[op] : in_ptr[op + 1]].tolist()
         best_d, best_end = -1, float("inf")

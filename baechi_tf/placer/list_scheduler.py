@@ -14,11 +14,14 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
   the channels of both a and b for that time; a tensor is sent to a device once. Transfers are
   booked in the earliest gap of both channels at or after the producer's end, so channel time is
   kept in time order, not in processing order.
-* Memory per device: persistent bytes of every op on it for the whole step; an op's outputs from
-  its start until the last consumer of each output has finished (outputs nobody reads are freed at
-  the op's end, outputs of sinks are kept); temporary bytes while it runs; a received tensor from
-  the start of its first consumer on that device until its last consumer there finishes. An op
-  starts only when its allocation fits under the device's capacity, waiting for frees if needed.
+* Memory per device: persistent bytes of every op on it for the whole step; temporary bytes while
+  an op runs; an op's outputs from its start (outputs nobody reads are freed at the op's end,
+  outputs of sinks are kept); a received tensor from the start of its first consumer on that
+  device. A tensor is freed once all its consumers are scheduled: its copy on a device at the
+  last end of its consumers there (and, on the producer's device, of its transfers out), but
+  never before the start of its last consumer, the moment the scheduler learns of the free. An
+  op starts only when its allocation fits under the device's capacity, waiting for frees if
+  needed.
 
 Start times of successive decisions never decrease, so memory in use can be tracked as a running
 total plus a sorted list of future frees, and the candidate heap can be updated lazily: a stored

@@ -12,13 +12,14 @@ import time
 from typing import Callable, Mapping, Optional
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import BaechiError, ConfigError
+from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
 from baechi_tf.placer.m_etf import place_m_etf
 from baechi_tf.placer.m_topo import place_m_topo
+from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
 
@@ -32,8 +33,6 @@ Method = Callable[[OpGraph, Cluster, Groups, "PlacementOptions"], Placement]
 def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
     schedule = single_device_schedule(graph, cluster)
     if schedule is None:
-        from baechi_tf.errors import InfeasiblePlacementError
-
         raise InfeasiblePlacementError(
             "the graph does not fit on one device; use a multi-device method such as m_etf"
         )
@@ -43,8 +42,6 @@ def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
 def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
     """The model's own layout (op name -> device), completed by TF's rule: an op without one
     goes where its group or its first placed input went, else to the first device."""
-    from baechi_tf.errors import InfeasiblePlacementError
-
     if not options.expert:
         raise ConfigError("placement method 'expert' needs the model's own layout; this graph has none")
     device_of = [-1] * graph.num_ops
@@ -101,12 +98,13 @@ def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placem
     )
 
 
-_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single")
+_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
     "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
     "heft": lambda g, c, gr, o: place_heft(g, c, gr),
+    "packed": lambda g, c, gr, o: place_packed(g, c, gr),
     "single": _single,
     "expert": _expert,
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
@@ -188,7 +186,18 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         if options.placement_method == "auto":
             auto = _run_auto(g, cluster, gr, options)
             return auto.placement, auto
-        return _METHODS[options.placement_method](g, cluster, gr, options), None
+        try:
+            return _METHODS[options.placement_method](g, cluster, gr, options), None
+        except InfeasiblePlacementError as e:
+            if options.placement_method == "single":
+                raise
+            # The placer ran out of memory; a memory-first packing may still fit.
+            try:
+                packed = place_packed(g, cluster, gr)
+            except InfeasiblePlacementError:
+                raise e from None
+            log.warning("%s ran out of memory (%s); using a memory-first packing", options.placement_method, e)
+            return Placement(packed.device_of, f"{options.placement_method}+packed"), None
 
     if options.placer_type != "fusion":
         return run(graph, groups)
