@@ -31,7 +31,7 @@ Method = Callable[[OpGraph, Cluster, Groups, "PlacementOptions"], Placement]
 
 
 def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
-    schedule = single_device_schedule(graph, cluster)
+    schedule = single_device_schedule(graph, cluster, groups)
     if schedule is None:
         raise InfeasiblePlacementError(
             "the graph does not fit on one device; use a multi-device method such as m_etf"
@@ -234,7 +234,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
     placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
     schedule: Schedule = step("check", lambda: check_placement(graph, placer_cluster, groups, placement))
-    baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster))
+    baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     bound = lower_bound_us(graph, cluster)
     return PlacementResult(
         graph=graph,

@@ -67,12 +67,24 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
     return max(critical_path_us(graph), total / cluster.num_devices)
 
 
-def single_device_schedule(graph: OpGraph, cluster: Cluster) -> Optional[Schedule]:
-    """Everything on the device with the most memory, or None when the graph does not fit."""
+def single_device_schedule(
+    graph: OpGraph, cluster: Cluster, groups: Optional[Groups] = None
+) -> Optional[Schedule]:
+    """Everything on the device with the most memory, or None when the graph does not fit.
+
+    Pinned ops (with their `groups`, when given) stay on their pinned devices.
+    """
+    from baechi_tf.placer.list_scheduler import pinned_device_index
+
     capacities = [d.memory_bytes for d in cluster.devices]
-    device = capacities.index(max(capacities))
-    placement = Placement(np.full(graph.num_ops, device, dtype=np.int32), "single")
+    device_of = np.full(graph.num_ops, capacities.index(max(capacities)), dtype=np.int32)
+    for op, name in enumerate(graph.pinned_device):
+        if name is not None:
+            dev = pinned_device_index(graph, cluster, op)
+            if groups is not None:
+                device_of[groups.members[int(groups.group_of[op])]] = dev
+            device_of[op] = dev
     try:
-        return simulate(graph, cluster, placement)
+        return simulate(graph, cluster, Placement(device_of, "single"))
     except InfeasiblePlacementError:
         return None
