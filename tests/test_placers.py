@@ -90,11 +90,19 @@ def test_fork_join_etf_beats_one_device():
 
 
 def test_m_topo_fills_devices_in_topological_slices():
-    # 8 ops of 10 MiB output each, 4 devices: share = 80/4 + 10 = 30 MiB. The first op of a
-    # device also holds the 10 MiB copy of its input: 3 ops on GPU:0, then 2, 2 and 1.
+    # 8 ops of 10 MiB output each, 4 devices: share = 80/4 + 10 = 30 MiB -> 3, 3 and 2 ops.
     graph = graphs.chain(8, nbytes=10 << 20)
     result = run(graph, graphs.cluster(4), "m_topo")
-    assert result.placement.device_of.tolist() == [0, 0, 0, 1, 1, 2, 2, 3]
+    assert result.placement.device_of.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+
+
+def test_m_topo_moves_on_when_live_memory_is_full():
+    # Same chain, devices of 25 MiB: a device holds an op's input copy and its output (20 MiB)
+    # but not a third tensor, so every device takes what fits as the chain runs.
+    graph = graphs.chain(8, nbytes=10 << 20)
+    result = run(graph, graphs.cluster(4, 25 << 20), "m_topo")
+    assert result.placement.method == "m_topo"
+    assert max(result.schedule.peak_memory_bytes) <= 25 << 20
 
 
 def test_graph_too_big_for_one_device_uses_both():

@@ -8,9 +8,10 @@ see the spec, section 10.1 item 7). A group that fits no later device goes to th
 most room left; when none has room, `InfeasiblePlacementError` names the group and every device's
 free bytes.
 
-Memory is counted statically, with nothing freed: persistent, output and temporary bytes of every
-member plus the bytes of every tensor the group reads from a producer not on the same device. That bound is never below
-what the simulator measures, so an m-TOPO placement always simulates within capacity. Compute
+The share is counted statically (persistent, output and temporary bytes of the group's ops);
+whether a group fits a device is checked against real capacities with the memory the device holds
+when the ops run one after another in topological order (tensors freed after their last reader),
+the order m-TOPO's slices run in; the simulator, which has the last word, confirms it. Compute
 times and communication are ignored: m-TOPO is the fast baseline.
 
 Time: O(V + E) for V ops and E edges; memory O(V + E).
@@ -44,75 +45,139 @@ def static_group_bytes(graph: OpGraph, groups: Groups) -> np.ndarray:
     return np.rint(total).astype(np.int64)
 
 
-def _external_inputs(graph: OpGraph, groups: Groups) -> list[list[tuple[int, int]]]:
-    """Per group, the distinct (producer group, bytes) of tensors it reads from other groups."""
-    out: list[dict[int, tuple[int, int]]] = [{} for _ in range(groups.num_groups)]
-    group_of = groups.group_of.tolist()
-    tensor_src = graph.tensor_src.tolist()
-    tensor_bytes = graph.tensor_bytes.tolist()
-    for t, d in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
-        gp, gd = group_of[tensor_src[t]], group_of[d]
-        if gp != gd and tensor_bytes[t]:
-            out[gd][t] = (gp, tensor_bytes[t])
-    return [list(x.values()) for x in out]
-
-
 def place_m_topo(
     graph: OpGraph, cluster: Cluster, groups: Groups, *, options: MTopoOptions = MTopoOptions()
 ) -> Placement:
     """Places `graph` on `cluster` by m-TOPO."""
-    own = static_group_bytes(graph, groups).tolist()
-    inputs = _external_inputs(graph, groups)
-    capacity = [d.memory_bytes for d in cluster.devices]
     nd = cluster.num_devices
-    used = [0] * nd
-    group_device = [-1] * groups.num_groups
+    own = static_group_bytes(graph, groups).tolist()
+    capacity = [d.memory_bytes for d in cluster.devices]
+    share = sum(own) // nd + max(own, default=0) if options.uniform else float("inf")
+    live = _LiveMemory(graph, cluster, groups)
+    group_device = live.group_device
+    used = [0] * nd  # static bytes per device, for the balance
     for op, name in enumerate(graph.pinned_device):
-        if name is not None:
-            g = int(groups.group_of[op])
-            if group_device[g] < 0:
-                dev = pinned_device_index(graph, cluster, op)
-                group_device[g] = dev
-                used[dev] += own[g] + _copies(inputs[g], group_device, dev)
-    if options.uniform:
-        share = sum(own) // nd + max(own, default=0)
-        cap = [min(c, share) for c in capacity]
-    else:
-        cap = list(capacity)
-
-    def need(g: int, d: int) -> int:
-        return own[g] + _copies(inputs[g], group_device, d)
+        g = live.group_of[op]
+        if name is not None and group_device[g] < 0:
+            dev = pinned_device_index(graph, cluster, op)
+            live.place_group(g, dev)
+            used[dev] += own[g]
 
     current = 0
-    group_of = groups.group_of.tolist()
     for op in graph.topo_order.tolist():
-        g = group_of[op]
-        if group_device[g] >= 0:
-            continue
-        while current < nd and used[current] + need(g, current) > cap[current]:
-            current += 1
-        if current < nd:
-            dev = current
-        else:
-            room = [capacity[d] - used[d] - need(g, d) for d in range(nd)]
-            dev = max(range(nd), key=lambda d: (room[d], -d))
-            if room[dev] < 0:
-                free = ", ".join(
-                    f"{cluster.names[d]}: {format_bytes(capacity[d] - used[d])} free"
-                    for d in range(nd)
-                )
-                raise InfeasiblePlacementError(
-                    f"op {graph.names[op]!r} (group {groups.names[g]!r}, "
-                    f"{len(groups.members[g])} ops) needs {format_bytes(need(g, dev))} counted "
-                    f"statically, but no device has room ({free}); use more devices, more memory "
-                    "per device, or m_etf, which frees memory as tensors die"
-                )
-        used[dev] += need(g, dev)
-        group_device[g] = dev
+        g = live.group_of[op]
+        if group_device[g] < 0:
+            while current < nd and (used[current] + own[g] > share or not live.fits(op, current)):
+                if used[current] == 0 and live.fits(op, current):
+                    break  # an empty device takes a group larger than the share
+                current += 1
+            if current < nd:
+                dev = current
+            else:
+                dev = max(range(nd), key=lambda d: (live.room(op, d), -d))
+                if live.room(op, dev) < 0:
+                    free = ", ".join(
+                        f"{cluster.names[d]}: {format_bytes(capacity[d] - live.peak[d])} free"
+                        for d in range(nd)
+                    )
+                    raise InfeasiblePlacementError(
+                        f"op {graph.names[op]!r} (group {groups.names[g]!r}, "
+                        f"{len(groups.members[g])} ops) needs {format_bytes(live.need(op, dev))} "
+                        f"when it runs in topological order, but no device has room ({free}); "
+                        "use more devices or more memory per device"
+                    )
+            live.place_group(g, dev)
+            used[dev] += own[g]
+        live.run(op)
     return Placement(np.asarray(group_device, dtype=np.int32)[groups.group_of], "m_topo")
 
 
-def _copies(inputs: list[tuple[int, int]], group_device: list[int], dev: int) -> int:
-    """Bytes of received copies: inputs whose producer is not (known to be) on `dev`."""
-    return sum(nbytes for gp, nbytes in inputs if group_device[gp] != dev)
+class _LiveMemory:
+    """Memory of each device when the ops run one after another in topological order.
 
+    Persistent bytes count from the start; an op's outputs and scratch from when it runs; a
+    tensor read on another device is copied there when its first reader there runs; a tensor is
+    freed when its last reader has run. This is the order m-TOPO's slices run in, so a placement
+    that fits here usually fits in the simulator, which has the final word.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups) -> None:
+        self.graph = graph
+        self.capacity = [d.memory_bytes for d in cluster.devices]
+        nd = cluster.num_devices
+        self.live = [0] * nd
+        self.peak = [0] * nd
+        self.group_of = groups.group_of.tolist()
+        self.group_device = [-1] * groups.num_groups
+        self.group_persistent = np.bincount(
+            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
+        ).astype(np.int64).tolist()
+        self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
+        self.tensor_src = graph.tensor_src.tolist()
+        self.tensor_bytes = graph.tensor_bytes.tolist()
+        edge_tensor = graph.edge_tensor.tolist()
+        self.inputs: list[list[int]] = [[] for _ in range(graph.num_ops)]
+        readers = [0] * graph.num_tensors
+        for e, d in enumerate(graph.edge_dst.tolist()):
+            self.inputs[d].append(edge_tensor[e])
+            readers[edge_tensor[e]] += 1
+        self.readers_left = readers
+        self.copies: dict[int, set[int]] = {}  # tensor -> devices holding a received copy
+        # Freed when an op ends: scratch, and outputs nobody reads (kept for sinks).
+        read = np.zeros(graph.num_ops, dtype=np.int64)
+        data = graph.tensor_src_output >= 0
+        np.add.at(read, graph.tensor_src[data], graph.tensor_bytes[data])
+        has_succ = np.asarray([bool(s) for s in graph.successors], dtype=bool)
+        unread = np.where(has_succ, graph.output_total_bytes - read, 0)
+        self.free_at_end = (graph.temp_bytes + unread).tolist()
+
+    def _device(self, op: int) -> int:
+        return self.group_device[self.group_of[op]]
+
+    def need(self, op: int, dev: int) -> int:
+        """Bytes that running `op` on `dev` adds, its group's persistent bytes included."""
+        g = self.group_of[op]
+        extra = self.group_persistent[g] if self.group_device[g] < 0 else 0
+        for t in self.inputs[op]:
+            src_dev = self._device(self.tensor_src[t])
+            if src_dev != dev and dev not in self.copies.get(t, ()):
+                extra += self.tensor_bytes[t]
+        return self.alloc[op] + extra
+
+    def room(self, op: int, dev: int) -> int:
+        g = self.group_of[op]
+        persistent = self.group_persistent[g] if self.group_device[g] < 0 else 0
+        return min(
+            self.capacity[dev] - self.live[dev] - self.need(op, dev),
+            self.capacity[dev] - self.peak[dev] - persistent,
+        )
+
+    def fits(self, op: int, dev: int) -> bool:
+        return self.room(op, dev) >= 0
+
+    def place_group(self, g: int, dev: int) -> None:
+        self.group_device[g] = dev
+        p = self.group_persistent[g]
+        self.live[dev] += p
+        self.peak[dev] += p  # held for the whole step
+
+    def run(self, op: int) -> None:
+        dev = self._device(op)
+        for t in self.inputs[op]:
+            src_dev = self._device(self.tensor_src[t])
+            held = self.copies.setdefault(t, set())
+            if src_dev != dev and dev not in held:
+                held.add(dev)
+                self.live[dev] += self.tensor_bytes[t]
+        self.live[dev] += self.alloc[op]
+        self.peak[dev] = max(self.peak[dev], self.live[dev])
+        self.live[dev] -= self.free_at_end[op]
+        for t in self.inputs[op]:
+            self.readers_left[t] -= 1
+            if self.readers_left[t] == 0:
+                nbytes = self.tensor_bytes[t]
+                for d in self.copies.pop(t, ()):
+                    self.live[d] -= nbytes
+                src = self.tensor_src[t]
+                if nbytes and self.graph.tensor_src_output[t] >= 0:
+                    self.live[self._device(src)] -= nbytes

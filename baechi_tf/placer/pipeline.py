@@ -179,6 +179,29 @@ class PlacementResult:
         return self.placement.op_to_device(self.graph, self.cluster)
 
 
+def _packed_instead(
+    graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError
+) -> Placement:
+    """A memory-first packing when `method`'s placement ran out of memory; else `error`."""
+    if method in ("single", "auto", "packed"):
+        raise error
+    try:
+        packed = place_packed(graph, cluster, groups)
+    except InfeasiblePlacementError:
+        raise error from None
+    log.warning("%s ran out of memory (%s); using a memory-first packing instead", method, error)
+    return Placement(packed.device_of, f"{method}+packed")
+
+
+def _checked(graph: OpGraph, cluster: Cluster, groups: Groups, placement: Placement, method: str):
+    """(placement, schedule) after `check_placement`, packed instead when it does not fit."""
+    try:
+        return placement, check_placement(graph, cluster, groups, placement)
+    except InfeasiblePlacementError as e:
+        placement = _packed_instead(graph, cluster, groups, method, e)
+        return placement, check_placement(graph, cluster, groups, placement)
+
+
 def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions):
     """The placement, and the portfolio's result when the method is ``auto`` (else None)."""
 
@@ -189,15 +212,7 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         try:
             return _METHODS[options.placement_method](g, cluster, gr, options), None
         except InfeasiblePlacementError as e:
-            if options.placement_method == "single":
-                raise
-            # The placer ran out of memory; a memory-first packing may still fit.
-            try:
-                packed = place_packed(g, cluster, gr)
-            except InfeasiblePlacementError:
-                raise e from None
-            log.warning("%s ran out of memory (%s); using a memory-first packing", options.placement_method, e)
-            return Placement(packed.device_of, f"{options.placement_method}+packed"), None
+            return _packed_instead(g, cluster, gr, options.placement_method, e), None
 
     if options.placer_type != "fusion":
         return run(graph, groups)
@@ -233,7 +248,9 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
     placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
-    schedule: Schedule = step("check", lambda: check_placement(graph, placer_cluster, groups, placement))
+    placement, schedule = step(
+        "check", lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method)
+    )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     bound = lower_bound_us(graph, cluster)
     return PlacementResult(

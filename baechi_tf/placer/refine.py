@@ -15,7 +15,7 @@ it reaches the current makespan, which rejects most bad moves early.
 
 The budget is counted in scheduling steps, not wall time, so the result is deterministic for a
 given seed: ``seconds`` is converted at `STEPS_PER_SECOND` (measured on a 2-core machine); a
-wall-clock stop at three times the budget guards against much slower machines (only then can the
+wall-clock stop at ten times the budget (plus 5 s) guards against much slower machines (only then can the
 result depend on timing).
 
 Time per move: O(k log k) for the k ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
@@ -275,7 +275,7 @@ def refine(
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
     budget = int(options.seconds * STEPS_PER_SECOND)
-    deadline = t0 + 3 * options.seconds + 1
+    deadline = t0 + 10 * options.seconds + 5
     rng = random.Random(options.seed)
     pinned = _pinned_groups(graph, groups)
     tried = accepted = 0
