@@ -86,8 +86,14 @@ class Policy:
         """
         return start
 
-    def committed(self, op: int, device: int, state: "SchedulerState") -> None:
-        """Called after `op` was scheduled on `device`."""
+    def committed(
+        self, op: int, device: int, state: "SchedulerState"
+    ) -> Optional[Iterable[tuple[int, int]]]:
+        """Called after `op` was scheduled on `device`.
+
+        May return (op, device) pairs whose hold was lifted: the scheduler looks at them again.
+        """
+        return None
 
 
 class EarliestStartPolicy(Policy):
@@ -471,8 +477,11 @@ class ListScheduler:
         newly_free = state.commit(op, dev, t)
         self.scheduled += 1
         self.last_time = t
-        self.policy.committed(op, dev, state)
+        released = self.policy.committed(op, dev, state)
         topo, device_of = state.topo, state.device
+        for w, d in released or ():
+            if device_of[w] < 0:  # the device's free time is a lower bound of w's start there
+                heapq.heappush(self.later[d], (state.device_free[d], topo[w], w))
         for d in newly_free:
             for w in self.waiting[d]:
                 if device_of[w] < 0:

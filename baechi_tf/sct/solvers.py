@@ -1,0 +1,227 @@
+"""LP back ends for m-SCT: MOSEK, HiGHS and cvxopt, chosen with ``--lp_solver``.
+
+* ``mosek``: MOSEK through its own Python API (``pip install Mosek``); needs a licence.
+* ``highs``: HiGHS through ``scipy.optimize.linprog(method="highs")``; no licence.
+* ``cvxopt``: ``cvxopt.solvers.lp`` (its own interior-point method) with sparse matrices; the
+  bounds become rows, since cvxopt has no bounds.
+* ``auto``: MOSEK when it is importable and licensed, else HiGHS, else cvxopt; logs which.
+
+Every solve checks the solver's status; a failed, infeasible or unfinished solve raises
+`SolverError` with the solver's own words. The result is in microseconds, with ``x`` clipped to
+``[0, 1]`` (solvers may return values a tolerance outside).
+
+The original solved the LP with ``cvxopt.solvers.lp(..., solver='mosek')`` and never looked at
+the status (Baechi spec, section 10.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from typing import Optional
+
+import numpy as np
+import scipy.sparse as sp
+
+from baechi_tf.errors import ConfigError, SolverError
+from baechi_tf.sct.lp import SctLP
+
+__all__ = ["LPSolution", "SOLVERS", "choose_solver", "mosek_licence_problem", "solve_lp"]
+
+log = logging.getLogger(__name__)
+
+SOLVERS = ("auto", "mosek", "highs", "cvxopt")
+
+_MOSEK_HOWTO = (
+    "get a licence file (free for academic use at https://www.mosek.com/products/academic-licenses/, "
+    "a 30-day trial at https://www.mosek.com/try/) and put it at ~/mosek/mosek.lic or point "
+    "MOSEKLM_LICENSE_FILE at it; or use --lp_solver=highs, which needs no licence"
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LPSolution:
+    """An optimal solution of an `SctLP`, in microseconds."""
+
+    x: np.ndarray  # float64 [num_arcs], x_ij in [0, 1]
+    s_us: np.ndarray  # float64 [num_ops], start times
+    w_us: float  # the optimum: the makespan of the relaxation
+    solver: str  # 'mosek', 'highs' or 'cvxopt'
+
+
+def mosek_licence_problem() -> Optional[str]:
+    """None when MOSEK can solve here; otherwise why not (not installed, or no licence)."""
+    if importlib.util.find_spec("mosek") is None:
+        return "the mosek package is not installed (pip install Mosek)"
+    import mosek
+
+    try:
+        with mosek.Env() as env:
+            env.checkoutlicense(mosek.feature.pts)
+    except mosek.Error as e:
+        return f"MOSEK has no usable licence ({e.errno}{': ' + e.msg if e.msg else ''})"
+    return None
+
+
+def _highs_available() -> bool:
+    import scipy
+
+    major, minor = (int(v) for v in scipy.__version__.split(".")[:2])
+    return (major, minor) >= (1, 6)
+
+
+def choose_solver(solver: str) -> str:
+    """The back end that `solver` names; ``auto`` picks MOSEK, HiGHS or cvxopt and logs why."""
+    if solver not in SOLVERS:
+        raise ConfigError(f"unknown LP solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if solver != "auto":
+        return solver
+    problem = mosek_licence_problem()
+    if problem is None:
+        chosen = "mosek"
+    elif _highs_available():
+        chosen = "highs"
+    elif importlib.util.find_spec("cvxopt") is not None:
+        chosen = "cvxopt"
+    else:
+        raise SolverError(
+            f"no LP solver is available: {problem}; scipy is older than 1.6 (no HiGHS) and cvxopt "
+            "is not installed: pip install 'scipy>=1.6' or cvxopt"
+        )
+    log.info("m-SCT LP solver: %s%s", chosen, "" if problem is None else f" ({problem})")
+    return chosen
+
+
+def solve_lp(lp: SctLP, solver: str = "auto") -> LPSolution:
+    """Solves `lp` with the named back end (see the module docstring)."""
+    name = choose_solver(solver)
+    z = {"mosek": _solve_mosek, "highs": _solve_highs, "cvxopt": _solve_cvxopt}[name](lp)
+    z = np.asarray(z, dtype=np.float64).reshape(-1)
+    if z.shape != (lp.num_vars,) or not np.isfinite(z).all():
+        raise SolverError(f"{name} returned no finite solution of the m-SCT LP ({_size(lp)})")
+    a, v = lp.num_arcs, lp.num_ops
+    return LPSolution(
+        x=np.clip(z[:a], 0.0, 1.0),
+        s_us=z[a : a + v] * lp.time_unit_us,
+        w_us=float(z[a + v]) * lp.time_unit_us,
+        solver=name,
+    )
+
+
+def _size(lp: SctLP) -> str:
+    return f"{lp.num_vars} variables, {lp.num_rows} rows"
+
+
+# ---------------------------------------------------------------- HiGHS
+
+
+def _solve_highs(lp: SctLP) -> np.ndarray:
+    from scipy.optimize import linprog
+
+    res = linprog(
+        lp.c,
+        A_ub=lp.A_ub,
+        b_ub=lp.b_ub,
+        bounds=np.column_stack((lp.lower, lp.upper)),
+        method="highs",
+    )
+    if res.status != 0 or res.x is None:
+        raise SolverError(f"HiGHS did not solve the m-SCT LP ({_size(lp)}): {res.message}")
+    return res.x
+
+
+# ---------------------------------------------------------------- cvxopt
+
+
+def _solve_cvxopt(lp: SctLP) -> np.ndarray:
+    if importlib.util.find_spec("cvxopt") is None:
+        raise SolverError("cvxopt is not installed: pip install cvxopt, or use --lp_solver=highs")
+    import cvxopt
+    import cvxopt.solvers
+
+    n = lp.num_vars
+    bounded = np.flatnonzero(np.isfinite(lp.upper))
+    # Bounds as rows: -z <= -lower for every variable, z <= upper where finite.
+    G = sp.vstack(
+        [lp.A_ub, -sp.identity(n, format="csr"), sp.identity(n, format="csr")[bounded]]
+    ).tocoo()
+    h = np.concatenate([lp.b_ub, -lp.lower, lp.upper[bounded]])
+    G_cvx = cvxopt.spmatrix(
+        cvxopt.matrix(G.data.astype(np.float64)),
+        cvxopt.matrix(G.row.astype(np.int64)),
+        cvxopt.matrix(G.col.astype(np.int64)),
+        G.shape,
+    )
+    sol = cvxopt.solvers.lp(
+        cvxopt.matrix(lp.c), G_cvx, cvxopt.matrix(h), options={"show_progress": False}
+    )
+    if sol["status"] != "optimal":
+        raise SolverError(
+            f"cvxopt did not solve the m-SCT LP ({_size(lp)}): status {sol['status']!r} after "
+            f"{sol['iterations']} iterations (gap {sol['gap']}, relative gap {sol['relative gap']}, "
+            f"primal infeasibility {sol['primal infeasibility']}, dual infeasibility "
+            f"{sol['dual infeasibility']}); try --lp_solver=highs"
+        )
+    return np.array(sol["x"]).reshape(-1)
+
+
+# ---------------------------------------------------------------- MOSEK
+
+
+def _mosek_task(env, lp: SctLP):
+    """A MOSEK task holding `lp` (column-wise matrix, bounds, objective); needs no licence."""
+    import mosek
+
+    n, m = lp.num_vars, lp.num_rows
+    task = env.Task(m, n)
+    task.appendvars(n)
+    task.appendcons(m)
+    csc = lp.A_ub.tocsc()
+    csc.sort_indices()
+    ptr = csc.indptr.astype(np.int64)
+    task.putacolslice(0, n, ptr[:-1], ptr[1:], csc.indices.astype(np.int32), csc.data)
+    finite = np.isfinite(lp.upper)
+    keys = [mosek.boundkey.ra if f else mosek.boundkey.lo for f in finite.tolist()]
+    task.putvarboundslice(0, n, keys, lp.lower, np.where(finite, lp.upper, 0.0))
+    task.putconboundslice(0, m, [mosek.boundkey.up] * m, np.zeros(m), lp.b_ub)
+    task.putcslice(0, n, lp.c)
+    task.putobjsense(mosek.objsense.minimize)
+    return task
+
+
+def _solve_mosek(lp: SctLP) -> np.ndarray:
+    if importlib.util.find_spec("mosek") is None:
+        raise SolverError(
+            "MOSEK is not installed: pip install Mosek (it also needs a licence), or use "
+            "--lp_solver=highs"
+        )
+    import mosek
+
+    with mosek.Env() as env:
+        try:
+            env.checkoutlicense(mosek.feature.pts)
+        except mosek.Error as e:
+            raise SolverError(_licence_message(e)) from None
+        with _mosek_task(env, lp) as task:
+            try:
+                trm = task.optimize()
+            except mosek.Error as e:
+                if "licen" in str(e.errno):
+                    raise SolverError(_licence_message(e)) from None
+                raise SolverError(f"MOSEK failed on the m-SCT LP ({_size(lp)}): {e.errno}: {e.msg}") from None
+            soltype = mosek.soltype.bas if task.solutiondef(mosek.soltype.bas) else mosek.soltype.itr
+            if not task.solutiondef(soltype):
+                raise SolverError(f"MOSEK returned no solution of the m-SCT LP ({_size(lp)}): termination {trm}")
+            solsta = task.getsolsta(soltype)
+            if solsta != mosek.solsta.optimal:
+                raise SolverError(
+                    f"MOSEK did not solve the m-SCT LP ({_size(lp)}): solution status {solsta}, "
+                    f"problem status {task.getprosta(soltype)}, termination {trm}"
+                )
+            return np.array(task.getxx(soltype))
+
+
+def _licence_message(e) -> str:
+    words = f"{e.errno}{': ' + e.msg.strip() if e.msg and e.msg.strip() else ''}"
+    return f"MOSEK cannot solve without a licence ({words}): {_MOSEK_HOWTO}"
