@@ -98,11 +98,19 @@ def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placem
     )
 
 
+def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+    from baechi_tf.placer.m_sct import MSCTOptions, place_m_sct  # scipy loads when m-SCT runs
+
+    sct = MSCTOptions(threshold=options.sct_threshold, lp_solver=options.lp_solver)
+    return place_m_sct(graph, cluster, groups, options=sct)
+
+
 _PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
     "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
+    "m_sct": _m_sct,
     "heft": lambda g, c, gr, o: place_heft(g, c, gr),
     "packed": lambda g, c, gr, o: place_packed(g, c, gr),
     "single": _single,
@@ -238,6 +246,8 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         try:
             value = fn()
         except BaechiError as e:
+            if str(e).startswith("step '"):
+                raise  # an inner pipeline already named its step
             ran = f" (after {', '.join(done)})" if done else ""
             raise type(e)(f"step '{name}' failed{ran}: {e}") from e
         seconds[name] = time.perf_counter() - t0

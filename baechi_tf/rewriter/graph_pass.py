@@ -25,7 +25,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster, Device
 from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
-from baechi_tf.errors import BaechiError, InfeasiblePlacementError
+from baechi_tf.errors import BaechiError, InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import colocation_groups
@@ -167,6 +167,11 @@ def place_graph_def(
     device's task. The other keywords are those of `baechi_tf.rewriter.importer.import_graph_def`.
     """
     options.validate()
+    if not hasattr(graph_def, "node") or not hasattr(graph_def, "SerializeToString"):
+        raise InvalidGraphError(
+            f"graph_def must be a tf.compat.v1.GraphDef, not {type(graph_def).__name__}; "
+            "pass graph.as_graph_def()"
+        )
     if not isinstance(profile, CostProfile):
         profile = load_profile(profile)
     if host_device is None:
@@ -179,6 +184,8 @@ def place_graph_def(
         try:
             value = fn()
         except BaechiError as e:
+            if str(e).startswith("step '"):
+                raise  # an inner pipeline already named its step
             ran = f" (after {', '.join(done)})" if done else ""
             raise type(e)(f"step '{name}' failed{ran}: {e}") from e
         seconds[name] = time.perf_counter() - t0

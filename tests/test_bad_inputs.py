@@ -1,0 +1,209 @@
+"""Bad input across the command line, the graph pass and BaechiSession.
+
+Every case ends with exit status 2 and one line naming the problem and the fix (command line) or
+a `BaechiError` subclass (API); nothing is written to the output; the input files are unchanged.
+The JSON cases of `place-json` are in test_json_cli.py (26 more).
+"""
+
+import hashlib
+import os
+import pathlib
+import pickle
+
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+
+from baechi_tf import BaechiSession, PlacementOptions, place_graph_def
+from baechi_tf.cli import main
+from baechi_tf.cluster import Cluster, GiB
+from baechi_tf.cost_model import save_profile
+from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError, ProfileError
+from tf_models import build_lstm, profiled_lstm
+
+
+class _Trap:
+    """Unpickling this writes a marker file: proof that a pickle was (never) loaded."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.write_text, (pathlib.Path(self.marker), "unpickled!"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    lstm = profiled_lstm()
+    d = tmp_path_factory.mktemp("bad")
+    p = {name: d / name for name in ("graph.pb", "graph.pbtxt", "model.meta", "cost.pb", "other.pb")}
+    p["graph.pb"].write_bytes(lstm.graph_def.SerializeToString())
+    p["graph.pbtxt"].write_text(text_format.MessageToString(lstm.graph_def))
+    with lstm.model.graph.as_default():
+        p["model.meta"].write_bytes(tf.compat.v1.train.export_meta_graph(graph=lstm.model.graph).SerializeToString())
+    save_profile(lstm.profile, p["cost.pb"])
+    other = tf.Graph()
+    with other.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+        tf.identity(x * 2.0, name="y")
+    p["other.pb"].write_bytes(other.as_graph_def().SerializeToString())
+    p["marker"] = d / "unpickled.marker"
+    p["pickle"] = d / "cost.pkl"
+    p["pickle"].write_bytes(pickle.dumps(_Trap(str(p["marker"]))))
+    p["dir"] = d
+    return lstm, p
+
+
+def digest(*paths):
+    return {str(x): hashlib.sha256(pathlib.Path(x).read_bytes()).hexdigest() for x in paths if pathlib.Path(x).is_file()}
+
+
+def write(d, name, data):
+    path = d / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+# (name, graph file or bytes, profile file or bytes, extra flags, expected message)
+CLI_CASES = [
+    ("graph missing", "nope.pb", "cost.pb", [], "cannot read|no such|does not exist|not found"),
+    ("graph empty", b"", "cost.pb", [], "empty|not a GraphDef|no nodes|does not parse"),
+    ("graph truncated", "TRUNC:graph.pb", "cost.pb", [], "GraphDef|parse|truncated"),
+    ("graph random bytes", b"\x8f\x01\xff\xfe garbage", "cost.pb", [], "GraphDef|parse"),
+    ("graph bad text", b"node { name: 'a' op: ", "cost.pb", [], "GraphDef|parse"),
+    ("meta truncated", "TRUNC:model.meta", "cost.pb", [], "GraphDef|MetaGraphDef|parse"),
+    ("profile pickle", "graph.pb", "pickle", [], "pickle|not a cost profile|CostProfile"),
+    ("profile empty", "graph.pb", b"", [], "empty|not a cost profile|CostProfile"),
+    ("profile truncated", "graph.pb", "TRUNC:cost.pb", [], "truncated|not a cost profile|CostProfile"),
+    ("profile text", "graph.pb", b"compute_us: 5\n", [], "not a cost profile|CostProfile"),
+    ("profile of another graph", "other.pb", "cost.pb", [], "another graph|does not match|allow_profile_mismatch"),
+    ("zero devices", "graph.pb", "cost.pb", ["--num_devices", "0"], "at least one device|num_devices"),
+    ("negative devices", "graph.pb", "cost.pb", ["--num_devices", "-2"], "at least one device|num_devices"),
+    ("bad memory size", "graph.pb", "cost.pb", ["--memory_per_device", "8XB"], "memory"),
+    ("zero memory", "graph.pb", "cost.pb", ["--memory_per_device", "0"], "memory|positive"),
+    ("bad comm coefficients", "graph.pb", "cost.pb", ["--comm_cost_coeffs", "fast,cheap"], "slope,intercept"),
+    ("negative comm", "graph.pb", "cost.pb", ["--comm_cost_coeffs=-1,134"], ">= 0"),
+    ("memory fraction 0", "graph.pb", "cost.pb", ["--placer_memory_fraction", "0"], r"\(0, 1\]"),
+    ("sct threshold 2", "graph.pb", "cost.pb", ["--sct_threshold", "2"], "sct_threshold"),
+    ("negative refine time", "graph.pb", "cost.pb", ["--refine_seconds", "-1"], "refine_seconds"),
+    ("does not fit", "graph.pb", "cost.pb", ["--memory_per_device", "4KiB"], "needs|fit|room"),
+    ("single does not fit", "graph.pb", "cost.pb", ["--placement_method", "single", "--memory_per_device", "4KiB"], "fit"),
+]
+
+
+def resolve(p, spec, tmp_path, name):
+    if isinstance(spec, bytes):
+        return write(tmp_path, name, spec)
+    if spec.startswith("TRUNC:"):
+        data = p[spec[6:]].read_bytes()
+        return write(tmp_path, "trunc-" + spec[6:], data[: len(data) // 2])
+    return p[spec] if spec in p else tmp_path / spec
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_place_command(files, tmp_path, capsys, case):
+    _, p = files
+    name, graph_spec, cost_spec, flags, match = case
+    graph = resolve(p, graph_spec, tmp_path, "g.bin")
+    cost = resolve(p, cost_spec, tmp_path, "c.bin")
+    out = tmp_path / "placed.pb"
+    before = digest(graph, cost)
+    status = main(["place", "--graph", str(graph), "--cost_path", str(cost), "--out", str(out),
+                   "--refine_seconds", "0.1", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, name
+    assert err and err[-1].startswith("baechi place: error: "), err
+    assert "Traceback" not in "\n".join(err)
+    import re
+
+    assert re.search(match, err[-1], re.IGNORECASE), err[-1]
+    assert not out.exists()
+    assert not any(x.name.startswith(".tmp-") for x in tmp_path.iterdir())
+    assert digest(graph, cost) == before
+    assert not p["marker"].exists(), "the pickle was unpickled"
+
+
+def test_place_command_flag_errors_exit_2(files, capsys):
+    _, p = files
+    with pytest.raises(SystemExit) as e:
+        main(["place", "--graph", str(p["graph.pb"]), "--cost_path", str(p["cost.pb"]),
+              "--placement_method", "m_fast"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the graph pass
+
+
+def cluster(n=2, memory=8 * GiB):
+    return Cluster.homogeneous(n, memory, device_type="CPU", prefix="/job:localhost/replica:0/task:0")
+
+
+def test_graph_pass_refuses_a_pickle_profile(files):
+    lstm, p = files
+    with pytest.raises(ProfileError):
+        place_graph_def(lstm.graph_def, str(p["pickle"]), cluster())
+    assert not p["marker"].exists()
+
+
+def test_graph_pass_refuses_a_directory_as_profile(files):
+    lstm, p = files
+    with pytest.raises(ProfileError):
+        place_graph_def(lstm.graph_def, str(p["dir"]), cluster())
+
+
+def test_graph_pass_refuses_another_graphs_profile(files):
+    lstm, p = files
+    other = tf.compat.v1.GraphDef.FromString(p["other.pb"].read_bytes())
+    with pytest.raises(ProfileError, match="allow_profile_mismatch"):
+        place_graph_def(other, lstm.profile, cluster())
+
+
+def test_graph_pass_bad_options(files):
+    lstm, _ = files
+    with pytest.raises(ConfigError, match="unknown placement method"):
+        place_graph_def(lstm.graph_def, lstm.profile, cluster(), PlacementOptions("nope"))
+    with pytest.raises(ConfigError, match="unknown grouper"):
+        place_graph_def(lstm.graph_def, lstm.profile, cluster(), PlacementOptions(grouper="tight"))
+
+
+def test_graph_pass_cannot_fit(files):
+    lstm, _ = files
+    before = lstm.graph_def.SerializeToString()
+    with pytest.raises(InfeasiblePlacementError, match="free"):
+        place_graph_def(lstm.graph_def, lstm.profile, cluster(2, 4096), PlacementOptions("m_etf"))
+    assert lstm.graph_def.SerializeToString() == before
+
+
+def test_graph_pass_not_a_graph_def(files):
+    lstm, _ = files
+    with pytest.raises(BaechiError):
+        place_graph_def("not a graph", lstm.profile, cluster())
+
+
+# ---------------------------------------------------------------- BaechiSession
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_devices=0), ConfigError, "at least one device"),
+        (dict(num_devices=2, placement_method="m_fast"), ConfigError, "unknown placement method"),
+        (dict(num_devices=2, memory_fraction=0), ConfigError, r"fraction"),
+        (dict(num_devices=2, memory_fraction=1.5), ConfigError, r"fraction"),
+        (dict(num_devices=2, memory_bytes_per_device=0), ConfigError, "memory"),
+    ],
+    ids=["zero devices", "unknown method", "fraction 0", "fraction 1.5", "zero memory"],
+)
+def test_session_arguments(kwargs, error, match):
+    model = build_lstm()
+    with pytest.raises(error, match=match):
+        BaechiSession(graph=model.graph, **kwargs)
+
+
+def test_session_graph_that_cannot_fit(tmp_path):
+    model = build_lstm()
+    with BaechiSession(graph=model.graph, num_devices=2, placement_method="m_etf",
+                       memory_bytes_per_device=4096) as sess:
+        with pytest.raises(InfeasiblePlacementError, match="free"):
+            sess.run(model.init)  # the first run of a fetch profiles and places the graph
