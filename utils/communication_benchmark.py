@@ -23,6 +23,15 @@ Devices: ``--device_type=GPU`` times GPU ``from_gpu_id`` -> GPU ``to_gpu_id``. `
 ``ConfigProto(device_count={"CPU": N})``, the stand-ins that train.py's ``--num_gpus`` uses; their
 transfers stay in one process's memory, so the line is that of TF's local Send/Recv, not of a bus.
 
+Across hosts: given ``--cluster_spec`` (a JSON cluster like TF_CONFIG's ``"cluster"``, or a
+file holding it) the benchmark asks the running cluster for its devices (those `baechi place`
+would place on: each task's GPUs, or its virtual CPU devices CPU:1..N) and measures two lines:
+inside the master's task (its devices ``from_gpu_id`` -> ``to_gpu_id``) and between the first
+two tasks. Clocks of two hosts differ, so the inter-host time is half a round trip timed on the
+first task's clock: ``from_op`` there, ``mid_op`` on the other task, ``to_op`` back on the first;
+``(start(to_op) - end(from_op) - duration(mid_op)) / 2``. It prints both lines and the flags
+``--comm_cost_coeffs=... --inter_host_comm_cost_coeffs=...``.
+
 ``--exponent`` defaults to 24 (up to 2^23 elements, 32 MiB), about 10 s on the CPU stand-ins of a
 2-core machine; the original's default was 30 (up to 2 GiB): pass ``--exponent=30`` on GPUs.
 """
@@ -63,6 +72,13 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_integer("num_warmup", 5, "Untimed runs per size.", lower_bound=0)
 flags.DEFINE_integer("num_runs", 20, "Traced runs per size.", lower_bound=1)
+flags.DEFINE_string(
+    "cluster_spec",
+    None,
+    "A running TF cluster (JSON like TF_CONFIG's \"cluster\", or a file holding it): measure "
+    "the line inside a task and the line between two tasks.",
+)
+flags.DEFINE_float("cluster_timeout", 30.0, "Seconds to wait for the cluster's tasks.")
 
 FLAGS = flags.FLAGS
 
@@ -102,6 +118,18 @@ def transfer_gap_us(step_stats) -> float:
     return (min(starts) - max(ends)) / 1000.0
 
 
+def round_trip_transfer_us(step_stats) -> float:
+    """Half of ``from_op -> mid_op -> to_op``'s gap less ``mid_op``'s own time, in microseconds.
+
+    ``from_op`` and ``to_op`` run on one host and ``mid_op``'s duration is measured on its own,
+    so no difference of two hosts' clocks enters the result.
+    """
+    mid = _event_times_ns(step_stats, "mid_op")
+    if not mid:
+        raise RuntimeError("the trace has no record of mid_op")
+    return (transfer_gap_us(step_stats) - sum(e - s for s, e in mid) / 1000.0) / 2.0
+
+
 def measure_transfer_us(
     num_elements: int,
     src: str,
@@ -110,8 +138,13 @@ def measure_transfer_us(
     *,
     num_warmup: int,
     num_runs: int,
+    target: str = "",
+    round_trip: bool = False,
 ) -> list[float]:
-    """Transfer times in us of a float32 [num_elements, 1] tensor from `src` to `dst`."""
+    """Transfer times in us of a float32 [num_elements, 1] tensor from `src` to `dst`.
+
+    With `round_trip`, the tensor goes to `dst` and back (`round_trip_transfer_us`).
+    """
     graph = tf.Graph()
     with graph.as_default():
         ones = tf1.ones_initializer()
@@ -122,18 +155,23 @@ def measure_transfer_us(
             from_op = tf.matmul(big, w_from, name="from_op")
         with tf.device(dst):
             w_to = tf1.get_variable("to_w", [1, 1], initializer=ones, use_resource=True)
-            to_op = tf.matmul(from_op, w_to, name="to_op").op
+            to_op = tf.matmul(from_op, w_to, name="mid_op" if round_trip else "to_op").op
+        if round_trip:
+            with tf.device(src):
+                w_back = tf1.get_variable("back_w", [1, 1], initializer=ones, use_resource=True)
+                to_op = tf.matmul(to_op.outputs[0], w_back, name="to_op").op
         init = tf1.global_variables_initializer()
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    gap = round_trip_transfer_us if round_trip else transfer_gap_us
     times = []
-    with tf1.Session(graph=graph, config=config) as sess:
+    with tf1.Session(target, graph=graph, config=config) as sess:
         sess.run(init)
         for _ in range(num_warmup):
             sess.run(to_op)
         for _ in range(num_runs):
             metadata = tf1.RunMetadata()
             sess.run(to_op, options=options, run_metadata=metadata)
-            times.append(transfer_gap_us(metadata.step_stats))
+            times.append(gap(metadata.step_stats))
     return times
 
 
@@ -154,28 +192,12 @@ def _device_type(requested: str) -> str:
     return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
 
-def main(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    src_id, dst_id = FLAGS.from_gpu_id, FLAGS.to_gpu_id
-    if src_id < 0 or dst_id < 0 or src_id == dst_id:
-        raise app.UsageError(
-            f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: give two different device indices >= 0"
-        )
-    device_type = _device_type(FLAGS.device_type)
-    num_devices = max(src_id, dst_id) + 1
-    if device_type == "GPU":
-        num_gpus = len(tf.config.list_physical_devices("GPU"))
-        if num_gpus < num_devices:
-            raise app.UsageError(
-                f"GPU {max(src_id, dst_id)} is wanted but this machine has {num_gpus} GPU(s): "
-                "use --device_type=CPU for virtual CPU devices"
-            )
-    src, dst = f"/device:{device_type}:{src_id}", f"/device:{device_type}:{dst_id}"
-    config = _config(device_type, num_devices)
+def _measure_line(src: str, dst: str, config: tf1.ConfigProto, *, target: str = "",
+                  round_trip: bool = False):
+    """Times every size from `src` to `dst` (progress on stderr) and fits the line."""
     print(f"Timing transfers {src} -> {dst} of 2^0 .. 2^{FLAGS.exponent - 1} float32 elements, "
-          f"{FLAGS.num_runs} traced runs each", flush=True)
-
+          f"{FLAGS.num_runs} traced runs each" + (" (half round trips)" if round_trip else ""),
+          flush=True)
     nbytes: list[float] = []
     times_us: list[float] = []
     dropped = 0
@@ -183,7 +205,8 @@ def main(argv: Sequence[str]) -> int:
     for e in range(FLAGS.exponent):
         n = 1 << e
         measured = measure_transfer_us(
-            n, src, dst, config, num_warmup=FLAGS.num_warmup, num_runs=FLAGS.num_runs
+            n, src, dst, config, num_warmup=FLAGS.num_warmup, num_runs=FLAGS.num_runs,
+            target=target, round_trip=round_trip,
         )
         kept = [t for t in measured if t > 0]
         dropped += len(measured) - len(kept)
@@ -195,10 +218,72 @@ def main(argv: Sequence[str]) -> int:
     if dropped:
         print(f"Dropped {dropped} run(s) whose to_op started before from_op ended", flush=True)
     fit = fit_comm_cost(nbytes, times_us)
-    a, b = fit.comm.slope_us_per_byte, fit.comm.intercept_us
     print(f"{fit.num_points} transfers of {fit.num_sizes} sizes in "
           f"{time.perf_counter() - started:.1f} s; rms relative error of the fit "
           f"{100 * fit.rms_relative_error:.1f}%")
+    return fit.comm
+
+
+def _cluster_pairs(src_id: int, dst_id: int):
+    """(target, intra-task pair, inter-task pair) of the cluster of --cluster_spec."""
+    from baechi_tf.errors import BaechiError
+    from baechi_tf.rewriter.distributed import discover_devices, parse_cluster_spec
+
+    try:
+        setup = discover_devices(spec=parse_cluster_spec(FLAGS.cluster_spec),
+                                 timeout_s=FLAGS.cluster_timeout)
+    except BaechiError as e:
+        raise app.UsageError(str(e)) from None
+    tasks: dict[str, list[str]] = {}
+    for device in setup.devices.cluster.devices:
+        tasks.setdefault(device.task, []).append(device.name)
+    if len(tasks) < 2:
+        raise app.UsageError(
+            f"the cluster has one task ({next(iter(tasks))}); give one of two or more tasks to "
+            "measure the line between hosts"
+        )
+    first, second = list(tasks.values())[:2]
+    if max(src_id, dst_id) >= len(first) or dst_id >= len(second):
+        raise app.UsageError(
+            f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: the tasks have {len(first)} and "
+            f"{len(second)} devices; give indices below those"
+        )
+    return setup.target, (first[src_id], first[dst_id]), (first[src_id], second[dst_id])
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    src_id, dst_id = FLAGS.from_gpu_id, FLAGS.to_gpu_id
+    if src_id < 0 or dst_id < 0 or src_id == dst_id:
+        raise app.UsageError(
+            f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: give two different device indices >= 0"
+        )
+    if FLAGS.cluster_spec:
+        from baechi_tf.rewriter.distributed import remote_session_config
+
+        target, intra, inter = _cluster_pairs(src_id, dst_id)
+        config = remote_session_config(_config("GPU", 0))
+        a = _measure_line(*intra, config, target=target)
+        c = _measure_line(*inter, config, target=target, round_trip=True)
+        print(f"Use it with: --comm_cost_coeffs={a.slope_us_per_byte:.6g},{a.intercept_us:.6g} "
+              f"--inter_host_comm_cost_coeffs={c.slope_us_per_byte:.6g},{c.intercept_us:.6g}")
+        print(f"Communication cost function: {a.slope_us_per_byte:.6g} x + {a.intercept_us:.6g}")
+        print(f"Inter-host communication cost function: {c.slope_us_per_byte:.6g} x + "
+              f"{c.intercept_us:.6g}")
+        return 0
+    device_type = _device_type(FLAGS.device_type)
+    num_devices = max(src_id, dst_id) + 1
+    if device_type == "GPU":
+        num_gpus = len(tf.config.list_physical_devices("GPU"))
+        if num_gpus < num_devices:
+            raise app.UsageError(
+                f"GPU {max(src_id, dst_id)} is wanted but this machine has {num_gpus} GPU(s): "
+                "use --device_type=CPU for virtual CPU devices"
+            )
+    src, dst = f"/device:{device_type}:{src_id}", f"/device:{device_type}:{dst_id}"
+    comm = _measure_line(src, dst, _config(device_type, num_devices))
+    a, b = comm.slope_us_per_byte, comm.intercept_us
     print(f"Use it with: --comm_cost_coeffs={a:.6g},{b:.6g}")
     print(f"Communication cost function: {a:.6g} x + {b:.6g}")
     return 0

@@ -10,11 +10,19 @@ the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``
 ``.txt``), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
 which then reports what did not match. On any error nothing is written and the inputs are left
 as they were.
+
+Across several hosts: with ``--cluster_spec`` (JSON like TF_CONFIG's ``"cluster"``, or a file
+holding it; default: ``TF_CONFIG``'s cluster when that is set) the devices are asked from the
+running cluster (`baechi_tf.rewriter.distributed.discover_devices`, within
+``--cluster_timeout`` seconds): every task's GPUs, or its virtual CPU devices CPU:1..N, under
+their full names, ``--num_devices`` per task (default: all). Transfers between tasks cost
+``--inter_host_comm_cost_coeffs`` (default: ``--comm_cost_coeffs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from typing import Any
 
@@ -23,6 +31,7 @@ from baechi_tf.errors import ConfigError, InvalidGraphError
 __all__ = ["add_arguments", "read_graph_file", "run"]
 
 _TEXT_SUFFIXES = (".pbtxt", ".txt", ".pbtext")
+_DEFAULT_NUM_DEVICES = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +53,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the placed graph (text when the name ends in .pbtxt or .txt)",
     )
     parser.add_argument(
-        "--num_devices", type=int, default=4, help="devices to place on (default: %(default)s)"
+        "--num_devices",
+        type=int,
+        default=None,
+        help=f"devices to place on (default: {_DEFAULT_NUM_DEVICES}); with --cluster_spec, "
+        "devices per task (default: all of each task's)",
+    )
+    parser.add_argument(
+        "--cluster_spec",
+        default=None,
+        metavar="JSON|FILE",
+        help="place across the tasks of a running TF cluster: a JSON cluster such as "
+        "'{\"worker\": [\"host0:2222\", \"host1:2222\"]}' (TF_CONFIG's \"cluster\") or a "
+        "file holding it; its devices are asked from the cluster (default: TF_CONFIG's cluster "
+        "when set, else this machine's devices)",
+    )
+    parser.add_argument(
+        "--cluster_timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with a cluster: how long to wait for its tasks to answer (default: %(default)s)",
     )
     parser.add_argument(
         "--device_type",
         default="GPU",
         choices=("GPU", "CPU"),
         help="GPU: /device:GPU:0..N-1; CPU: virtual CPU devices /device:CPU:1..N standing in "
-        "for GPUs (run with ConfigProto(device_count={'CPU': N + 1})) (default: %(default)s)",
+        "for GPUs (run with ConfigProto(device_count={'CPU': N + 1})); with --cluster_spec the "
+        "cluster's own devices are used (default: %(default)s)",
     )
     parser.add_argument(
         "--memory_per_device",
@@ -61,7 +91,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--comm_cost_coeffs",
         default="0.0001754,134",
-        help="transfer time 'slope,intercept' in us per byte and us (default: %(default)s)",
+        help="transfer time 'slope,intercept' in us per byte and us between devices of one "
+        "host (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--inter_host_comm_cost_coeffs",
+        default=None,
+        help="transfer time 'slope,intercept' between devices of different hosts (TF tasks) "
+        "(default: --comm_cost_coeffs)",
     )
     parser.add_argument(
         "--allow_profile_mismatch",
@@ -126,15 +163,39 @@ def run(args: argparse.Namespace) -> int:
     from baechi_tf.cluster import CommCost
     from baechi_tf.cost_model.profile import load_profile
     from baechi_tf.rewriter.devices import gpu_cluster, resolve_memory, standin_cluster
+    from baechi_tf.rewriter.distributed import cluster_from_flags, placement_by_host
     from baechi_tf.rewriter.graph_pass import place_graph_def
 
     options = options_from_args(args)
     memory = resolve_memory(args.memory_per_device)
     comm = CommCost.parse(args.comm_cost_coeffs)
-    make = standin_cluster if args.device_type == "CPU" else gpu_cluster
-    setup = make(args.num_devices, memory, comm=comm)
+    inter = (
+        CommCost.parse(args.inter_host_comm_cost_coeffs)
+        if args.inter_host_comm_cost_coeffs
+        else None
+    )
     if os.path.abspath(args.out) in (os.path.abspath(args.graph), os.path.abspath(args.cost_path)):
         raise ConfigError(f"--out {args.out!r} would overwrite an input; write elsewhere")
+    remote = cluster_from_flags(
+        args.cluster_spec,
+        num_devices=args.num_devices,
+        memory_per_device=args.memory_per_device,
+        comm_cost_coeffs=args.comm_cost_coeffs,
+        inter_host_comm_cost_coeffs=args.inter_host_comm_cost_coeffs,
+        timeout_s=args.cluster_timeout,
+    )
+    if remote is not None:
+        setup = remote.devices
+        print(f"cluster at {remote.target}: {setup.cluster.num_devices} devices on "
+              f"{len({d.task for d in setup.cluster.devices})} tasks")
+    else:
+        make = standin_cluster if args.device_type == "CPU" else gpu_cluster
+        num_devices = _DEFAULT_NUM_DEVICES if args.num_devices is None else args.num_devices
+        setup = make(num_devices, memory, comm=comm)
+        if inter is not None:
+            setup = dataclasses.replace(
+                setup, cluster=dataclasses.replace(setup.cluster, inter_task_comm=inter)
+            )
     profile = load_profile(args.cost_path)
     msg, is_meta, _ = read_graph_file(args.graph)
     graph_def = msg.graph_def if is_meta else msg
@@ -155,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         out_msg = placed
     print(report.summary())
+    if remote is not None:
+        print("\nplacement per host:\n" + placement_by_host(report.op_to_device))
     if args.out.endswith(_TEXT_SUFFIXES):
         atomic_write(args.out, text_format.MessageToString(out_msg))
     else:

@@ -23,7 +23,12 @@ loop through a `BaechiSession` therefore computes what a plain session computes,
 
 Devices come from `baechi_tf.rewriter.devices.session_devices`: the GPUs when there are
 `num_devices` of them, else virtual CPU devices standing in for GPUs (`memory_bytes_per_device`
-each). Unless `grappler=True`, Grappler and the classic graph optimizer are off in the sessions
+each). Against a cluster of TF servers (``target="grpc://host:port"``, or ``cluster_spec=`` whose
+master is then the target) they come from the cluster instead
+(`baechi_tf.rewriter.distributed.discover_devices`, within `connect_timeout_s`): the devices of
+every task, `num_devices` being then a number per task (None: all); transfers between tasks cost
+`inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
+sessions whose state is isolated from each other's. Unless `grappler=True`, Grappler and the classic graph optimizer are off in the sessions
 this class makes, so ops run where they were placed and keep their names.
 
 Only variables carry over from one session to the next: the state of iterators, lookup tables,
@@ -44,6 +49,13 @@ from baechi_tf.rewriter.devices import (
     DeviceSetup,
     session_config,
     session_devices,
+)
+from baechi_tf.rewriter.distributed import (
+    DEFAULT_TIMEOUT_S,
+    discover_devices,
+    is_remote_target,
+    parse_cluster_spec,
+    remote_session_config,
 )
 from baechi_tf.rewriter.graph_pass import PlacementReport, place_graph_def
 from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
@@ -173,6 +185,9 @@ class BaechiSession:
         memory_fraction: float = 1.0,
         options: Optional[PlacementOptions] = None,
         comm: CommCost = DEFAULT_COMM,
+        inter_host_comm: Optional[CommCost] = None,
+        cluster_spec: Any = None,
+        connect_timeout_s: float = DEFAULT_TIMEOUT_S,
         warmup_steps: int = 2,
         profile_steps: int = 5,
         cost_path: Optional[str] = None,
@@ -210,21 +225,46 @@ class BaechiSession:
                 f"profile_steps={profile_steps}, warmup_steps={warmup_steps}: trace at least one "
                 "step and warm up zero or more"
             )
-        if num_devices is None:
-            num_devices = max(1, len(tf.config.list_physical_devices("GPU")))
+        spec = parse_cluster_spec(cluster_spec) if cluster_spec is not None else None
+        if spec is not None and not target:
+            target = spec.target
         self._graph = graph
         self._user_session = sess
         self._options = options
-        self._setup: DeviceSetup = session_devices(
-            num_devices,
-            memory_bytes_per_device=memory_bytes_per_device,
-            memory_fraction=memory_fraction,
-            comm=comm,
-            config=config,
-        )
+        remote = is_remote_target(target)
+        if remote:
+            self._setup: DeviceSetup = discover_devices(
+                target,
+                spec=spec,
+                num_devices_per_task=num_devices,
+                memory_bytes_per_device=memory_bytes_per_device,
+                memory_fraction=memory_fraction,
+                comm=comm,
+                inter_host_comm=inter_host_comm,
+                timeout_s=connect_timeout_s,
+                config=config,
+            ).devices
+        else:
+            if spec is not None:
+                raise ConfigError(
+                    f"cluster_spec= was given with target={target!r}; target the cluster "
+                    "('grpc://host:port' of one of its tasks) or leave target empty"
+                )
+            if num_devices is None:
+                num_devices = max(1, len(tf.config.list_physical_devices("GPU")))
+            self._setup = session_devices(
+                num_devices,
+                memory_bytes_per_device=memory_bytes_per_device,
+                memory_fraction=memory_fraction,
+                comm=comm,
+                config=config,
+            )
         self._run_config = session_config(self._setup, config, grappler=grappler)
         profile_config = session_config(self._setup, config, grappler=False)
         profile_config.allow_soft_placement = True
+        if remote:  # profiling and placed sessions must not share variables on the servers
+            self._run_config = remote_session_config(self._run_config)
+            profile_config = remote_session_config(profile_config)
         self._profile_config = profile_config
         self._target = target
         self._warmup_steps = warmup_steps

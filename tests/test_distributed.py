@@ -1,0 +1,480 @@
+"""Several hosts: cluster specs, device discovery, local workers, placing and training on them.
+
+The workers are ``tf.distribute.Server`` processes on loopback ports of this machine, two virtual
+devices each. Nothing here sleeps: waits are on pipes (select), on process exits (pidfds,
+``Popen.wait(timeout)``) and on ports, each with a deadline.
+"""
+
+import json
+import os
+import pathlib
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from baechi_tf import BaechiSession, CommCost, ConfigError
+from baechi_tf.cli import main as baechi_main
+from baechi_tf.cost_model import profile_fetch, profiling_config, save_profile
+from baechi_tf.rewriter.distributed import (
+    ClusterSpec,
+    ClusterUnreachableError,
+    cluster_from_flags,
+    devices_from_listing,
+    discover_devices,
+    parse_cluster_spec,
+    placement_by_host,
+    remote_session_config,
+    resolve_cluster_spec,
+    start_local_workers,
+)
+from tf_models import build_lstm, profiled_lstm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+W0, W1 = "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
+STEPS = 3
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids, timeout_s: float = 20.0) -> list:
+    """Waits on a pidfd per process until each has exited; returns those still alive."""
+    deadline = time.monotonic() + timeout_s
+    alive = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            while not _gone(pid):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    alive.append(pid)
+                    break
+                select.select([fd], [], [], remaining)
+        finally:
+            os.close(fd)
+    return alive
+
+
+def read_line_matching(proc: subprocess.Popen, pattern: str, timeout_s: float) -> re.Match:
+    """Reads `proc`'s stdout until a line matches `pattern`, with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    fd = proc.stdout.fileno()
+    buffer = b""
+    while True:
+        for line in buffer.decode(errors="replace").splitlines():
+            match = re.search(pattern, line)
+            if match:
+                return match
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no line matching {pattern!r} within {timeout_s} s: {buffer!r}"
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if readable:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"stdout closed before a line matched {pattern!r}: {buffer!r}"
+            buffer += chunk
+
+
+def _env() -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def _ports_closed(spec: ClusterSpec) -> bool:
+    for task in spec.tasks:
+        host, port = task.address.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return False
+        except OSError:
+            pass
+    return True
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with start_local_workers(2, 2) as w:
+        yield w
+    assert wait_gone(w.pids) == []
+
+
+# ---------------------------------------------------------------------------- cluster specs
+
+
+SPEC = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"], "chief": ["127.0.0.1:2221"]}
+
+
+def test_cluster_spec_from_json_a_file_and_tf_config(tmp_path):
+    spec = parse_cluster_spec(json.dumps(SPEC))
+    assert spec.as_dict() == SPEC
+    assert spec.master.name == "/job:chief/replica:0/task:0"
+    assert spec.target == "grpc://127.0.0.1:2221"
+    assert [t.name for t in spec.tasks] == ["/job:chief/replica:0/task:0", W0, W1]
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"cluster": SPEC, "task": {"type": "worker", "index": 1}}))
+    assert parse_cluster_spec(str(path)) == spec
+    assert parse_cluster_spec(path) == spec
+    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:3000"]}})}
+    assert resolve_cluster_spec(None, env).as_dict() == {"worker": ["127.0.0.1:3000"]}
+    assert resolve_cluster_spec(json.dumps(SPEC), env) == spec  # the flag wins
+    assert resolve_cluster_spec(None, {}) is None
+    assert resolve_cluster_spec("", {"TF_CONFIG": "{}"}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('{"worker": ["127.0.0.1"]}', r"not 'host:port'"),
+        ('{"worker": "127.0.0.1:1"}', r"give a list of 'host:port' addresses"),
+        ('{"worker": ["a:1", "a:1"]}', r"share the address 'a:1'; give each task its own port"),
+        ('{"worker": []}', r"has no task"),
+        ('{"worker": [', r"not valid JSON"),
+        ("/no/such/cluster.json", r"cannot read cluster spec file '/no/such/cluster.json'"),
+    ],
+)
+def test_bad_cluster_specs_say_what_to_fix(text, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_cluster_spec(text)
+
+
+def test_malformed_tf_config_is_named():
+    with pytest.raises(ConfigError, match="TF_CONFIG environment variable is not valid JSON"):
+        resolve_cluster_spec(None, {"TF_CONFIG": "{oops"})
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def _listing(gpus_on_task1: int = 0):
+    listed = [(f"{W0}/device:CPU:{i}", "CPU", 1 << 28) for i in range(3)]
+    listed += [(f"{W1}/device:CPU:{i}", "CPU", 1 << 28) for i in range(3 if not gpus_on_task1 else 1)]
+    listed += [(f"{W1}/device:GPU:{i}", "GPU", 1 << 30) for i in range(gpus_on_task1)]
+    return listed
+
+
+def test_every_tasks_standins_become_targets_with_full_names():
+    fast, slow = CommCost(0.0001, 10), CommCost(0.001, 500)
+    setup = devices_from_listing(_listing(), memory_bytes_per_device=1 << 30, comm=fast,
+                                 inter_host_comm=slow)
+    assert setup.cluster.names == (
+        f"{W0}/device:CPU:1", f"{W0}/device:CPU:2", f"{W1}/device:CPU:1", f"{W1}/device:CPU:2")
+    assert setup.host.name == f"{W0}/device:CPU:0"
+    assert setup.virtual and setup.num_cpus == 0
+    assert setup.aliases == {"device:GPU:0": f"{W0}/device:CPU:1", "device:GPU:1": f"{W0}/device:CPU:2"}
+    assert setup.cluster.link(0, 1) == fast and setup.cluster.link(2, 3) == fast
+    assert setup.cluster.link(1, 2) == slow and setup.cluster.link(3, 0) == slow
+    # The master's task comes first, whatever the listing's order.
+    again = devices_from_listing(list(reversed(_listing())), master_task=W1)
+    assert again.cluster.names[0] == f"{W1}/device:CPU:1" and again.host.name == f"{W1}/device:CPU:0"
+
+
+def test_gpus_are_taken_where_a_task_has_them():
+    setup = devices_from_listing(_listing(gpus_on_task1=2), num_devices_per_task=2,
+                                 memory_fraction=0.5)
+    assert setup.cluster.names[2:] == (f"{W1}/device:GPU:0", f"{W1}/device:GPU:1")
+    assert [d.memory_bytes for d in setup.cluster.devices[2:]] == [1 << 29, 1 << 29]
+    assert {d.type for d in setup.cluster.devices} == {"CPU", "GPU"}
+
+
+def test_too_few_devices_on_a_task_say_how_to_start_it():
+    with pytest.raises(ConfigError, match=r"task /job:worker/replica:0/task:0 has 2 virtual CPU "
+                       r"devices .* but 3 devices per task .*--num_devices=3"):
+        devices_from_listing(_listing(), num_devices_per_task=3)
+    bare = [(f"{W0}/device:CPU:0", "CPU", 1 << 28)]
+    with pytest.raises(ConfigError, match=r"has no GPU and no CPU device but its host CPU:0: "
+                       r"start its server with N \+ 1 virtual CPU devices"):
+        devices_from_listing(bare)
+
+
+def test_placement_by_host_counts_ops_per_task_and_device():
+    text = placement_by_host({"a": f"{W0}/device:CPU:1", "b": f"{W1}/device:CPU:2",
+                              "c": f"{W1}/device:CPU:2", "d": f"{W1}/device:CPU:1"})
+    assert text.splitlines() == [
+        f"{W0}: 1 ops (device:CPU:1: 1)",
+        f"{W1}: 3 ops (device:CPU:1: 1, device:CPU:2: 2)",
+    ]
+
+
+# ---------------------------------------------------------------------------- unreachable
+
+
+def test_an_absent_worker_is_named_within_the_timeout():
+    # Task 0's port accepts connections (a bare listener); nothing listens on task 1's.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        up = f"127.0.0.1:{listener.getsockname()[1]}"
+        down = f"127.0.0.1:{_free_port()}"
+        spec = ClusterSpec((("worker", (up, down)),))
+        started = time.monotonic()
+        with pytest.raises(ClusterUnreachableError) as info:
+            discover_devices(spec=spec, timeout_s=1.0)
+        assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert f"task {W1} at {down}" in message and up not in message.split("(python")[0]
+    assert "python -m baechi_tf.rewriter.distributed" in message and "--task_index=1" in message
+
+
+def test_a_session_on_an_unreachable_target_fails_fast():
+    target = f"grpc://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ClusterUnreachableError, match=r"cannot reach the server at 127\.0\.0\.1:\d+ "
+                       r"\(Connection refused\) within 1 s: start the TensorFlow server"):
+        BaechiSession(graph=tf.Graph(), target=target, connect_timeout_s=1.0)
+    assert time.monotonic() - started < 10
+
+
+def test_a_port_that_is_no_tensorflow_server_fails_within_the_timeout():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(ClusterUnreachableError,
+                           match=rf"the TensorFlow server at {address} did not list its cluster's "
+                           r"devices within 1\.5 s"):
+            BaechiSession(graph=tf.Graph(), target=f"grpc://{address}", connect_timeout_s=1.5)
+        assert time.monotonic() - started < 15
+
+
+def test_no_cluster_means_one_machine(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_from_flags(None) is None
+
+
+# ---------------------------------------------------------------------------- two workers
+
+
+def _losses(sess, model, steps=STEPS):
+    return [sess.run([model.loss, model.train_op], model.feed(i))[0] for i in range(steps)]
+
+
+def test_training_across_two_workers_equals_one_process_and_stops_them():
+    model = build_lstm()
+    with tf.compat.v1.Session(graph=model.graph) as plain:
+        plain.run(model.init)
+        expected = _losses(plain, model)
+    full_trace = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    with start_local_workers(2, 2) as workers:
+        assert len(set(workers.pids)) == 2
+        with BaechiSession(
+            graph=model.graph, target=workers.target, placement_method="m_topo",
+            comm=CommCost(0.0001, 10), inter_host_comm=CommCost(0.001, 500),
+            warmup_steps=0, profile_steps=1,
+        ) as sess:
+            sess.run(model.init)
+            losses = _losses(sess, model)
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run([model.loss, model.train_op], model.feed(0), options=full_trace,
+                     run_metadata=metadata)
+            report = sess.placement
+            placed_def = sess.placed_graph_def
+            listed = {d.name for d in sess.list_devices()}
+        assert listed == {f"{t}/device:CPU:{i}" for t in (W0, W1) for i in range(3)}
+        cluster = report.result.cluster
+        assert cluster.link(0, 2) == CommCost(0.001, 500) and cluster.link(0, 1) == CommCost(0.0001, 10)
+        # Profiling on the cluster: the traced step stats of the placed graph hold both tasks.
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.graph_util.import_graph_def(placed_def, name="")
+        config = remote_session_config(profiling_config())
+        with tf.compat.v1.Session(workers.target, graph=graph, config=config) as s:
+            s.run(model.init.name)
+            profile = profile_fetch(s, [model.loss.name, model.train_op.name],
+                                    model.feed_by_name(0), warmup_steps=0, traced_steps=1)
+        assert {c.device.split("/device:")[0] for c in profile.ops.values()} == {W0, W1}
+    assert wait_gone(workers.pids) == []
+    assert _ports_closed(workers.spec)
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    # The traced step ran ops on both tasks, each where the placement put it.
+    ran = {}
+    for dev in metadata.step_stats.dev_stats:
+        for node in dev.node_stats:
+            ran.setdefault(node.node_name, set()).add(dev.device)
+    placed = [n for n in ran if n in report.op_to_device]
+    assert len(placed) > 300
+    assert all(ran[n] == {report.op_to_device[n]} for n in placed)
+    assert {d.split("/device:")[0] for n in placed for d in ran[n]} == {W0, W1}
+
+
+def test_an_error_inside_stops_the_workers():
+    with pytest.raises(RuntimeError, match="boom"):
+        with start_local_workers(1, 1) as workers:
+            pids = workers.pids
+            raise RuntimeError("boom")
+    assert wait_gone(pids) == []
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    code = (
+        "import sys\n"
+        "from baechi_tf.rewriter.distributed import start_local_workers\n"
+        "w = start_local_workers(1, 1)\n"
+        "print('pids', *w.pids, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with open(tmp_path / "parent.log", "wb") as log:
+        parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=log, env=_env())
+    try:
+        pids = [int(p) for p in read_line_matching(parent, r"^pids ([\d ]+)$", 120).group(1).split()]
+        assert not any(_gone(p) for p in pids)  # running
+        parent.kill()  # no atexit, no cleanup: only the closed stdin tells the workers
+        parent.wait(timeout=30)
+        assert wait_gone(pids) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=30)
+        parent.stdin.close()
+        parent.stdout.close()
+
+
+def test_baechi_place_against_the_cluster(workers, tmp_path, capsys, monkeypatch):
+    lstm = profiled_lstm()
+    graph, cost, out = tmp_path / "g.pb", tmp_path / "cost.pb", tmp_path / "placed.pb"
+    graph.write_bytes(lstm.graph_def.SerializeToString())
+    save_profile(lstm.profile, cost)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert baechi_main(["place", "--graph", str(graph), "--cost_path", str(cost), "--out", str(out),
+                        "--cluster_spec", workers.spec.to_json(), "--placement_method", "m_topo",
+                        "--comm_cost_coeffs", "0.0001,10",
+                        "--inter_host_comm_cost_coeffs", "0.001,500"]) == 0
+    printed = capsys.readouterr().out
+    assert f"cluster at {workers.target}: 4 devices on 2 tasks" in printed
+    assert "placement per host:" in printed and f"{W0}: " in printed and f"{W1}: " in printed
+    placed = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    devices = {n.device for n in placed.node}
+    assert devices <= {f"{t}/device:CPU:{i}" for t in (W0, W1) for i in (1, 2)}
+    assert {d.split("/device:")[0] for d in devices} == {W0, W1}
+    # The placed graph runs on the cluster and trains like the unplaced one.
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(placed, name="")
+    model = lstm.model
+    with tf.compat.v1.Session(workers.target, graph=g, config=remote_session_config()) as s:
+        s.run(model.init.name)
+        got = [s.run([model.loss.name, model.train_op.name], model.feed_by_name(i))[0]
+               for i in range(2)]
+    with tf.compat.v1.Session(graph=model.graph) as s:
+        s.run(model.init)
+        want = [s.run([model.loss, model.train_op], model.feed(i))[0] for i in range(2)]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # TF_CONFIG stands in for --cluster_spec; --num_devices is then per task.
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": workers.spec.as_dict()}))
+    assert baechi_main(["place", "--graph", str(graph), "--cost_path", str(cost), "--out", str(out),
+                        "--num_devices", "1", "--placement_method", "m_topo"]) == 0
+    assert f"cluster at {workers.target}: 2 devices on 2 tasks" in capsys.readouterr().out
+    placed = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert {n.device for n in placed.node} <= {f"{W0}/device:CPU:1", f"{W1}/device:CPU:1"}
+
+
+def test_cluster_from_flags_for_train_py(workers, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    setup = cluster_from_flags(workers.spec.to_json(), num_devices=2, memory_per_device="1GiB",
+                               comm_cost_coeffs="0.0001,10", inter_host_comm_cost_coeffs="0.001,500")
+    assert setup.target == workers.target and setup.spec == workers.spec
+    assert setup.devices.cluster.num_devices == 4
+    assert {d.memory_bytes for d in setup.devices.cluster.devices} == {1 << 30}
+    assert setup.devices.cluster.link(1, 2) == CommCost(0.001, 500)
+
+
+def test_communication_benchmark_measures_both_links(workers):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "utils" / "communication_benchmark.py"),
+         f"--cluster_spec={workers.spec.to_json()}", "--exponent=3", "--num_warmup=0",
+         "--num_runs=2"],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert f"{W0}/device:CPU:1 -> {W0}/device:CPU:2 of 2^0 .. 2^2" in out
+    assert f"{W0}/device:CPU:1 -> {W1}/device:CPU:2 of 2^0 .. 2^2" in out
+    assert "(half round trips)" in out
+    intra = re.search(r"^Communication cost function: (\S+) x \+ (\S+)$", out, re.M)
+    inter = re.search(r"^Inter-host communication cost function: (\S+) x \+ (\S+)$", out, re.M)
+    assert intra and inter, out
+    assert all(float(v) >= 0 for v in intra.groups() + inter.groups())
+    assert (f"--comm_cost_coeffs={intra.group(1)},{intra.group(2)} "
+            f"--inter_host_comm_cost_coeffs={inter.group(1)},{inter.group(2)}") in out
+
+
+# ---------------------------------------------------------------------------- the example
+
+
+def _example(tmp_path, *args):
+    log = open(tmp_path / "example.err", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "multi_host.py"), "--steps", "2",
+         "--max_seq_length", "3", "--num_layers", "2", *args],
+        stdout=subprocess.PIPE, stderr=log, env=_env(),
+    )
+    log.close()
+    return proc
+
+
+def _started(proc) -> list:
+    line = read_line_matching(proc, r"^workers started: (.*)$", 120).group(1)
+    return [int(p) for p in re.findall(r"\(pid (\d+)\)", line)]
+
+
+def test_example_places_gnmt_across_two_workers_and_stops_them(tmp_path):
+    proc = _example(tmp_path)
+    try:
+        pids = _started(proc)
+        assert len(pids) == 2
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    text = out.decode()
+    assert proc.returncode == 0, (tmp_path / "example.err").read_text()[-3000:]
+    assert re.search(r"^placement per host \(m_etf, \d+ ops\):$", text, re.M), text
+    hosts = re.findall(r"^/job:worker/replica:0/task:(\d): (\d+) ops \(", text, re.M)
+    assert hosts and {t for t, _ in hosts} <= {"0", "1"}
+    assert re.search(r"^step time: [\d.]+ ms \(median of the 1 steps after the first\)$", text, re.M)
+    assert text.rstrip().endswith("workers stopped")
+    assert wait_gone(pids) == []
+
+
+def test_example_stops_its_workers_on_ctrl_c(tmp_path):
+    proc = _example(tmp_path)
+    try:
+        pids = _started(proc)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        proc.stdout.close()
+    assert proc.returncode == 130, (tmp_path / "example.err").read_text()[-3000:]
+    assert "interrupted: workers stopped" in (tmp_path / "example.err").read_text()
+    assert wait_gone(pids) == []
