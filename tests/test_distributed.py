@@ -263,6 +263,20 @@ def test_a_port_that_is_no_tensorflow_server_fails_within_the_timeout():
         assert time.monotonic() - started < 15
 
 
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ([], "give --cluster_spec or set TF_CONFIG"),
+        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--task_index=3"],
+         "task worker:3 is not in the cluster spec"),
+    ],
+)
+def test_a_worker_with_a_bad_task_says_so(args, match):
+    done = subprocess.run([sys.executable, "-m", "baechi_tf.rewriter.distributed", *args],
+                          capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 2 and match in done.stderr
+
+
 def test_no_cluster_means_one_machine(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cluster_from_flags(None) is None

@@ -498,34 +498,42 @@ def discover_devices(
     return DistributedSetup(spec=spec, target=target, devices=devices)
 
 
+def _comm(value: Union[str, CommCost, None]) -> Optional[CommCost]:
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, CommCost) else CommCost.parse(value)
+
+
 def cluster_from_flags(
     cluster_spec: Optional[str] = None,
     *,
     num_devices: Optional[int] = None,
-    memory_per_device: Optional[str] = None,
+    memory_per_device: Union[str, int, None] = None,
     memory_fraction: float = 1.0,
-    comm_cost_coeffs: Optional[str] = None,
-    inter_host_comm_cost_coeffs: Optional[str] = None,
+    comm_cost_coeffs: Union[str, CommCost, None] = None,
+    inter_host_comm_cost_coeffs: Union[str, CommCost, None] = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    config: Any = None,
     environ: Optional[Mapping[str, str]] = None,
 ) -> Optional[DistributedSetup]:
     """The cluster of ``--cluster_spec`` (else ``TF_CONFIG``) and its devices; None when neither
-    is set (one machine). The arguments are the command-line flags' values, unparsed:
-    `num_devices` is per task (None: every device of each task), `memory_per_device` as '8GiB',
-    the coefficients as 'slope,intercept' (`inter_host_comm_cost_coeffs` None: same as intra)."""
+    is set (one machine). The arguments are the command-line flags' values: `num_devices` per
+    task (None: every device of each task), `memory_per_device` as '8GiB' or bytes, the
+    coefficients as 'slope,intercept' or `CommCost` (`inter_host_comm_cost_coeffs` None: the
+    intra-host line), `config` the sessions' base ``ConfigProto``."""
     spec = resolve_cluster_spec(cluster_spec, environ)
     if spec is None:
         return None
-    comm = CommCost.parse(comm_cost_coeffs) if comm_cost_coeffs else DEFAULT_COMM
-    inter = CommCost.parse(inter_host_comm_cost_coeffs) if inter_host_comm_cost_coeffs else None
+    memory = memory_per_device if isinstance(memory_per_device, int) else resolve_memory(memory_per_device)
     return discover_devices(
         spec=spec,
         num_devices_per_task=num_devices,
-        memory_bytes_per_device=resolve_memory(memory_per_device),
+        memory_bytes_per_device=memory,
         memory_fraction=memory_fraction,
-        comm=comm,
-        inter_host_comm=inter,
+        comm=_comm(comm_cost_coeffs) or DEFAULT_COMM,
+        inter_host_comm=_comm(inter_host_comm_cost_coeffs),
         timeout_s=timeout_s,
+        config=config,
     )
 
 

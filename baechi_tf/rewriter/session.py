@@ -28,8 +28,9 @@ master is then the target) they come from the cluster instead
 (`baechi_tf.rewriter.distributed.discover_devices`, within `connect_timeout_s`): the devices of
 every task, `num_devices` being then a number per task (None: all); transfers between tasks cost
 `inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
-sessions whose state is isolated from each other's. Unless `grappler=True`, Grappler and the classic graph optimizer are off in the sessions
-this class makes, so ops run where they were placed and keep their names.
+sessions whose state is isolated from each other's. Unless `grappler=True`, Grappler and the
+classic graph optimizer are off in the sessions this class makes, so ops run where they were
+placed and keep their names.
 
 Only variables carry over from one session to the next: the state of iterators, lookup tables,
 queues and random number generators starts afresh in each placed session.
