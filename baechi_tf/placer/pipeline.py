@@ -12,7 +12,8 @@ import time
 from typing import Callable, Mapping, Optional
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError
+from baechi_tf._steps import Steps
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
@@ -237,23 +238,8 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     placer_cluster = (
         cluster if options.memory_fraction == 1.0 else cluster.with_memory_fraction(options.memory_fraction)
     )
-    done: list[str] = []
-    seconds: dict[str, float] = {}
     t_all = time.perf_counter()
-
-    def step(name: str, fn: Callable[[], object]):
-        t0 = time.perf_counter()
-        try:
-            value = fn()
-        except BaechiError as e:
-            if str(e).startswith("step '"):
-                raise  # an inner pipeline already named its step
-            ran = f" (after {', '.join(done)})" if done else ""
-            raise type(e)(f"step '{name}' failed{ran}: {e}") from e
-        seconds[name] = time.perf_counter() - t0
-        done.append(name)
-        log.debug("step %s took %.3f s", name, seconds[name])
-        return value
+    step = Steps()
 
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
@@ -272,7 +258,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         lower_bound_us=bound,
         single_device_makespan_us=None if baseline is None else baseline.makespan_us,
         placement_seconds=time.perf_counter() - t_all,
-        step_seconds=seconds,
+        step_seconds=step.seconds,
         candidates=auto.candidates if auto else None,
         refine_stats=auto.refine_stats if auto else None,
     )

@@ -25,7 +25,8 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster, Device
 from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
-from baechi_tf.errors import BaechiError, InfeasiblePlacementError, InvalidGraphError
+from baechi_tf._steps import Steps
+from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import colocation_groups
@@ -176,21 +177,7 @@ def place_graph_def(
         profile = load_profile(profile)
     if host_device is None:
         host_device = default_host_device(cluster.devices[0].task)
-    seconds: dict[str, float] = {}
-    done: list[str] = []
-
-    def step(name: str, fn):
-        t0 = time.perf_counter()
-        try:
-            value = fn()
-        except BaechiError as e:
-            if str(e).startswith("step '"):
-                raise  # an inner pipeline already named its step
-            ran = f" (after {', '.join(done)})" if done else ""
-            raise type(e)(f"step '{name}' failed{ran}: {e}") from e
-        seconds[name] = time.perf_counter() - t0
-        done.append(name)
-        return value
+    step = Steps()
 
     imported = step(
         "import",
@@ -215,7 +202,7 @@ def place_graph_def(
         host_device=imported.host_device,
         mismatch=imported.mismatch,
         notes=imported.notes,
-        step_seconds=seconds,
+        step_seconds=step.seconds,
     )
     log.info(
         "placed %d ops on %d devices: makespan %.0f us, lower bound %.0f us",
