@@ -11,8 +11,11 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'
 	touch $(STAMP)
 
+# GNMT v2 placed by BaechiSession on four devices, at a size that takes about two minutes on a
+# 2-core machine without GPUs (examples/gnmt_v2.py without flags is the seed's size).
 demo: $(STAMP)
-	$(PY) -m baechi_tf place-json examples/fork_join.json --placement_method m_etf
+	$(PY) examples/gnmt_v2.py --batch_size=32 --vocab_size=8000 --max_seq_length=16 \
+		--rnn_units=128 --num_layers=4 --steps=5
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

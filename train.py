@@ -1,23 +1,651 @@
-"""STUB, only to prove that `bazel build :train` and `bazel-bin/train --help` work.
+"""The original Baechi workflow (SoCC 2020): profile a model, then place it and measure its steps.
 
-The real train.py (profiling with --costgen, placement, step times; issue 5) replaces this file.
+    bazel build :train
+    ./bazel-bin/train --costgen --cost_path=/tmp/cost.pkl --model_name=gnmt_v2 ... --num_gpus=4
+    ./bazel-bin/train --cost_path=/tmp/cost.pkl (same model flags) --placement_method=m_etf
+
+**Profiling** (``--costgen``) builds the model with synthetic inputs (the training graph, or only
+the forward graph with ``--only_forward``), lays it out with the model's own hand ("expert")
+layout over ``--num_gpus`` devices, as the original did through the models' ``tf.device``
+annotations (GNMT and the Transformer spread their layers round-robin; Inception-v3 runs on
+device 0), runs ``--profile_warmup_steps`` untimed steps, then ``--profile_steps`` steps of which
+every ``--profile_every_n_steps``-th is traced (FULL_TRACE) and the others timed, and writes the
+traces' `CostProfile` to ``--cost_path``. The file is a protobuf message whatever its name (the
+original's ``/tmp/cost.pkl`` is kept as a path only; nothing is ever pickled or unpickled).
+
+**Placement** (no ``--costgen``) rebuilds the same graph, loads the profile (taken on the same
+graph: checked by fingerprint), places it with ``--placement_method`` (``m_topo``, ``m_etf``,
+``m_sct``, ``heft``, ``auto``, or the baselines ``single``, everything on one device, and
+``expert``, the model's hand layout), prints the placement summary, the placement time and the
+simulated step time, then runs the placed graph: ``--warmup_steps`` untimed steps, ``--timed_steps``
+timed ones and one traced step, whose step stats show where each op really ran.
+
+**Devices**: ``--num_gpus`` GPUs when the machine has that many; otherwise ``--num_gpus`` virtual
+CPU devices stand in for them (CPU:1..N, with ``--memory_per_device`` each; CPU:0 is the host,
+which runs only what must run on a host).
+
+**How the placed graph is run, and ``--only_forward``.** The placer returns a placed *GraphDef*.
+Importing it (``tf.import_graph_def``) would give a graph without ``tf.Variable`` objects, which an
+optimizer needs to build its training ops, so train.py instead rebuilds the model (same flags,
+same op names: the graph is deterministic, and the profile's fingerprint checks it) under a device
+function that gives each op the device of the op of the same name in the placed GraphDef. With
+``--only_forward`` only the forward graph was profiled and placed; the training ops are built
+afterwards, outside that device function, with ``colocate_gradients_with_ops=True``: TF builds each
+gradient inside ``colocate_with(forward op)``, so it takes the forward op's device and colocation
+group, and the optimizer's slots and updates are colocated with their variables (spec 1.5). Ops
+that neither get (global step) run on TF's default device. The traced step then checks that every
+op ran where it was put.
+
+Errors in flags or files: one line on stderr and exit status 2.
 """
 
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
 import sys
+import time
+from typing import Any, Callable, Mapping, Optional
 
-from absl import app, flags
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-flags.DEFINE_string("model_name", "inception_v3", "Model to build (stub: not used yet).")
+from absl import app, flags  # noqa: E402
+
+from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
+from baechi_tf.models import MODEL_NAMES  # noqa: E402
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+
+_DEFAULTS = PlacementOptions()
+_OPTIMIZERS = ("adadelta", "adagrad", "adam", "ftrl", "momentum", "sgd", "rmsprop")
+_MODEL = "(default: the model's own; see baechi_tf/models)"
+
+# --- flags of the original's train.py (spec 1.1) -------------------------------------------------
+flags.DEFINE_bool("log_device_placement", False, "Log where TF puts each op (ConfigProto).")
+flags.DEFINE_bool(
+    "colocate_grads_with_ops", False,
+    "Build gradients with colocate_gradients_with_ops: each gradient op goes where its forward op "
+    "goes. Required by --only_forward.")
+flags.DEFINE_enum("optimizer", "sgd", _OPTIMIZERS, "Optimizer of the training step.")
+flags.DEFINE_enum("model_name", "inception_v3", list(MODEL_NAMES), "Model to build.")
+flags.DEFINE_integer("batch_size", None, f"Batch size of the synthetic input {_MODEL}.",
+                     lower_bound=1)
+flags.DEFINE_float("learning_rate", 0.01, "Learning rate of the optimizer.")
+flags.DEFINE_string(
+    "logdir", "",
+    "If set: the graph and the traced steps' run metadata for TensorBoard, and "
+    "run_metadata-<step>.pbtxt for each traced step.")
+flags.DEFINE_string(
+    "cost_path", "/tmp/cost.pkl",
+    "Cost profile written by --costgen and read by placement. A protobuf CostProfile, whatever "
+    "the file's name.")
+flags.DEFINE_bool("costgen", False, "Profile the model, write --cost_path and exit.")
+flags.DEFINE_bool(
+    "only_forward", False,
+    "Profile and place only the forward graph (target: the loss); the training ops are built "
+    "after placement and follow their forward ops (needs --colocate_grads_with_ops).")
+flags.DEFINE_float(
+    "memory_fraction", 1.0,
+    "Share of each device's memory in use: per_process_gpu_memory_fraction on GPUs; it also "
+    "scales the memory the placer sees (GPUs and CPU stand-ins alike).")
+flags.DEFINE_string("comm_cost_coeffs", "0.0001754,134",
+                    "Transfer time 'slope,intercept' in us per byte and us "
+                    "(utils/communication_benchmark prints it).")
+flags.DEFINE_float("comm_cost_factor", 1.0, "Multiplies both communication coefficients.")
+flags.DEFINE_float("cost_factor", 1.0,
+                   "Multiplies every op's compute time and both communication coefficients.")
+flags.DEFINE_enum("data_format", "NHWC", ["NHWC", "NCHW"], "Image layout of Inception-v3.")
+flags.DEFINE_integer("vocab_size", None, f"NMT/Transformer vocabulary {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("max_seq_length", None,
+                     f"Sequence length = unrolled steps of the NMT models {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("rnn_units", None, f"NMT hidden and embedding size {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("num_layers", None, f"NMT/Transformer layers {_MODEL}.", lower_bound=1)
+flags.DEFINE_enum("rnn_unit_type", None, ["lstm", "gru"], f"NMT cell {_MODEL}.")
+flags.DEFINE_enum("encoder_type", None, ["bi", "uni", "gnmt"],
+                  f"NMT encoder; GNMT needs 'gnmt' {_MODEL}.")
+flags.DEFINE_bool("residual", None, f"NMT residual connections on the upper layers {_MODEL}.")
+flags.DEFINE_integer(
+    "num_gpus", 1,
+    "Devices to profile, place and run on: GPUs, or as many virtual CPU devices standing in for "
+    "GPUs when the machine has fewer. Also the devices of the models' expert layout.",
+    lower_bound=1)
+flags.DEFINE_bool("disable_nmt_colocation", False,
+                  "Turn off the NMT models' per-(layer, step) colocation groups.")
+
+# --- placer flags (spec 1.1, placer_lib and grouper) ----------------------------------------------
+flags.DEFINE_string(
+    "placement_method", _DEFAULTS.placement_method,
+    f"One of {', '.join(sorted(PLACEMENT_METHODS))}. 'single': everything on one device; "
+    "'expert': the model's hand layout; 'auto': every placer, the best simulated one refined.")
+flags.DEFINE_enum("placer_type", _DEFAULTS.placer_type, ["default", "fusion"],
+                  "'fusion' fuses connected ops of a group before placing.")
+flags.DEFINE_enum("grouper", _DEFAULTS.grouper, ["tf", "coplace"],
+                  "'tf': TF colocation groups; 'coplace': also an op with one consumer joins it.")
+flags.DEFINE_float("sct_threshold", _DEFAULTS.sct_threshold,
+                   "m-SCT: an LP edge value at or below this makes a favourite child.")
+flags.DEFINE_float("placer_memory_fraction", _DEFAULTS.memory_fraction,
+                   "Share of each device's memory the placer may fill, in (0, 1].")
+flags.DEFINE_bool("log_placer_device_placement", False, "Print 'op: device' for every op placed.")
+
+# --- ours ----------------------------------------------------------------------------------------
+flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, ["auto", "mosek", "highs", "cvxopt"],
+                  "m-SCT's LP solver; 'auto': MOSEK when licensed, else HiGHS, else cvxopt.")
+flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
+                   "auto: time for refining the best placement; 0 turns it off.")
+flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
+flags.DEFINE_string("memory_per_device", "8GiB",
+                    "Memory of each CPU stand-in for a GPU, e.g. 8GiB, 512MiB or bytes.")
+flags.DEFINE_string("report_dir", "",
+                    "If set: Gantt chart, memory per device, Chrome trace (with the traced step), "
+                    "TensorBoard graph and summary.json of the placement.")
+flags.DEFINE_integer("image_size", None, f"Inception-v3 input height and width {_MODEL}.",
+                     lower_bound=1)
+flags.DEFINE_float("depth_multiplier", None, f"Inception-v3 convolution depth scale {_MODEL}.")
+flags.DEFINE_integer("num_classes", None, f"Inception-v3 classes {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("num_heads", None, f"Transformer attention heads {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("d_model", None, f"Transformer width {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("d_ff", None, f"Transformer feed-forward width {_MODEL}.", lower_bound=1)
+flags.DEFINE_integer("profile_warmup_steps", 5, "--costgen: untimed steps first.", lower_bound=0)
+flags.DEFINE_integer("profile_steps", 50, "--costgen: steps after the warm-up.", lower_bound=1)
+flags.DEFINE_integer("profile_every_n_steps", 5,
+                     "--costgen: every n-th of those steps is traced, the others timed.",
+                     lower_bound=1)
+flags.DEFINE_integer("warmup_steps", 10, "Placement: untimed steps of the placed graph.",
+                     lower_bound=0)
+flags.DEFINE_integer("timed_steps", 50,
+                     "Placement: timed steps of the placed graph (one traced step follows).",
+                     lower_bound=1)
 
 FLAGS = flags.FLAGS
 
+# train.py flag -> the models' hyper-parameter of the same name (unset flags keep the model's).
+_MODEL_FLAGS = ("batch_size", "vocab_size", "max_seq_length", "rnn_units", "num_layers",
+                "rnn_unit_type", "encoder_type", "residual", "num_gpus", "data_format",
+                "image_size", "depth_multiplier", "num_classes", "num_heads", "d_model", "d_ff",
+                "disable_nmt_colocation")
+
+
+# --------------------------------------------------------------------------------------- graphs
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What defines the graph: the model and how its training step is built."""
+
+    model_name: str
+    hparams: Any  # the model's hyper-parameter dataclass
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    colocate_grads_with_ops: bool = False
+    only_forward: bool = False  # profile and place the forward graph only
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Built:
+    """A model built into a graph, with its target (train op, or the loss when forward only)."""
+
+    spec: Any  # baechi_tf.models.ModelSpec
+    target: Any  # what one step runs
+    graph_def: Any  # the graph that is profiled and placed (no init ops)
+    init: Any  # initialises every variable
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Runnable:
+    """A graph ready to run: its target, the variables' initialisers and the feeds."""
+
+    graph: Any
+    target: Any
+    init: Any  # list of ops or one op
+    feeds: Mapping[str, Any]
+
+
+def make_optimizer(name: str, learning_rate: float) -> Any:
+    """The original's ``tf.train.*Optimizer(lr)``; momentum gets 0.9 (the original forgot it)."""
+    import tensorflow as tf
+
+    train = tf.compat.v1.train
+    if name == "momentum":
+        return train.MomentumOptimizer(learning_rate, momentum=0.9)
+    cls = {"adadelta": train.AdadeltaOptimizer, "adagrad": train.AdagradOptimizer,
+           "adam": train.AdamOptimizer, "ftrl": train.FtrlOptimizer,
+           "sgd": train.GradientDescentOptimizer, "rmsprop": train.RMSPropOptimizer}[name]
+    return cls(learning_rate)
+
+
+def _train_op(config: TrainConfig, loss: Any, colocate: bool) -> Any:
+    import tensorflow as tf
+
+    optimizer = make_optimizer(config.optimizer, config.learning_rate)
+    grads = optimizer.compute_gradients(loss, colocate_gradients_with_ops=colocate)
+    global_step = tf.compat.v1.train.create_global_step()
+    return optimizer.apply_gradients(grads, global_step=global_step)
+
+
+def build_graph(config: TrainConfig) -> Built:
+    """Builds the model, and its training step unless `config.only_forward`, into a new graph.
+
+    The graph has no device fields. Its structure must not depend on devices: TF's gradients sum
+    the gradients of each device apart and group update ops by device, so a training graph built
+    under device annotations differs from one built without them.
+    """
+    import tensorflow as tf
+
+    from baechi_tf.models import build_model
+
+    graph = tf.Graph()
+    with graph.as_default():
+        spec = build_model(config.model_name, config.hparams, graph=graph)
+        target = spec.loss
+        if not config.only_forward:
+            target = _train_op(config, spec.loss, config.colocate_grads_with_ops)
+        graph_def = graph.as_graph_def()
+        init = tf.compat.v1.global_variables_initializer()
+    return Built(spec=spec, target=target, graph_def=graph_def, init=init)
+
+
+def import_placed(built: Built, placed_def: Any) -> Runnable:
+    """The placed GraphDef itself, imported into a new graph, with `built`'s target and feeds.
+
+    The variables' initialisers are ops of the GraphDef (run by name), so no ``tf.Variable``
+    object is needed.
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(placed_def, name="")
+    with built.spec.graph.as_default():
+        init_names = [v.initializer.name for v in tf.compat.v1.global_variables()]
+    return Runnable(
+        graph=graph,
+        target=graph.as_graph_element(built.target.name),
+        init=[graph.get_operation_by_name(n) for n in init_names],
+        feeds=built.spec.feeds,
+    )
+
+
+def rebuild_forward_placed(config: TrainConfig, placed_def: Any) -> Runnable:
+    """--only_forward: the forward graph rebuilt on the devices of `placed_def`, then its
+    training step, built after placement with gradients colocated with their forward ops.
+
+    The model is rebuilt (same flags, same op names; checked below) under a device function that
+    gives each op the device of its name in `placed_def`; an op made inside ``colocate_with``
+    takes its group's device instead, as TF does. The optimizer needs ``tf.Variable`` objects,
+    which an imported GraphDef lacks: that is why the forward graph is rebuilt, not imported.
+    """
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.profile import graph_fingerprint
+    from baechi_tf.models import build_model
+
+    devices = {n.name: n.device for n in placed_def.node if n.device}
+    graph = tf.Graph()
+    with graph.as_default():
+        with graph.device(lambda op: devices.get(op.name, "")):
+            spec = build_model(config.model_name, config.hparams, graph=graph)
+        forward_def = graph.as_graph_def()
+        target = _train_op(config, spec.loss, colocate=True)
+        init = tf.compat.v1.global_variables_initializer()
+    # TF builds variable initialisers under device(None), colocated with their variable: they
+    # have no device field but run where the variable is. Any other difference is an error.
+    moved = [n.name for n in forward_def.node
+             if n.device and canonical_device(n.device) != canonical_device(devices.get(n.name, ""))]
+    if moved or graph_fingerprint(forward_def) != graph_fingerprint(placed_def):
+        raise ConfigError(
+            f"the rebuilt forward graph differs from the placed one ({len(moved)} ops on other "
+            "devices); rebuild it with the flags it was profiled with")
+    return Runnable(graph=graph, target=target, init=init, feeds=spec.feeds)
+
+
+def canonical_device(name: str) -> str:
+    import tensorflow as tf
+
+    return tf.DeviceSpec.from_string(name).to_string() if name else ""
+
+
+def ran_on(step_stats: Any, graph: Any) -> dict[str, str]:
+    """Op name -> the device it ran on in a traced step, for the ops of `graph`."""
+    names = {op.name for op in graph.get_operations()}
+    out = {}
+    for dev in step_stats.dev_stats:
+        last = dev.device.split("/")[-1]
+        if not last.startswith("device:") or last.count(":") != 2:
+            continue  # GPU streams and memcpy entries repeat the executor's records
+        for ns in dev.node_stats:
+            if ns.node_name in names:
+                out[ns.node_name] = canonical_device(dev.device)
+    return out
+
+
+# ------------------------------------------------------------------------------------ stepping
+
+
+class Progress:
+    """Steps done, the mean step time and what is left, on stderr (redrawn on a terminal)."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total = label, total
+        self.tty = sys.stderr.isatty()
+        self.every = 1 if self.tty else max(1, total // 10)
+        self.started = time.perf_counter()
+
+    def step(self, done: int) -> None:
+        if done % self.every and done != self.total:
+            return
+        spent = time.perf_counter() - self.started
+        left = spent / done * (self.total - done)
+        line = (f"{self.label}: step {done}/{self.total}, {1e3 * spent / done:.1f} ms/step, "
+                f"{left:.0f} s left")
+        if self.tty:
+            end = "\n" if done == self.total else ""
+            sys.stderr.write("\r" + line + "\x1b[K" + end)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def run_steps(
+    session: Any,
+    target: Any,
+    feeds: Mapping[str, Any],
+    *,
+    label: str,
+    warmup: int,
+    steps: int,
+    trace_every: int,
+    on_trace: Callable[[int, Any], None],
+) -> list[float]:
+    """`warmup` untimed steps, then `steps` steps of which every `trace_every`-th is traced
+    (`on_trace(step, run_metadata)`) and the others timed; returns the timed steps' seconds."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    if warmup:
+        progress = Progress(f"{label} warm-up", warmup)
+        for i in range(warmup):
+            session.run(target, feed_dict=feeds)
+            progress.step(i + 1)
+    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+    timed = []
+    progress = Progress(label, steps)
+    for step in range(1, steps + 1):
+        if step % trace_every == 0:
+            metadata = tf1.RunMetadata()
+            session.run(target, feed_dict=feeds, options=options, run_metadata=metadata)
+            on_trace(step, metadata)
+        else:
+            t0 = time.perf_counter()
+            session.run(target, feed_dict=feeds)
+            timed.append(time.perf_counter() - t0)
+        progress.step(step)
+    return timed
+
+
+class _Logdir:
+    """--logdir: the graph and the traced steps' run metadata for TensorBoard, and pbtxt files."""
+
+    def __init__(self, logdir: str, graph: Any) -> None:
+        import tensorflow as tf
+
+        self.logdir = logdir
+        self.writer = None
+        if logdir:
+            os.makedirs(logdir, exist_ok=True)
+            with graph.as_default():  # the v1 writer refuses to start under eager execution
+                self.writer = tf.compat.v1.summary.FileWriter(logdir, graph)
+
+    def add(self, tag: str, step: int, metadata: Any) -> None:
+        if self.writer is None:
+            return
+        from google.protobuf import text_format
+
+        from baechi_tf._files import atomic_write
+
+        self.writer.add_run_metadata(metadata, f"{tag}_step_{step}", global_step=step)
+        atomic_write(os.path.join(self.logdir, f"run_metadata-{tag}-{step}.pbtxt"),
+                     text_format.MessageToString(metadata))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def run_graph(run: Runnable, session_config: Any, *, tag: str, label: str, warmup: int,
+              steps: int, trace_every: int) -> tuple[list[float], list[Any]]:
+    """Initialises `run` in a new session and runs `run_steps`; returns (timed seconds, the
+    traced steps' StepStats). With --logdir, each traced step's run metadata is kept there."""
+    import tensorflow as tf
+
+    logdir = _Logdir(FLAGS.logdir, run.graph)
+    traces: list[Any] = []
+
+    def keep(step: int, metadata: Any) -> None:
+        traces.append(metadata.step_stats)
+        logdir.add(tag, step, metadata)
+
+    try:
+        with tf.compat.v1.Session(graph=run.graph, config=session_config) as sess:
+            sess.run(run.init)
+            timed = run_steps(sess, run.target, run.feeds, label=label, warmup=warmup,
+                              steps=steps, trace_every=trace_every, on_trace=keep)
+    finally:
+        logdir.close()
+    return timed, traces
+
+
+# --------------------------------------------------------------------------------------- main
+
+
+def _config_from_flags() -> TrainConfig:
+    from baechi_tf.models import hparams_from_flags
+
+    if FLAGS.only_forward and not FLAGS.colocate_grads_with_ops:
+        raise ConfigError(
+            "--only_forward places the forward graph and lets each gradient follow its forward "
+            "op: add --colocate_grads_with_ops")
+    values = {name: FLAGS[name].value for name in _MODEL_FLAGS if FLAGS[name].value is not None}
+    return TrainConfig(
+        model_name=FLAGS.model_name,
+        hparams=hparams_from_flags(FLAGS.model_name, values),
+        optimizer=FLAGS.optimizer,
+        learning_rate=FLAGS.learning_rate,
+        colocate_grads_with_ops=FLAGS.colocate_grads_with_ops,
+        only_forward=FLAGS.only_forward,
+    )
+
+
+def _devices() -> tuple[Any, Any]:
+    """(DeviceSetup, session ConfigProto) for --num_gpus devices."""
+    import tensorflow as tf
+
+    from baechi_tf.cluster import CommCost
+    from baechi_tf.rewriter.devices import resolve_memory, session_config, session_devices
+
+    fraction = FLAGS.memory_fraction
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"--memory_fraction={fraction} must be in (0, 1]")
+    for name in ("comm_cost_factor", "cost_factor"):
+        if not FLAGS[name].value > 0:
+            raise ConfigError(f"--{name}={FLAGS[name].value} must be positive")
+    comm = CommCost.parse(FLAGS.comm_cost_coeffs)
+    scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
+    comm = CommCost(comm.slope_us_per_byte * scale, comm.intercept_us * scale)
+    base = tf.compat.v1.ConfigProto(allow_soft_placement=True,
+                                    log_device_placement=FLAGS.log_device_placement)
+    if fraction != 1.0:
+        base.gpu_options.per_process_gpu_memory_fraction = fraction
+    setup = session_devices(
+        FLAGS.num_gpus,
+        memory_bytes_per_device=max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction)),
+        memory_fraction=fraction,
+        comm=comm,
+        config=base,
+    )
+    return setup, session_config(setup, base)
+
+
+def _describe_devices(setup: Any) -> str:
+    names = ", ".join(d.name.split("/")[-1] for d in setup.cluster.devices)
+    if setup.virtual:
+        return (f"{setup.cluster.num_devices} virtual CPU devices standing in for GPUs "
+                f"({names}; CPU:0 is the host)")
+    return f"{setup.cluster.num_devices} GPUs ({names})"
+
+
+def _describe_graph(config: TrainConfig, built: Built) -> str:
+    what = "forward graph" if config.only_forward else "training graph"
+    return f"{config.model_name}: {what} of {len(built.graph_def.node)} ops"
+
+
+def costgen(config: TrainConfig, setup: Any, session_config: Any) -> int:
+    """Profiles the model under its expert layout and writes the profile to --cost_path."""
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.profile import save_profile
+    from baechi_tf.cost_model.profiler import profile_from_step_stats
+    from baechi_tf.rewriter.apply import apply_placement
+
+    if FLAGS.profile_every_n_steps > FLAGS.profile_steps:
+        raise ConfigError(
+            f"--profile_every_n_steps={FLAGS.profile_every_n_steps} > --profile_steps="
+            f"{FLAGS.profile_steps}: no step would be traced")
+    built = build_graph(config)
+    print(_describe_graph(config, built))
+    layout = built.spec.expert_placement(setup.cluster.names, built.graph_def)
+    run = import_placed(built, apply_placement(built.graph_def, layout))
+    used = {canonical_device(d) for d in layout.values()}
+    print(f"Profiling on {_describe_devices(setup)}, with the model's expert layout over "
+          f"{len(used)} of them")
+    timed, traces = run_graph(
+        run, session_config, tag="costgen", label="profiling", warmup=FLAGS.profile_warmup_steps,
+        steps=FLAGS.profile_steps, trace_every=FLAGS.profile_every_n_steps)
+    profile = profile_from_step_stats(traces, built.graph_def, tf_version=tf.__version__)
+    save_profile(profile, FLAGS.cost_path)
+    if timed:
+        print(f"Original runtime: {1e3 * sum(timed) / len(timed):.3f} ms per step "
+              f"(mean of {len(timed)} untraced steps)")
+    print(f"Profile of {len(profile.ops)} ops over {len(traces)} traced steps written to "
+          f"{FLAGS.cost_path} (protobuf CostProfile)")
+    return 0
+
+
+def _scaled(profile: Any, factor: float) -> Any:
+    if factor == 1.0:
+        return profile
+    ops = {name: dataclasses.replace(c, compute_us=c.compute_us * factor)
+           for name, c in profile.ops.items()}
+    return dataclasses.replace(profile, ops=ops)
+
+
+def place_and_run(config: TrainConfig, setup: Any, session_config: Any) -> int:
+    """Places the graph with the profile, prints the figures, runs the placed graph."""
+    from baechi_tf.cost_model.profile import load_profile
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    profile = _scaled(load_profile(FLAGS.cost_path), FLAGS.cost_factor)
+    built = build_graph(config)
+    print(_describe_graph(config, built))
+    method = FLAGS.placement_method
+    expert = None
+    if method in ("expert", "auto"):
+        expert = built.spec.expert_placement(setup.cluster.names, built.graph_def)
+    options = PlacementOptions(
+        placement_method=method, grouper=FLAGS.grouper, placer_type=FLAGS.placer_type,
+        sct_threshold=FLAGS.sct_threshold, lp_solver=FLAGS.lp_solver,
+        memory_fraction=FLAGS.placer_memory_fraction, refine_seconds=FLAGS.refine_seconds,
+        seed=FLAGS.seed, expert=expert)
+    print(f"Placing with {method} on {_describe_devices(setup)}")
+    t0 = time.perf_counter()
+    placed_def, report = place_graph_def(
+        built.graph_def, profile, setup.cluster, options,
+        host_device=setup.host, device_aliases=setup.aliases)
+    placement_seconds = time.perf_counter() - t0
+    print(report.summary())
+    steps = ", ".join(f"{k} {v:.3f} s" for k, v in report.step_seconds.items())
+    print(f"Entire placement time: {placement_seconds:.3f} s ({steps})")
+    print(f"Simulated step time: {report.makespan_us / 1e3:.3f} ms")
+    if FLAGS.log_placer_device_placement:
+        for node in sorted(placed_def.node, key=lambda n: n.name):
+            print(f"{node.name}: {node.device}")
+
+    if config.only_forward:
+        run = rebuild_forward_placed(config, placed_def)
+        print(f"Training ops built after placement: "
+              f"{len(run.graph.get_operations()) - len(placed_def.node)} more ops, gradients "
+              "colocated with their forward ops")
+    else:
+        run = import_placed(built, placed_def)
+    timed, traced = run_graph(
+        run, session_config, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
+        steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1)
+    print(f"Average step time (measured): {1e3 * sum(timed) / len(timed):.3f} ms "
+          f"(mean of {len(timed)} steps)")
+    _print_where_ops_ran(traced[0], run.graph, placed_def)
+    if FLAGS.report_dir:
+        from baechi_tf.reports import write_reports
+
+        write_reports(report.result, FLAGS.report_dir, graph_def=placed_def,
+                      tf_step_stats=traced[0])
+        print(f"Reports written to {FLAGS.report_dir}")
+    return 0
+
+
+def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
+    """Where the traced step ran each op, against the placement (and, for ops built after
+    placement, against the device TF gave them)."""
+    ran = ran_on(step_stats, graph)
+    per_device: dict[str, int] = {}
+    for device in ran.values():
+        per_device[device] = per_device.get(device, 0) + 1
+    counts = ", ".join(f"{d.split('/')[-1]} {n}" for d, n in sorted(per_device.items()))
+    print(f"Traced step: {len(ran)} ops ran on {len(per_device)} devices ({counts})")
+    expected = {n.name: canonical_device(n.device) for n in placed_def.node}
+    for op in graph.get_operations():
+        if op.name not in expected and op.device:
+            expected[op.name] = canonical_device(op.device)
+    placed = [n for n in ran if n in expected]
+    elsewhere = [n for n in placed if ran[n] != expected[n]]
+    print(f"Ops that ran where placed: {len(placed) - len(elsewhere)} of {len(placed)}; "
+          f"elsewhere: {len(elsewhere)}" + (f" (first: {elsewhere[0]})" if elsewhere else ""))
+
 
 def main(argv: list[str]) -> int:
-    del argv
-    print(FLAGS.main_module_help())
-    print("train.py is a stub: the training and placement workflow is not written yet", file=sys.stderr)
-    return 1
+    if len(argv) > 1:
+        print(f"train: error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
+        return 2
+    import tensorflow as tf
+    from absl import logging
+
+    sys.stdout.reconfigure(line_buffering=True)
+    tf.get_logger().setLevel("ERROR")
+    if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs
+        logging.set_verbosity(logging.WARNING)
+    try:
+        options = PlacementOptions(
+            placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
+            placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
+            lp_solver=FLAGS.lp_solver, memory_fraction=FLAGS.placer_memory_fraction,
+            refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
+        options.validate()
+        config = _config_from_flags()
+        setup, session_config = _devices()
+        if FLAGS.costgen:
+            return costgen(config, setup, session_config)
+        return place_and_run(config, setup, session_config)
+    except BaechiError as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, but a bad flag is one line on stderr and exit status 2."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
