@@ -409,6 +409,26 @@ def test_baechi_place_against_the_cluster(workers, tmp_path, capsys, monkeypatch
     assert {n.device for n in placed.node} <= {f"{W0}/device:CPU:1", f"{W1}/device:CPU:1"}
 
 
+def test_session_from_a_cluster_spec_or_a_wrapped_grpc_session(workers):
+    model = build_lstm()
+    with tf.compat.v1.Session(graph=model.graph) as plain:
+        plain.run(model.init)
+        expected = plain.run(model.predictions, model.feed(0))
+    with BaechiSession(graph=model.graph, cluster_spec=workers.spec.to_json(), num_devices=1,
+                       placement_method="m_topo", warmup_steps=0, profile_steps=1) as sess:
+        assert sess.devices.cluster.names == (f"{W0}/device:CPU:1", f"{W1}/device:CPU:1")
+        sess.run(model.init)
+        np.testing.assert_allclose(sess.run(model.predictions, model.feed(0)), expected, rtol=1e-5)
+    user = tf.compat.v1.Session(workers.target, graph=model.graph, config=remote_session_config())
+    user.run(model.init)
+    with BaechiSession(user, placement_method="m_topo", warmup_steps=0, profile_steps=1) as sess:
+        assert sess.devices.cluster.num_devices == 4
+        np.testing.assert_allclose(sess.run(model.predictions, model.feed(0)), expected, rtol=1e-5)
+    with pytest.raises(ConfigError, match="is none of the cluster spec's tasks"):
+        BaechiSession(graph=model.graph, cluster_spec=workers.spec,
+                      target=f"grpc://127.0.0.1:{_free_port()}")
+
+
 def test_cluster_from_flags_for_train_py(workers, monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     setup = cluster_from_flags(workers.spec.to_json(), num_devices=2, memory_per_device="1GiB",

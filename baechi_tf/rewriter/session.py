@@ -206,7 +206,10 @@ class BaechiSession:
                 )
             graph = sess.graph
             config = getattr(sess, "_config", None)
-            target = target or getattr(sess, "sess_str", "") or ""
+            wrapped_target = getattr(sess, "sess_str", "") or ""  # bytes in TF's Session
+            if isinstance(wrapped_target, bytes):
+                wrapped_target = wrapped_target.decode()
+            target = target or wrapped_target
         elif graph is None:
             graph = tf.compat.v1.get_default_graph()
         if options is None:
