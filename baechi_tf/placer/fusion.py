@@ -7,7 +7,8 @@ the fused graph is faster, and the placement maps back to every original op (`Fu
 A fused op adds up the compute and persistent memory of its ops and keeps the largest temporary
 memory (they run one at a time); its outputs are the distinct tensors its ops send to other fused
 ops, in the order of the graph's edges (a tensor used only inside it is no longer an output, nor
-is one nobody reads). Edges between fused ops keep their tensors, so a tensor is still sent once.
+is one nobody reads). An op fused with no other is unchanged. Edges between fused ops keep their
+tensors, so a tensor is still sent once.
 These are the original's rules; they can understate the memory of a fused op (a tensor internal
 to it is alive while its consumer runs), which the placement check on the original graph sees.
 
@@ -57,7 +58,7 @@ class FusionOptions:
 class FusedGraph:
     """A fused graph and the way back to the original."""
 
-    graph: OpGraph  # the fused ops; each is named after its first op (the one the others joined)
+    graph: OpGraph  # the fused ops, each named after the op the others were folded into
     groups: Groups  # the original's groups (same ids and names) over the fused ops
     fused_of: np.ndarray  # int32 [original ops]: the fused op each original op belongs to
     members: tuple[np.ndarray, ...]  # original ops of each fused op, ascending
@@ -204,29 +205,28 @@ class _Merger:
         new_id[alive] = np.arange(alive.shape[0])
         fused_of = new_id[root].astype(np.int32)
 
-        # Outputs: the distinct tensors that leave a fused op, in edge order.
-        src = fused_of[graph.edge_src].tolist()
-        dst = fused_of[graph.edge_dst].tolist()
-        slot_of: dict[int, int] = {}  # tensor -> output slot of its fused producer
-        outputs: list[list[int]] = [[] for _ in alive]
-        edges: dict[tuple[int, int, int], None] = {}
-        for e, (a, b, t, out) in enumerate(
-            zip(src, dst, graph.edge_tensor.tolist(), graph.edge_src_output.tolist())
-        ):
-            if a == b:
-                continue
-            if out == CONTROL:
-                edges[(a, b, CONTROL)] = None
-                continue
-            if t not in slot_of:
-                slot_of[t] = len(outputs[a])
-                outputs[a].append(int(graph.tensor_bytes[t]))
-            edges[(a, b, slot_of[t])] = None
-        keys = list(edges)
-
         order = np.argsort(fused_of, kind="stable")
         bounds = np.searchsorted(fused_of[order], np.arange(alive.shape[0] + 1))
         members = tuple(order[bounds[f] : bounds[f + 1]].astype(np.int32) for f in range(alive.shape[0]))
+
+        # Outputs: an op fused with no other keeps its own; a fused op of several has the
+        # distinct tensors that leave it, in edge order.
+        single = (np.diff(bounds) == 1).tolist()
+        outputs = [list(graph.output_bytes[r]) if one else [] for r, one in zip(alive.tolist(), single)]
+        src = fused_of[graph.edge_src].tolist()
+        dst = fused_of[graph.edge_dst].tolist()
+        slot_of: dict[int, int] = {}  # tensor -> output slot of its fused producer
+        edges: dict[tuple[int, int, int], None] = {}
+        for a, b, t, out in zip(src, dst, graph.edge_tensor.tolist(), graph.edge_src_output.tolist()):
+            if a == b:
+                continue
+            if out != CONTROL and not single[a]:
+                if t not in slot_of:
+                    slot_of[t] = len(outputs[a])
+                    outputs[a].append(int(graph.tensor_bytes[t]))
+                out = slot_of[t]
+            edges[(a, b, out)] = None
+        keys = list(edges)
         group_ids = groups.group_of[alive]
         pins = [None] * alive.shape[0]
         for op, pin in enumerate(graph.pinned_device):

@@ -52,6 +52,7 @@ class MSCTOptions:
     threshold: float = 0.1  # an arc whose LP value is at or below this is favourite (--sct_threshold)
     lp_solver: str = "auto"  # 'auto', 'mosek', 'highs' or 'cvxopt' (--lp_solver)
     reduce_lp: bool = True  # solve the LP in exact pieces; False hands one LP to the solver
+    max_lp_arcs: Optional[int] = None  # refuse (SolverError) an LP piece of more arcs; None: any
 
     def validate(self) -> None:
         if self.lp_solver not in SOLVERS:
@@ -164,7 +165,7 @@ def favourite_children_of(
     if cluster.num_devices == 1 or graph.num_edges == 0:
         return np.full(graph.num_ops, -1, dtype=np.int32)  # nothing to transfer: no LP needed
     relaxation = solve_sct_relaxation(
-        graph, cluster, solver=options.lp_solver, reduce=options.reduce_lp
+        graph, cluster, solver=options.lp_solver, reduce=options.reduce_lp, max_lp_arcs=options.max_lp_arcs
     )
     child, _ = favourite_children(
         relaxation.arc_src, relaxation.arc_dst, relaxation.x, graph.num_ops, options.threshold

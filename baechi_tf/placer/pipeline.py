@@ -102,8 +102,14 @@ def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placem
 def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
     from baechi_tf.placer.m_sct import MSCTOptions, place_m_sct  # scipy loads when m-SCT runs
 
-    sct = MSCTOptions(threshold=options.sct_threshold, lp_solver=options.lp_solver)
+    # In auto's portfolio m-SCT gives up (SolverError, skipped) on an LP piece that simplex would
+    # take minutes over: graphs with thousands of crossing edges and no op that cuts them.
+    limit = _AUTO_MAX_LP_ARCS if options.placement_method == "auto" else None
+    sct = MSCTOptions(threshold=options.sct_threshold, lp_solver=options.lp_solver, max_lp_arcs=limit)
     return place_m_sct(graph, cluster, groups, options=sct)
+
+
+_AUTO_MAX_LP_ARCS = 5000
 
 
 _PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")

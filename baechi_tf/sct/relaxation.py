@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Optional
 
 import numpy as np
 
 from baechi_tf.cluster import Cluster
+from baechi_tf.errors import SolverError
 from baechi_tf.graph import OpGraph
 from baechi_tf.sct.lp import arc_comm_us, sct_lp
 from baechi_tf.sct.solvers import choose_solver, solve_lp
@@ -77,14 +79,20 @@ def solve_sct_relaxation(
     solver: str = "auto",
     reduce: bool = True,
     piece_ops: int = _PIECE_OPS,
+    max_lp_arcs: Optional[int] = None,
 ) -> SctRelaxation:
-    """Solves the m-SCT LP of `graph`; `reduce=False` hands the whole LP to the solver at once."""
+    """Solves the m-SCT LP of `graph`; `reduce=False` hands the whole LP to the solver at once.
+
+    With `max_lp_arcs`, an LP (a piece, or the whole) of more arcs is not attempted: `SolverError`
+    (a deterministic bound on the solver's work, for callers that have other placers to try).
+    """
     name = choose_solver(solver)
     arc_src, arc_dst, c_us = arc_comm_us(graph, cluster)
     p = graph.compute_us
     topo = graph.topo_index
     by_dst = np.argsort(topo[arc_dst], kind="stable")
     if not reduce:
+        _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
         return _whole(graph, arc_src, arc_dst, c_us, by_dst, name)
 
     head0 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, np.zeros_like(c_us))
@@ -97,7 +105,10 @@ def solve_sct_relaxation(
     x = np.ones_like(c_us)
     w_pieces = 0.0
     num_lps = 0
-    for ops, arcs, release in _pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops):
+    pieces = list(_pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops))
+    for ops, arcs, _ in pieces:
+        _check_size(arcs.shape[0], max_lp_arcs, ops.shape[0])
+    for ops, arcs, release in pieces:
         # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
         local = np.full(graph.num_ops, -1, dtype=np.int64)
         local[ops] = np.arange(ops.shape[0])
@@ -128,6 +139,14 @@ def solve_sct_relaxation(
         int(keep.sum()), arc_src.shape[0], num_lps, name, w,
     )
     return SctRelaxation(arc_src, arc_dst, c_us, x, s, w, name, num_lps, int(keep.sum()))
+
+
+def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
+    if limit is not None and num_arcs > limit:
+        raise SolverError(
+            f"the m-SCT LP has a piece of {num_ops} ops and {num_arcs} arcs that no op cuts, above "
+            f"the limit of {limit} arcs; no LP was attempted"
+        )
 
 
 def _whole(graph, arc_src, arc_dst, c_us, by_dst, name) -> SctRelaxation:

@@ -1,0 +1,109 @@
+"""LP back ends (baechi_tf.sct.solvers): agreement, statuses, MOSEK up to its licence."""
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.errors import ConfigError, SolverError
+from baechi_tf.sct.lp import build_sct_lp
+from baechi_tf.sct.solvers import _mosek_task, choose_solver, mosek_licence_problem, solve_lp
+
+mosek = pytest.importorskip("mosek")
+LICENCE_PROBLEM = mosek_licence_problem()
+BACKENDS = ["highs", "cvxopt"] + ([] if LICENCE_PROBLEM else ["mosek"])
+
+LPS = {
+    "diamond": lambda: build_sct_lp(graphs.diamond(), graphs.cluster(2)),
+    "fork_join": lambda: build_sct_lp(graphs.fork_join(5), graphs.cluster(4)),
+    "chain": lambda: build_sct_lp(graphs.chain(6), graphs.cluster(2)),
+    **{
+        f"random{seed}": (lambda seed=seed: build_sct_lp(
+            graphs.random_dag(seed, 60 + 40 * seed, edge_prob=0.08, max_bytes=8 << 20), graphs.cluster(3)
+        ))
+        for seed in range(4)
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(LPS))
+def test_back_ends_agree_on_the_optimum(name):
+    lp = LPS[name]()
+    results = {b: solve_lp(lp, b) for b in BACKENDS}
+    reference = results["highs"].w_us
+    for backend, sol in results.items():
+        assert sol.solver == backend
+        # cvxopt is an interior-point method: optimal to its relative gap of 1e-6.
+        assert sol.w_us == pytest.approx(reference, rel=2e-6), backend
+        assert sol.x.shape == (lp.num_arcs,) and ((sol.x >= 0) & (sol.x <= 1)).all()
+        # Each answer is feasible for the LP (to the solver's tolerance).
+        z = np.concatenate([sol.x, sol.s_us, [sol.w_us]]) / np.r_[np.ones(lp.num_arcs), np.full(lp.num_ops + 1, lp.time_unit_us)]
+        assert (lp.A_ub @ z <= lp.b_ub + 1e-6).all(), backend
+
+
+def infeasible(lp):
+    """The same LP with w capped at 0 while ops take time: no solution."""
+    upper = lp.upper.copy()
+    upper[lp.w_index] = 0.0
+    return dataclasses.replace(lp, upper=upper)
+
+
+def test_highs_infeasible_raises_with_its_words():
+    with pytest.raises(SolverError, match=r"HiGHS did not solve the m-SCT LP \(9 variables, 7 rows\): .*infeasible"):
+        solve_lp(infeasible(LPS["diamond"]()), "highs")
+
+
+def test_cvxopt_infeasible_raises_with_its_status():
+    with pytest.raises(SolverError, match=r"cvxopt did not solve .*status 'primal infeasible'.*--lp_solver=highs"):
+        solve_lp(infeasible(LPS["diamond"]()), "cvxopt")
+
+
+def test_unknown_solver():
+    with pytest.raises(ConfigError, match="unknown LP solver 'gurobi'; choose one of auto, mosek, highs, cvxopt"):
+        solve_lp(LPS["diamond"](), "gurobi")
+
+
+def test_mosek_task_holds_the_lp():
+    # Building the task needs no licence: everything up to optimize() runs here.
+    lp = LPS["fork_join"]()
+    with mosek.Env() as env, _mosek_task(env, lp) as task:
+        assert task.getnumvar() == lp.num_vars
+        assert task.getnumcon() == lp.num_rows
+        assert task.getnumanz() == lp.A_ub.nnz
+        rows, cols, vals = task.getacolslicetrip(0, lp.num_vars)
+        dense = np.zeros((lp.num_rows, lp.num_vars))
+        dense[np.asarray(rows), np.asarray(cols)] = vals
+        np.testing.assert_array_equal(dense, lp.A_ub.toarray())
+        np.testing.assert_array_equal(task.getcslice(0, lp.num_vars), lp.c)
+        keys, lower, upper = task.getvarboundslice(0, lp.num_vars)
+        assert keys == [mosek.boundkey.ra] * lp.num_arcs + [mosek.boundkey.lo] * (lp.num_ops + 1)
+        np.testing.assert_array_equal(lower, lp.lower)
+        np.testing.assert_array_equal(np.asarray(upper)[: lp.num_arcs], 1.0)
+        keys, _, upper = task.getconboundslice(0, lp.num_rows)
+        assert set(keys) == {mosek.boundkey.up}
+        np.testing.assert_array_equal(upper, lp.b_ub)
+        assert task.getobjsense() == mosek.objsense.minimize
+
+
+@pytest.mark.skipif(LICENCE_PROBLEM is None, reason="MOSEK is licensed here: the licence error cannot happen")
+def test_mosek_without_licence_says_how_to_get_one():
+    assert "licence" in LICENCE_PROBLEM
+    with pytest.raises(
+        SolverError,
+        match=r"MOSEK cannot solve without a licence \(rescode\.err_\w*licen\w*.*\): get a licence file .*"
+        r"mosek\.com.*MOSEKLM_LICENSE_FILE.*--lp_solver=highs",
+    ):
+        solve_lp(LPS["diamond"](), "mosek")
+
+
+def test_auto_takes_mosek_only_when_licensed(caplog):
+    with caplog.at_level(logging.INFO, logger="baechi_tf.sct.solvers"):
+        chosen = choose_solver("auto")
+    if LICENCE_PROBLEM is None:
+        assert chosen == "mosek"
+    else:
+        assert chosen == "highs"
+        assert "m-SCT LP solver: highs (MOSEK has no usable licence" in caplog.text
+    assert solve_lp(LPS["diamond"](), "auto").solver == chosen
