@@ -264,16 +264,21 @@ def test_a_port_that_is_no_tensorflow_server_fails_within_the_timeout():
 
 
 @pytest.mark.parametrize(
-    ("args", "match"),
+    ("args", "tf_config", "match"),
     [
-        ([], "give --cluster_spec or set TF_CONFIG"),
-        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--task_index=3"],
+        ([], None, "give --cluster_spec or set TF_CONFIG"),
+        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--task_index=3"], None,
          "task worker:3 is not in the cluster spec"),
+        ([], {"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 2}},
+         "task ps:2 is not in the cluster spec"),
     ],
 )
-def test_a_worker_with_a_bad_task_says_so(args, match):
+def test_a_worker_with_a_bad_task_says_so(args, tf_config, match):
+    env = _env()
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
     done = subprocess.run([sys.executable, "-m", "baechi_tf.rewriter.distributed", *args],
-                          capture_output=True, text=True, env=_env(), timeout=60)
+                          capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and match in done.stderr
 
 

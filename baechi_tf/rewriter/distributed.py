@@ -258,7 +258,10 @@ def _tf_config_task(environ: Mapping[str, str]) -> tuple[Optional[str], Optional
     text = environ.get("TF_CONFIG", "").strip()
     if not text:
         return None, None
-    task = _load_json(text, "the TF_CONFIG environment variable").get("task") or {}
+    doc = _load_json(text, "the TF_CONFIG environment variable")
+    task = doc.get("task") if isinstance(doc, Mapping) else None
+    if not isinstance(task, Mapping):
+        return None, None
     index = task.get("index")
     return task.get("type"), int(index) if index is not None else None
 
