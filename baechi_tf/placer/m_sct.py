@@ -81,7 +81,8 @@ class FavouriteChildPolicy(Policy):
         self.reserved = [-1] * num_devices  # the favourite child each device is kept for
         self.checked = [-1] * num_devices  # commit count at the last failed reservation check
         self.held: list[set[int]] = [set() for _ in range(num_devices)]
-        self._urgent: dict[int, tuple[int, float]] = {}  # op -> (commit count, urgent time)
+        self._epoch = -1  # commit count the memo below is for
+        self._starts: dict[tuple[int, int], float] = {}  # (op, device) -> start, this epoch
 
     def _allowed(self, op: int, state: SchedulerState) -> list[int]:
         g = state.group_of[op]
@@ -90,10 +91,17 @@ class FavouriteChildPolicy(Policy):
         need = state.group_persistent[g]
         return [d for d in range(state.num_devices) if state.peak[d] + need <= state.persistent_cap[d]]
 
-    @staticmethod
-    def _start(op: int, dev: int, state: SchedulerState) -> float:
-        ready = state.ready_time(op, dev)[0]
-        return max(ready, state.device_free[dev])
+    def _start(self, op: int, dev: int, state: SchedulerState) -> float:
+        """When op's inputs and `dev` are ready (memory aside); memoised until the next commit."""
+        if self._epoch != len(state.order):
+            self._epoch = len(state.order)
+            self._starts.clear()
+        key = (op, dev)
+        start = self._starts.get(key)
+        if start is None:
+            start = max(state.ready_time(op, dev)[0], state.device_free[dev])
+            self._starts[key] = start
+        return start
 
     def reservation(self, dev: int, state: SchedulerState) -> int:
         """The favourite child `dev` is kept for, or -1."""
@@ -122,16 +130,9 @@ class FavouriteChildPolicy(Policy):
 
         Memory is left out so that the value never goes down as the schedule grows.
         """
-        epoch = len(state.order)
-        cached = self._urgent.get(op)
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
-        g = state.group_of[op]
-        gdev = state.group_device[g]
+        gdev = state.group_device[state.group_of[op]]
         devices = (gdev,) if gdev >= 0 else range(state.num_devices)
-        value = max(self._start(op, d, state) for d in devices)
-        self._urgent[op] = (epoch, value)
-        return value
+        return max(self._start(op, d, state) for d in devices)
 
     def hold(self, op: int, device: int, start: float, state: SchedulerState) -> float:
         fc = self.reservation(device, state)
@@ -145,7 +146,6 @@ class FavouriteChildPolicy(Policy):
 
     def committed(self, op: int, device: int, state: SchedulerState) -> Optional[Iterable[tuple[int, int]]]:
         released: list[tuple[int, int]] = []
-        self._urgent.pop(op, None)
         for d, fc in enumerate(self.reserved):
             if fc < 0:
                 continue

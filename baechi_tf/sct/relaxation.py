@@ -133,6 +133,7 @@ def solve_sct_relaxation(
             w,
             bound,
         )
+        _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
         return _whole(graph, arc_src, arc_dst, c_us, by_dst, name)
     log.info(
         "m-SCT LP: %d of %d arcs in %d LPs by %s, optimum %.6g us",
