@@ -21,6 +21,9 @@ def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "baechi_tf", "-v", "place-json", str(src), "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        # A shell running us in the background may have set SIGINT to "ignore", which children
+        # inherit; a user's terminal would deliver Ctrl-C, so restore the default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Wait for the first progress line of the placement, then interrupt it.
     lines = []
