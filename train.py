@@ -50,11 +50,35 @@ from typing import Any, Callable, Mapping, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def _import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with stderr sent to /dev/null unless TF_CPP_MIN_LOG_LEVEL is 0.
+
+    TF's C++ start-up lines ("All log messages before absl::InitializeLog() ...", oneDNN) are
+    printed before TF_CPP_MIN_LOG_LEVEL applies; without this, an error would not be one line.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 from absl import app, flags  # noqa: E402
 
 from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
-from baechi_tf.models import MODEL_NAMES  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+
+# baechi_tf.models.MODEL_NAMES, without importing TensorFlow before the flags are parsed (so
+# that --help and flag errors are quick); main() checks that the two agree.
+MODEL_NAMES = ("gnmt_v2", "gnmt", "inception_v3", "transformer")
 
 _DEFAULTS = PlacementOptions()
 _OPTIMIZERS = ("adadelta", "adagrad", "adam", "ftrl", "momentum", "sgd", "rmsprop")
@@ -298,6 +322,25 @@ def rebuild_forward_placed(config: TrainConfig, placed_def: Any) -> Runnable:
     return Runnable(graph=graph, target=target, init=init, feeds=spec.feeds)
 
 
+def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
+    """`profile` without the output slots that `graph`'s ops do not have; their bytes are
+    counted as the op's temporary memory.
+
+    oneDNN's CPU kernels give some ops more outputs at run time than the graph declares (a
+    training MaxPool keeps a workspace for its gradient), and the step stats report them under
+    the op's name; the importer would take them for a profile of another graph.
+    """
+    counts = {op.name: len(op.outputs) for op in graph.get_operations()}
+    ops = {}
+    for name, cost in profile.ops.items():
+        n = counts.get(name, len(cost.output_bytes))
+        if len(cost.output_bytes) > n:
+            cost = dataclasses.replace(cost, output_bytes=cost.output_bytes[:n],
+                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]))
+        ops[name] = cost
+    return dataclasses.replace(profile, ops=ops)
+
+
 def canonical_device(name: str) -> str:
     import tensorflow as tf
 
@@ -520,7 +563,9 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any) -> int:
     timed, traces = run_graph(
         run, session_config, tag="costgen", label="profiling", warmup=FLAGS.profile_warmup_steps,
         steps=FLAGS.profile_steps, trace_every=FLAGS.profile_every_n_steps)
-    profile = profile_from_step_stats(traces, built.graph_def, tf_version=tf.__version__)
+    profile = fit_outputs_to_graph(
+        profile_from_step_stats(traces, built.graph_def, tf_version=tf.__version__),
+        built.spec.graph)
     save_profile(profile, FLAGS.cost_path)
     if timed:
         print(f"Original runtime: {1e3 * sum(timed) / len(timed):.3f} ms per step "
@@ -614,9 +659,13 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         print(f"train: error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
         return 2
+    _import_tensorflow_quietly()
     import tensorflow as tf
     from absl import logging
 
+    from baechi_tf import models
+
+    assert set(models.MODEL_NAMES) == set(MODEL_NAMES), models.MODEL_NAMES
     sys.stdout.reconfigure(line_buffering=True)
     tf.get_logger().setLevel("ERROR")
     if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs

@@ -1,0 +1,189 @@
+"""train.py end to end, as subprocesses: --costgen, then placement with each method, on tiny models.
+
+Each run prints the placement time, the simulated and the measured step time; with
+--log_placer_device_placement it prints every op's device, and with --logdir it writes the traced
+step's RunMetadata, from which the tests check on their own that every op ran where it was placed.
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+
+from baechi_tf.cost_model import load_profile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = "/job:localhost/replica:0/task:0"
+STANDINS = {f"{TASK}/device:CPU:{i}" for i in range(1, 5)}
+
+GNMT = ["--model_name=gnmt_v2", "--batch_size=4", "--vocab_size=50", "--max_seq_length=3",
+        "--rnn_units=8", "--num_layers=2", "--rnn_unit_type=lstm", "--encoder_type=gnmt",
+        "--residual", "--num_gpus=4", "--optimizer=adam", "--colocate_grads_with_ops"]
+INCEPTION = ["--model_name=inception_v3", "--batch_size=2", "--image_size=75",
+             "--depth_multiplier=0.05", "--num_classes=7", "--num_gpus=2", "--optimizer=momentum"]
+TRANSFORMER = ["--model_name=transformer", "--batch_size=3", "--vocab_size=40",
+               "--max_seq_length=3", "--num_layers=2", "--num_heads=2", "--d_model=8",
+               "--d_ff=16", "--num_gpus=2", "--optimizer=sgd"]
+FAST_PROFILE = ["--profile_warmup_steps=1", "--profile_steps=2", "--profile_every_n_steps=1"]
+FAST_RUN = ["--warmup_steps=1", "--timed_steps=2", "--refine_seconds=0.5"]
+
+
+def train(*args, expect=0):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT, capture_output=True,
+        text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def costgen(tmp_path_factory, model_flags, name):
+    path = str(tmp_path_factory.mktemp(name) / "cost.pkl")
+    out = train("--costgen", f"--cost_path={path}", *model_flags, *FAST_PROFILE).stdout
+    assert re.search(r"^Profile of \d+ ops over 2 traced steps written to ", out, re.M), out
+    profile = load_profile(path)  # a protobuf CostProfile, whatever the file is called
+    assert profile.num_traced_steps == 2 and len(profile.ops) > 20
+    with open(path, "rb") as f:
+        assert not f.read(2).startswith(b"\x80")  # not a pickle
+    return path, profile
+
+
+def figure(out, label):
+    m = re.search(rf"^{re.escape(label)}: ([0-9.]+) (ms|s)\b", out, re.M)
+    assert m, f"no {label!r} line in:\n{out}"
+    return float(m.group(1))
+
+
+def place(cost_path, model_flags, method, tmp_path, *extra):
+    logdir = tmp_path / "logdir"
+    out = train(f"--cost_path={cost_path}", *model_flags, f"--placement_method={method}",
+                *FAST_RUN, "--log_placer_device_placement", f"--logdir={logdir}", *extra).stdout
+    assert figure(out, "Entire placement time") > 0
+    assert figure(out, "Simulated step time") > 0
+    assert figure(out, "Average step time (measured)") > 0
+    assert re.search(r"^makespan \(simulated\)\s+[0-9.]+ ms$", out, re.M), out  # the summary
+    m = re.search(r"^Ops that ran where placed: (\d+) of (\d+); elsewhere: 0$", out, re.M)
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) > 20, out
+    placement = dict(re.findall(r"^(\S+): (/job:\S+)$", out, re.M))
+    traced = glob.glob(str(logdir / "run_metadata-placed-*.pbtxt"))
+    assert len(traced) == 1, traced
+    metadata = text_format.Parse(open(traced[0]).read(), tf.compat.v1.RunMetadata())
+    ran = {}
+    for dev in metadata.step_stats.dev_stats:
+        for node in dev.node_stats:
+            if node.node_name in placement:
+                ran[node.node_name] = dev.device
+    return out, placement, ran
+
+
+def check_ran_as_placed(placement, ran, profile, not_run=()):
+    """Every op that ran in the traced step ran on its placed device, and every profiled op ran
+    (but constants, which the executor does not always trace, and `not_run`)."""
+    wrong = {n: (ran[n], placement[n]) for n in ran if ran[n] != placement[n]}
+    assert not wrong, list(wrong.items())[:5]
+    must = {n for n, c in profile.ops.items() if c.op_type != "Const"} - set(not_run)
+    assert len(must) > 20 and not must - set(ran), sorted(must - set(ran))[:5]
+
+
+@pytest.fixture(scope="module")
+def gnmt_profile(tmp_path_factory):
+    return costgen(tmp_path_factory, GNMT, "gnmt")
+
+
+@pytest.mark.parametrize("method", ["m_topo", "m_etf", "m_sct", "auto", "single", "expert"])
+def test_gnmt_each_method_places_and_runs_where_placed(gnmt_profile, method, tmp_path):
+    path, profile = gnmt_profile
+    out, placement, ran = place(path, GNMT, method, tmp_path)
+    # The training graph was placed whole, and every op ran on its device.
+    assert set(profile.ops) <= set(placement)
+    assert set(placement.values()) <= STANDINS
+    check_ran_as_placed(placement, ran, profile)
+    used = set(placement.values())
+    if method == "single":
+        assert len(used) == 1
+    elif method == "expert":
+        # GNMT's round-robin: L=2 layers on devices 0 and 1, projection and loss on L % G = 2.
+        assert used == {f"{TASK}/device:CPU:{i}" for i in (1, 2, 3)}
+        assert placement["decoder/layer_1/t0/colocation"] == f"{TASK}/device:CPU:2"
+        assert placement["loss/loss"] == f"{TASK}/device:CPU:3"
+    elif method in ("m_topo", "m_etf", "m_sct"):
+        assert re.search(rf"^method\s+{method}\b", out, re.M), out
+        assert len(used) > 1
+
+
+def test_gnmt_only_forward_places_forward_ops_and_gradients_follow(tmp_path_factory, tmp_path):
+    flags = GNMT + ["--only_forward"]
+    path, profile = costgen(tmp_path_factory, flags, "gnmt_forward")
+    assert not any(n.startswith(("gradients/", "Adam")) for n in profile.ops)
+    out, placement, ran = place(path, flags, "m_etf", tmp_path)
+    assert not any(n.startswith("gradients/") for n in placement)  # only forward ops placed
+    assert re.search(r"^Training ops built after placement: \d+ more ops", out, re.M), out
+    # The training step runs every profiled forward op but the loss's last division, whose
+    # output no gradient needs.
+    check_ran_as_placed(placement, ran, profile, not_run=["loss/loss"])
+    # Each gradient op of a step's LSTM cell (a colocation group; the concatenation that makes
+    # its input is outside the group) ran on the device of that cell.
+    metadata = text_format.Parse(
+        open(glob.glob(str(tmp_path / "logdir" / "run_metadata-placed-*.pbtxt"))[0]).read(),
+        tf.compat.v1.RunMetadata())
+    cell = "gradients/decoder/layer_1/t0/"
+    grads = {n.node_name: d.device for d in metadata.step_stats.dev_stats for n in d.node_stats
+             if n.node_name.startswith(cell) and not n.node_name.startswith(cell + "input")}
+    assert grads
+    assert set(grads.values()) == {placement["decoder/layer_1/t0/colocation"]}
+
+
+def test_inception_v3_costgen_then_m_etf(tmp_path_factory, tmp_path):
+    path, profile = costgen(tmp_path_factory, INCEPTION, "inception")
+    out, placement, ran = place(path, INCEPTION, "m_etf", tmp_path)
+    assert set(placement.values()) <= {f"{TASK}/device:CPU:{i}" for i in (1, 2)}
+    check_ran_as_placed(placement, ran, profile)
+    assert "InceptionV3/Mixed_7c/Branch_3/Conv2d_0b_1x1/Conv2D" in ran
+
+
+def test_transformer_costgen_then_auto_with_reports(tmp_path_factory, tmp_path):
+    path, profile = costgen(tmp_path_factory, TRANSFORMER, "transformer")
+    reports = tmp_path / "reports"
+    out, placement, ran = place(path, TRANSFORMER, "auto", tmp_path, f"--report_dir={reports}")
+    check_ran_as_placed(placement, ran, profile)
+    assert re.search(r"^method\s+auto\(", out, re.M), out
+    assert {"gantt.png", "summary.json", "trace.json", "graph.pbtxt"} <= set(os.listdir(reports))
+
+
+def test_a_profile_of_other_flags_is_refused(gnmt_profile):
+    path, _ = gnmt_profile
+    flags = [f for f in GNMT if not f.startswith("--rnn_units")] + ["--rnn_units=16"]
+    done = train(f"--cost_path={path}", *flags, "--placement_method=m_etf", expect=2)
+    assert done.stderr.count("\n") == 1 and "taken on another graph" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model_name=resnet"], "model_name"),
+        (["--num_gpus=0"], "num_gpus"),
+        (["--bogus_flag=1"], "bogus_flag"),
+        (["--only_forward"], "--colocate_grads_with_ops"),
+        (["--placement_method=magic"], "unknown placement method 'magic'"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2(args, message):
+    done = train(*args, expect=2)
+    assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
+
+
+def test_a_cost_file_that_is_not_a_profile_is_refused(tmp_path):
+    import pickle
+
+    bad = tmp_path / "cost.pkl"
+    bad.write_bytes(pickle.dumps({"graphdef": None, "cost_dict": {}}))
+    for path in (bad, tmp_path / "missing.pkl"):
+        done = train(f"--cost_path={path}", *GNMT, "--placement_method=m_etf", expect=2)
+        assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
+        assert str(path) in done.stderr
