@@ -467,11 +467,11 @@ def test_communication_benchmark_measures_both_links(workers):
 # ---------------------------------------------------------------------------- the example
 
 
-def _example(tmp_path, *args):
+def _example(tmp_path, steps: int):
     log = open(tmp_path / "example.err", "wb")
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "multi_host.py"), "--steps", "2",
-         "--max_seq_length", "3", "--num_layers", "2", *args],
+        [sys.executable, str(ROOT / "examples" / "multi_host.py"), "--steps", str(steps),
+         "--max_seq_length", "3", "--num_layers", "2"],
         stdout=subprocess.PIPE, stderr=log, env=_env(),
     )
     log.close()
@@ -484,7 +484,7 @@ def _started(proc) -> list:
 
 
 def test_example_places_gnmt_across_two_workers_and_stops_them(tmp_path):
-    proc = _example(tmp_path)
+    proc = _example(tmp_path, steps=2)
     try:
         pids = _started(proc)
         assert len(pids) == 2
@@ -504,7 +504,7 @@ def test_example_places_gnmt_across_two_workers_and_stops_them(tmp_path):
 
 
 def test_example_stops_its_workers_on_ctrl_c(tmp_path):
-    proc = _example(tmp_path)
+    proc = _example(tmp_path, steps=100000)  # still running whenever the signal comes
     try:
         pids = _started(proc)
         proc.send_signal(signal.SIGINT)
