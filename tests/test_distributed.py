@@ -473,6 +473,9 @@ def _example(tmp_path, steps: int):
         [sys.executable, str(ROOT / "examples" / "multi_host.py"), "--steps", str(steps),
          "--max_seq_length", "3", "--num_layers", "2"],
         stdout=subprocess.PIPE, stderr=log, env=_env(),
+        # A shell running the tests in the background may ignore SIGINT, which children inherit
+        # (and Python then never raises KeyboardInterrupt); a terminal's Ctrl-C would arrive.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     log.close()
     return proc
