@@ -61,6 +61,7 @@ from baechi_tf.rewriter.devices import (
 
 __all__ = [
     "ClusterSpec",
+    "ClusterTask",
     "ClusterUnreachableError",
     "DistributedSetup",
     "LocalWorkers",
@@ -68,6 +69,7 @@ __all__ = [
     "devices_from_listing",
     "discover_devices",
     "is_remote_target",
+    "parse_cluster_spec",
     "placement_by_host",
     "remote_session_config",
     "resolve_cluster_spec",
