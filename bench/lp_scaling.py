@@ -283,8 +283,8 @@ def main() -> None:
             if optima and max(optima) - min(optima) > 1e-5 * max(optima):
                 print(f"  optima differ: {optima}")
     if not args.quick:
-        print("layered above 10k ops: whole-LP HiGHS skipped (dual simplex, about one pivot per row at a")
-        print("cost growing with the LP: 10k ops already takes about a minute; the graph has no cut op)")
+        print("layered above 10k ops: whole-LP HiGHS skipped; at 10k it already takes minutes (dual")
+        print("simplex: about one pivot per row, at a cost growing with the LP; the graph has no cut op)")
 
     print()
     print("Placement pipeline (validate, group, place, check, baseline), m-SCT with HiGHS; seconds.")

@@ -69,6 +69,8 @@ class FavouriteChildPolicy(Policy):
     memory waits are not counted). While reserved, the device takes f, or an *urgent* op: one that
     could not start any earlier on any device it may go to. Any other op is held until it becomes
     urgent (its latest start over those devices) or the reservation ends, whichever is first.
+    When f and an urgent op could start at the same time, the one first in topological order
+    goes first (the original left that tie open).
 
     A reservation ends when f is scheduled, when the device runs another op, or when f's group is
     placed on another device; the ops it held are then offered again, so that no stored heap key

@@ -39,7 +39,7 @@ Times enter the matrix divided by ``time_unit_us`` (the largest compute or trans
 that every coefficient is at most 1 and interior-point solvers meet their tolerances;
 `baechi_tf.sct.solvers` reports results in microseconds.
 
-Size: A + V + 1 variables, at most A + 2V rows and 3A + 2V non-zeros. Built with numpy and
+Size: A + V + 1 variables, at most A + 2V rows and 5A + 2V non-zeros. Built with numpy and
 `scipy.sparse` from the `OpGraph` arrays in O(E log E) time for E edges, with no Python loop over
 matrix entries.
 """

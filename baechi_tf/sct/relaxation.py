@@ -31,8 +31,8 @@ for the whole graph if it ever fails (a solver tolerance beyond ours).
 Forward graphs of sequential models (layers joined by one op, weights read from sources) split
 into pieces of a layer or a few; graphs without cut ops (many crossing edges) are solved whole.
 
-Time: O(E log E) with three longest-path passes, plus the solver on pieces of about `piece_ops`
-ops; memory O(V + E).
+Time: O(E log E) with four longest-path passes in Python, plus the solver on pieces of about
+`piece_ops` ops; memory O(V + E).
 """
 
 from __future__ import annotations
