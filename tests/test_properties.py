@@ -104,7 +104,16 @@ def _check_case(case, outcomes):
         # least-loaded packing always fits (pins could overload a device, so they count whole).
         capacity = sum(need) // nd + max(need) + 1 + (sum(need) if pinned else 0)
     elif regime == "group_too_big":
-        capacity = max(1, int(persistent.max()) - 1)
+        # Some group needs its persistent bytes and its largest op's outputs and scratch at
+        # once; one byte less than that on every device, and it fits nowhere.
+        alloc = graph.output_total_bytes + graph.temp_bytes
+        largest = np.zeros(groups.num_groups, dtype=np.int64)
+        np.maximum.at(largest, groups.group_of, alloc)
+        floor = int((persistent + largest).max())
+        if floor <= 1:
+            regime, capacity = "random", 1  # nothing to exceed: every op is empty
+        else:
+            capacity = floor - 1
     else:
         capacity = max(1, int(scale * sum(need) / nd))
     cluster = Cluster(
