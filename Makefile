@@ -14,8 +14,8 @@ $(STAMP): setup.py
 # GNMT v2 placed by BaechiSession on four devices, at a size that takes about two minutes on a
 # 2-core machine without GPUs (examples/gnmt_v2.py without flags is the seed's size).
 demo: $(STAMP)
-	$(PY) examples/gnmt_v2.py --batch_size=32 --vocab_size=8000 --max_seq_length=16 \
-		--rnn_units=128 --num_layers=4 --steps=5
+	$(PY) examples/gnmt_v2.py --batch_size=128 --vocab_size=16000 --max_seq_length=32 \
+		--rnn_units=256 --num_layers=4 --steps=30
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

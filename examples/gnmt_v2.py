@@ -1,8 +1,8 @@
 """Train GNMT v2 with its ops placed by Baechi: a ``tf.compat.v1.Session`` wrapped in BaechiSession.
 
     .venv/bin/python examples/gnmt_v2.py                      # the seed's size (slow on a CPU)
-    .venv/bin/python examples/gnmt_v2.py --batch_size=32 --vocab_size=8000 --max_seq_length=16 \\
-        --rnn_units=128 --num_layers=4 --steps=5              # what `make demo` runs
+    .venv/bin/python examples/gnmt_v2.py --batch_size=128 --vocab_size=16000 \\
+        --max_seq_length=32 --rnn_units=256 --num_layers=4 --steps=30   # what `make demo` runs
 
 The model is GNMT v2 (baechi_tf.models), built from plain ``tf.compat.v1`` ops; the defaults are
 the original README's setting (batch 128, 40 steps, vocabulary 30000, 4 LSTM layers of 512 units,
