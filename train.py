@@ -25,23 +25,30 @@ CPU devices stand in for them (CPU:1..N, with ``--memory_per_device`` each; CPU:
 which runs only what must run on a host).
 
 **How the placed graph is run, and ``--only_forward``.** The placer returns a placed *GraphDef*.
-Importing it (``tf.import_graph_def``) would give a graph without ``tf.Variable`` objects, which an
-optimizer needs to build its training ops, so train.py instead rebuilds the model (same flags,
-same op names: the graph is deterministic, and the profile's fingerprint checks it) under a device
-function that gives each op the device of the op of the same name in the placed GraphDef. With
-``--only_forward`` only the forward graph was profiled and placed; the training ops are built
-afterwards, outside that device function, with ``colocate_gradients_with_ops=True``: TF builds each
-gradient inside ``colocate_with(forward op)``, so it takes the forward op's device and colocation
-group, and the optimizer's slots and updates are colocated with their variables (spec 1.5). Ops
-that neither get (global step) run on TF's default device. The traced step then checks that every
-op ran where it was put.
+Without ``--only_forward`` that GraphDef, the whole training step, is imported
+(``tf.import_graph_def``) and run as it is: the variables' initialisers are ops of it, run by name.
+(Profiling runs the expert layout the same way: the layout is written into a copy of the
+GraphDef. A graph *built* under device annotations would differ: TF sums each device's gradients
+apart and groups update ops by device, so its training graph would not be the profiled one.)
+
+With ``--only_forward`` only the forward graph was profiled and placed, and the training step is
+built after placement with ``colocate_gradients_with_ops=True``: TF builds each gradient inside
+``colocate_with(forward op)``, so it takes the forward op's device and colocation group, and the
+optimizer's slots and updates are colocated with their variables (spec 1.5). An optimizer needs
+``tf.Variable`` objects, which an imported GraphDef lacks, so here the forward graph is rebuilt
+(same flags, same op names: the build is deterministic; its fingerprint and devices are checked
+against the placed GraphDef) under a device function that gives each op the device of its name in
+the placed GraphDef; an op made inside ``colocate_with`` takes its group's device, as in TF. Ops
+that get no device either way (the global step) run on TF's default device, the host.
+
+Either way, the traced step's step stats show where each op ran; train.py prints how many ran
+elsewhere than placed (none, in every run so far).
 
 Errors in flags or files: one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
