@@ -217,8 +217,7 @@ class Built:
 
     spec: Any  # baechi_tf.models.ModelSpec
     target: Any  # what one step runs
-    graph_def: Any  # the graph that is profiled and placed (no init ops)
-    init: Any  # initialises every variable
+    graph_def: Any  # the graph that is profiled and placed
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -256,9 +255,9 @@ def _train_op(config: TrainConfig, loss: Any, colocate: bool) -> Any:
 def build_graph(config: TrainConfig) -> Built:
     """Builds the model, and its training step unless `config.only_forward`, into a new graph.
 
-    The graph has no device fields. Its structure must not depend on devices: TF's gradients sum
-    the gradients of each device apart and group update ops by device, so a training graph built
-    under device annotations differs from one built without them.
+    The graph has no device fields, and is placed and run as a GraphDef: TF sums the gradients
+    of each device apart and groups update ops by device, so a training graph built under device
+    annotations would not be the graph that was profiled.
     """
     import tensorflow as tf
 
@@ -270,9 +269,7 @@ def build_graph(config: TrainConfig) -> Built:
         target = spec.loss
         if not config.only_forward:
             target = _train_op(config, spec.loss, config.colocate_grads_with_ops)
-        graph_def = graph.as_graph_def()
-        init = tf.compat.v1.global_variables_initializer()
-    return Built(spec=spec, target=target, graph_def=graph_def, init=init)
+    return Built(spec=spec, target=target, graph_def=graph.as_graph_def())
 
 
 def import_placed(built: Built, placed_def: Any) -> Runnable:
