@@ -191,17 +191,20 @@ class SchedulerState:
 
     # ---------------------------------------------------------------- channels
 
-    def _slot(self, a: int, b: int, t: float, w: float, extra: list) -> float:
+    def _slot(self, a: int, b: int, t: float, w: float, extra: dict) -> float:
         """Earliest start >= t of a w-long interval free on the channels of a and b.
 
-        `extra` holds tentative bookings (device, start, end) of the same dry run.
+        `extra` maps a device to the (starts, ends) of tentative bookings of the same dry run.
         """
         if w <= 0:
             return t
-        channels = ((self.chan_start[a], self.chan_end[a], a), (self.chan_start[b], self.chan_end[b], b))
+        lists = [(self.chan_start[a], self.chan_end[a]), (self.chan_start[b], self.chan_end[b])]
+        for d in (a, b):
+            if d in extra:
+                lists.append(extra[d])
         while True:
             t0 = t
-            for starts, ends, dev in channels:
+            for starts, ends in lists:
                 n = len(ends)
                 if n and ends[-1] > t:
                     i = bisect.bisect_right(ends, t)  # first booking ending after t
@@ -212,9 +215,6 @@ class SchedulerState:
                         if i == stop:  # a long run of gaps too small: go after the last booking
                             t = ends[-1]
                             break
-                for d, s, e in extra:
-                    if d == dev and s < t + w and e > t:
-                        t = e
             if t == t0:
                 return t
 
@@ -243,7 +243,7 @@ class SchedulerState:
         With `commit`, books the transfers for real.
         """
         ready = 0.0
-        extra: list[tuple[int, float, float]] = []
+        extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
         device = self.device
         for p, t, nbytes in self.inputs[op]:
@@ -259,8 +259,11 @@ class SchedulerState:
                 arrived = s + w
                 new_bytes += nbytes
                 if w > 0:
-                    extra.append((pd, s, arrived))
-                    extra.append((dev, s, arrived))
+                    for d in (pd, dev):
+                        starts, ends = extra.setdefault(d, ([], []))
+                        i = bisect.bisect_left(starts, s)
+                        starts.insert(i, s)
+                        ends.insert(i, arrived)
                 if commit:
                     self.arrival[(t, dev)] = arrived
                     self.transfers.append(Transfer(t, pd, dev, s, arrived))
@@ -271,8 +274,9 @@ class SchedulerState:
                 ready = arrived
         if commit:
             # Booked only now, so that a commit finds exactly the slots its dry run found.
-            for d, s, e in extra:
-                self._book(d, s, e)
+            for d, (starts, ends) in extra.items():
+                for s, e in zip(starts, ends):
+                    self._book(d, s, e)
         return ready, new_bytes
 
     def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
