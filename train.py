@@ -326,25 +326,6 @@ def rebuild_forward_placed(config: TrainConfig, placed_def: Any) -> Runnable:
     return Runnable(graph=graph, target=target, init=init, feeds=spec.feeds)
 
 
-def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
-    """`profile` without the output slots that `graph`'s ops do not have; their bytes are
-    counted as the op's temporary memory.
-
-    oneDNN's CPU kernels give some ops more outputs at run time than the graph declares (a
-    training MaxPool keeps a workspace for its gradient), and the step stats report them under
-    the op's name; the importer would take them for a profile of another graph.
-    """
-    counts = {op.name: len(op.outputs) for op in graph.get_operations()}
-    ops = {}
-    for name, cost in profile.ops.items():
-        n = counts.get(name, len(cost.output_bytes))
-        if len(cost.output_bytes) > n:
-            cost = dataclasses.replace(cost, output_bytes=cost.output_bytes[:n],
-                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]))
-        ops[name] = cost
-    return dataclasses.replace(profile, ops=ops)
-
-
 def canonical_device(name: str) -> str:
     import tensorflow as tf
 
@@ -550,7 +531,7 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any) -> int:
     import tensorflow as tf
 
     from baechi_tf.cost_model.profile import save_profile
-    from baechi_tf.cost_model.profiler import profile_from_step_stats
+    from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.rewriter.apply import apply_placement
 
     if FLAGS.profile_every_n_steps > FLAGS.profile_steps:

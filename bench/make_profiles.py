@@ -26,13 +26,13 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 from baechi_tf._files import atomic_write  # noqa: E402
-from baechi_tf.cost_model.profiler import profile_fetch  # noqa: E402
+from baechi_tf.cost_model.profiler import profile_fetch  # noqa: E402  (fits oneDNN's extra outputs)
 from baechi_tf.json_io import graph_to_json  # noqa: E402
 from baechi_tf.models import GNMTHParams, InceptionV3HParams, TransformerHParams  # noqa: E402
 from baechi_tf.rewriter.apply import apply_placement  # noqa: E402
 from baechi_tf.rewriter.devices import session_config, standin_cluster  # noqa: E402
 from baechi_tf.rewriter.importer import import_graph_def  # noqa: E402
-from train import TrainConfig, build_graph, fit_outputs_to_graph, import_placed  # noqa: E402
+from train import TrainConfig, build_graph, import_placed  # noqa: E402
 
 NUM_DEVICES = 4
 # model -> (hyper-parameters, optimizer). Inception-v3 trains with plain SGD here: Adam's slots
@@ -58,7 +58,6 @@ def make_profile(name: str, hparams, optimizer: str) -> dict:
         sess.run(run.init)
         profile = profile_fetch(sess, run.target, run.feeds, warmup_steps=2, traced_steps=5,
                                 graph_def=built.graph_def)
-    profile = fit_outputs_to_graph(profile, built.spec.graph)
     imported = import_graph_def(built.graph_def, profile, setup.cluster, host_device=setup.host,
                                 device_aliases=setup.aliases)
     return graph_to_json(imported.graph, setup.cluster)

@@ -26,6 +26,8 @@ Time: O(traced nodes) per step; memory O(ops).
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import re
 from typing import Any, Optional, Sequence
@@ -39,7 +41,7 @@ from baechi_tf.cost_model.profile import (
 )
 from baechi_tf.errors import ConfigError, ProfileError
 
-__all__ = ["profile_fetch", "profile_from_step_stats", "profiling_config"]
+__all__ = ["fit_outputs_to_graph", "profile_fetch", "profile_from_step_stats", "profiling_config"]
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +208,9 @@ def profile_fetch(
         metadata = tf.compat.v1.RunMetadata()
         session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
         traces.append(metadata.step_stats)
-    profile = profile_from_step_stats(traces, graph_def, tf_version=tf.__version__)
+    profile = fit_outputs_to_graph(
+        profile_from_step_stats(traces, graph_def, tf_version=tf.__version__), session.graph
+    )
     log.info(
         "profiled %d ops over %d traced steps (%.0f us traced per step)",
         len(profile.ops),
@@ -214,3 +218,22 @@ def profile_fetch(
         profile.traced_compute_us,
     )
     return profile
+
+
+def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
+    """`profile` without the output slots that `graph`'s ops do not have; their bytes are
+    counted as the op's temporary memory.
+
+    oneDNN's CPU kernels give some ops more outputs at run time than the graph declares (a
+    training MaxPool keeps a workspace for its gradient), and the step stats report them under
+    the op's name; the importer would take them for a profile of another graph.
+    """
+    counts = {op.name: len(op.outputs) for op in graph.get_operations()}
+    ops = {}
+    for name, cost in profile.ops.items():
+        n = counts.get(name, len(cost.output_bytes))
+        if len(cost.output_bytes) > n:
+            cost = dataclasses.replace(cost, output_bytes=cost.output_bytes[:n],
+                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]))
+        ops[name] = cost
+    return dataclasses.replace(profile, ops=ops)
