@@ -166,6 +166,13 @@ flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
 flags.DEFINE_string("memory_per_device", "8GiB",
                     "Memory of each CPU stand-in for a GPU, e.g. 8GiB, 512MiB or bytes.")
+flags.DEFINE_string(
+    "cluster_spec", None,
+    "Place and run across a running TF cluster: JSON like TF_CONFIG's \"cluster\" or a file "
+    "holding it (default: TF_CONFIG's cluster, else this machine). --num_gpus is then per task.")
+flags.DEFINE_string("inter_host_comm_cost_coeffs", None,
+                    "'slope,intercept' between hosts (default: --comm_cost_coeffs).")
+flags.DEFINE_float("cluster_timeout", 30.0, "Seconds to wait for the cluster's tasks.")
 flags.DEFINE_string("report_dir", "",
                     "If set: Gantt chart, memory per device, Chrome trace (with the traced step), "
                     "TensorBoard graph and summary.json of the placement.")
@@ -439,7 +446,7 @@ class _Logdir:
             self.writer.close()
 
 
-def run_graph(run: Runnable, session_config: Any, *, tag: str, label: str, warmup: int,
+def run_graph(run: Runnable, session_config: Any, *, target: str = "", tag: str, label: str, warmup: int,
               steps: int, trace_every: int) -> tuple[list[float], list[Any]]:
     """Initialises `run` in a new session and runs `run_steps`; returns (timed seconds, the
     traced steps' StepStats). With --logdir, each traced step's run metadata is kept there."""
@@ -453,7 +460,7 @@ def run_graph(run: Runnable, session_config: Any, *, tag: str, label: str, warmu
         logdir.add(tag, step, metadata)
 
     try:
-        with tf.compat.v1.Session(graph=run.graph, config=session_config) as sess:
+        with tf.compat.v1.Session(target, graph=run.graph, config=session_config) as sess:
             sess.run(run.init)
             timed = run_steps(sess, run.target, run.feeds, label=label, warmup=warmup,
                               steps=steps, trace_every=trace_every, on_trace=keep)
@@ -483,8 +490,9 @@ def _config_from_flags() -> TrainConfig:
     )
 
 
-def _devices() -> tuple[Any, Any]:
-    """(DeviceSetup, session ConfigProto) for --num_gpus devices."""
+def _devices() -> tuple[Any, Any, str]:
+    """(DeviceSetup, session ConfigProto, session target) for --num_gpus devices, on this
+    machine or, with --cluster_spec (or TF_CONFIG), on every task of a running cluster."""
     import tensorflow as tf
 
     from baechi_tf.cluster import CommCost
@@ -503,6 +511,24 @@ def _devices() -> tuple[Any, Any]:
                                     log_device_placement=FLAGS.log_device_placement)
     if fraction != 1.0:
         base.gpu_options.per_process_gpu_memory_fraction = fraction
+    from baechi_tf.rewriter.distributed import cluster_from_flags, remote_session_config
+
+    inter = None
+    if FLAGS.inter_host_comm_cost_coeffs:
+        i = CommCost.parse(FLAGS.inter_host_comm_cost_coeffs)
+        inter = CommCost(i.slope_us_per_byte * scale, i.intercept_us * scale)
+    remote = cluster_from_flags(
+        FLAGS.cluster_spec,
+        num_devices=FLAGS.num_gpus if FLAGS["num_gpus"].present else None,
+        memory_per_device=max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction)),
+        memory_fraction=fraction,
+        comm_cost_coeffs=comm,
+        inter_host_comm_cost_coeffs=inter,
+        timeout_s=FLAGS.cluster_timeout,
+        config=base,
+    )
+    if remote is not None:
+        return remote.devices, remote_session_config(session_config(remote.devices, base)), remote.target
     setup = session_devices(
         FLAGS.num_gpus,
         memory_bytes_per_device=max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction)),
@@ -510,11 +536,12 @@ def _devices() -> tuple[Any, Any]:
         comm=comm,
         config=base,
     )
-    return setup, session_config(setup, base)
+    return setup, session_config(setup, base), ""
 
 
 def _describe_devices(setup: Any) -> str:
-    names = ", ".join(d.name.split("/")[-1] for d in setup.cluster.devices)
+    several_tasks = len({d.task for d in setup.cluster.devices}) > 1
+    names = ", ".join(d.name if several_tasks else d.name.split("/")[-1] for d in setup.cluster.devices)
     if setup.virtual:
         return (f"{setup.cluster.num_devices} virtual CPU devices standing in for GPUs "
                 f"({names}; CPU:0 is the host)")
@@ -526,7 +553,7 @@ def _describe_graph(config: TrainConfig, built: Built) -> str:
     return f"{config.model_name}: {what} of {len(built.graph_def.node)} ops"
 
 
-def costgen(config: TrainConfig, setup: Any, session_config: Any) -> int:
+def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = "") -> int:
     """Profiles the model under its expert layout and writes the profile to --cost_path."""
     import tensorflow as tf
 
@@ -546,7 +573,7 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any) -> int:
     print(f"Profiling on {_describe_devices(setup)}, with the model's expert layout over "
           f"{len(used)} of them")
     timed, traces = run_graph(
-        run, session_config, tag="costgen", label="profiling", warmup=FLAGS.profile_warmup_steps,
+        run, session_config, target=target, tag="costgen", label="profiling", warmup=FLAGS.profile_warmup_steps,
         steps=FLAGS.profile_steps, trace_every=FLAGS.profile_every_n_steps)
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, built.graph_def, tf_version=tf.__version__),
@@ -568,7 +595,7 @@ def _scaled(profile: Any, factor: float) -> Any:
     return dataclasses.replace(profile, ops=ops)
 
 
-def place_and_run(config: TrainConfig, setup: Any, session_config: Any) -> int:
+def place_and_run(config: TrainConfig, setup: Any, session_config: Any, target: str = "") -> int:
     """Places the graph with the profile, prints the figures, runs the placed graph."""
     from baechi_tf.cost_model.profile import load_profile
     from baechi_tf.rewriter.graph_pass import place_graph_def
@@ -607,7 +634,7 @@ def place_and_run(config: TrainConfig, setup: Any, session_config: Any) -> int:
     else:
         run = import_placed(built, placed_def)
     timed, traced = run_graph(
-        run, session_config, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
+        run, session_config, target=target, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
         steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1)
     print(f"Average step time (measured): {1e3 * sum(timed) / len(timed):.3f} ms "
           f"(mean of {len(timed)} steps)")
@@ -663,10 +690,10 @@ def main(argv: list[str]) -> int:
             refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
         options.validate()
         config = _config_from_flags()
-        setup, session_config = _devices()
+        setup, session_config, target = _devices()
         if FLAGS.costgen:
-            return costgen(config, setup, session_config)
-        return place_and_run(config, setup, session_config)
+            return costgen(config, setup, session_config, target)
+        return place_and_run(config, setup, session_config, target)
     except BaechiError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

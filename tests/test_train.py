@@ -187,3 +187,20 @@ def test_a_cost_file_that_is_not_a_profile_is_refused(tmp_path):
         done = train(f"--cost_path={path}", *GNMT, "--placement_method=m_etf", expect=2)
         assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
         assert str(path) in done.stderr
+
+
+def test_costgen_and_placement_across_two_local_workers(tmp_path):
+    """train.py --cluster_spec: profile and place on the devices of two worker processes."""
+    from baechi_tf.rewriter.distributed import start_local_workers
+
+    with start_local_workers(2, 2) as workers:
+        spec = workers.spec.to_json()
+        flags = [f for f in GNMT if not f.startswith("--num_gpus")] + [
+            f"--cluster_spec={spec}", "--num_gpus=2", "--inter_host_comm_cost_coeffs=0.001,500"]
+        cost = str(tmp_path / "cost.pb")
+        train("--costgen", f"--cost_path={cost}", *flags, *FAST_PROFILE)
+        out = train(f"--cost_path={cost}", *flags, "--placement_method=m_topo", *FAST_RUN,
+                    f"--logdir={tmp_path / 'logdir'}").stdout
+    assert "/job:worker/replica:0/task:1/" in out, out
+    assert figure(out, "Average step time (measured)") > 0
+    assert re.search(r"^Ops that ran where placed: (\d+) of \1; elsewhere: 0$", out, re.M), out
