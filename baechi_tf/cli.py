@@ -79,6 +79,12 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=defaults.seed, help="auto: seed of the refinement (default: %(default)s)"
     )
     parser.add_argument(
+        "--report_dir",
+        metavar="DIR",
+        help="write reports here: gantt.png, memory_<i>.png, trace.json (Perfetto), summary.json "
+        "and, for a GraphDef, the placed graph for TensorBoard",
+    )
+    parser.add_argument(
         "--placer_memory_fraction",
         type=float,
         default=defaults.memory_fraction,
@@ -109,11 +115,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_placement_arguments(parser)
     parser.add_argument(
         "--out", metavar="P.json", help="write the placement and its figures here as JSON"
-    )
-    parser.add_argument(
-        "--report_dir",
-        metavar="DIR",
-        help="write reports here: gantt.png, memory_<i>.png, trace.json (Perfetto), summary.json",
     )
 
 

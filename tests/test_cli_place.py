@@ -196,3 +196,17 @@ def test_exit_status_of_the_real_command(files, tmp_path):
     assert last == f"baechi place: error: graph {str(cost)!r} is empty; give a GraphDef or MetaGraphDef"
     assert "Traceback" not in done.stderr and done.stderr.count("baechi place") == 1
     assert not out.exists()
+
+
+def test_report_dir(files, tmp_path, capsys):
+    lstm, p = files
+    reports = tmp_path / "reports"
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--num_devices", 2,
+                 "--placement_method", "m_topo", "--out", tmp_path / "placed.pb",
+                 "--report_dir", reports) == 0
+    made = {x.name for x in reports.iterdir()}
+    assert {"gantt.png", "trace.json", "summary.json", "graph.pbtxt"} <= made
+    import json
+
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["makespan_us"] > 0 and summary["lower_bound_us"] > 0

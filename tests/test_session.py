@@ -157,3 +157,20 @@ def test_import_baechi_tf_does_not_import_tensorflow():
                  "BaechiError", "ProfileError"):
         assert name in done.stdout
     assert baechi_tf.BaechiSession is BaechiSession
+
+
+def test_report_dir_gets_the_placement(tmp_path):
+    import json
+
+    model = build_lstm()
+    reports = tmp_path / "reports"
+    with BaechiSession(graph=model.graph, num_devices=2, placement_method="m_topo",
+                       report_dir=str(reports), profile_steps=1, warmup_steps=1) as sess:
+        sess.run(model.init)
+        sess.run(model.loss, feed_dict=model.feed())
+        result = sess.placement.result
+    summary = json.loads((reports / "summary.json").read_text())
+    assert summary["method"] == result.placement.method == "m_topo"
+    assert summary["makespan_us"] == pytest.approx(result.makespan_us)
+    assert sum(d["ops"] for d in summary["devices"]) == result.graph.num_ops
+    assert (reports / "gantt.png").stat().st_size > 1000

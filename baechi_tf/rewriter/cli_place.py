@@ -223,4 +223,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         atomic_write(args.out, out_msg.SerializeToString(deterministic=True))
     print(f"placed {'MetaGraphDef' if is_meta else 'GraphDef'} written to {args.out}")
+    if args.report_dir:
+        from baechi_tf.reports import write_reports
+
+        write_reports(report.result, args.report_dir, graph_def=placed)
+        print(f"reports written to {args.report_dir}")
     return 0

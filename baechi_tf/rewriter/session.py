@@ -193,6 +193,7 @@ class BaechiSession:
         profile_steps: int = 5,
         cost_path: Optional[str] = None,
         grappler: bool = False,
+        report_dir: Optional[str] = None,
     ) -> None:
         import tensorflow as tf
 
@@ -274,6 +275,7 @@ class BaechiSession:
         self._warmup_steps = warmup_steps
         self._profile_steps = profile_steps
         self._cost_path = cost_path
+        self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
@@ -453,6 +455,10 @@ class BaechiSession:
         self._placed = placed
         self._covered |= closure
         self.placement = report
+        if self._report_dir:
+            from baechi_tf.reports import write_reports
+
+            write_reports(report.result, self._report_dir, graph_def=placed_def)
         log.info(
             "placed %d ops on %d devices (%s)",
             len(placed.names),
