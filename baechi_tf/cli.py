@@ -69,6 +69,13 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--lp_time_limit",
+        type=float,
+        default=defaults.lp_time_limit,
+        help="m-SCT: seconds each LP solve may take (HiGHS, MOSEK); with --lp_solver=auto a solver "
+        "that fails or runs out of time hands the LP to the next one (default: no limit)",
+    )
+    parser.add_argument(
         "--refine_seconds",
         type=float,
         default=defaults.refine_seconds,
@@ -101,6 +108,7 @@ def options_from_args(args: argparse.Namespace):
         placer_type=args.placer_type,
         sct_threshold=args.sct_threshold,
         lp_solver=args.lp_solver,
+        lp_time_limit=args.lp_time_limit,
         memory_fraction=args.placer_memory_fraction,
         refine_seconds=args.refine_seconds,
         seed=args.seed,

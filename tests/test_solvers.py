@@ -107,3 +107,41 @@ def test_auto_takes_mosek_only_when_licensed(caplog):
         assert chosen == "highs"
         assert "m-SCT LP solver: highs (MOSEK has no usable licence" in caplog.text
     assert solve_lp(LPS["diamond"](), "auto").solver == chosen
+
+
+def _layered(n):
+    """bench/layered.py's seeded graph: an LP HiGHS needs more than a microsecond for."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    from layered import layered_graph
+
+    return layered_graph(n, seed=3)
+
+
+def test_auto_falls_back_when_highs_runs_out_of_time(caplog):
+    """A time limit HiGHS cannot meet: `auto` warns and cvxopt solves the same LP."""
+    import logging
+
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct.relaxation import solve_sct_relaxation
+
+    graph = _layered(600)
+    cluster = Cluster.homogeneous(4, 1 << 34)
+    exact = solve_sct_relaxation(graph, cluster, solver="highs")
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.sct.solvers"):
+        fell_back = solve_sct_relaxation(graph, cluster, solver="auto", time_limit_s=1e-6)
+    assert any("falling back to cvxopt" in r.getMessage() and "lp_time_limit" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert fell_back.w_us == pytest.approx(exact.w_us, rel=1e-5)
+
+
+def test_a_named_solver_out_of_time_is_an_error():
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.errors import SolverError
+    from baechi_tf.sct.relaxation import solve_sct_relaxation
+
+    with pytest.raises(SolverError, match="within --lp_time_limit"):
+        solve_sct_relaxation(_layered(600), Cluster.homogeneous(4, 1 << 34),
+                             solver="highs", time_limit_s=1e-6)

@@ -53,6 +53,7 @@ class MSCTOptions:
     lp_solver: str = "auto"  # 'auto', 'mosek', 'highs' or 'cvxopt' (--lp_solver)
     reduce_lp: bool = True  # solve the LP in exact pieces; False hands one LP to the solver
     max_lp_arcs: Optional[int] = None  # refuse (SolverError) an LP piece of more arcs; None: any
+    lp_time_limit_s: Optional[float] = None  # per LP solve; 'auto' then falls back to the next solver
 
     def validate(self) -> None:
         if self.lp_solver not in SOLVERS:
@@ -167,7 +168,8 @@ def favourite_children_of(
     if cluster.num_devices == 1 or graph.num_edges == 0:
         return np.full(graph.num_ops, -1, dtype=np.int32)  # nothing to transfer: no LP needed
     relaxation = solve_sct_relaxation(
-        graph, cluster, solver=options.lp_solver, reduce=options.reduce_lp, max_lp_arcs=options.max_lp_arcs
+        graph, cluster, solver=options.lp_solver, reduce=options.reduce_lp,
+        max_lp_arcs=options.max_lp_arcs, time_limit_s=options.lp_time_limit_s,
     )
     child, _ = favourite_children(
         relaxation.arc_src, relaxation.arc_dst, relaxation.x, graph.num_ops, options.threshold

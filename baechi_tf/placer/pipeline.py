@@ -105,7 +105,10 @@ def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placement
     # In auto's portfolio m-SCT gives up (SolverError, skipped) on an LP piece that simplex would
     # take minutes over: graphs with thousands of crossing edges and no op that cuts them.
     limit = _AUTO_MAX_LP_ARCS if options.placement_method == "auto" else None
-    sct = MSCTOptions(threshold=options.sct_threshold, lp_solver=options.lp_solver, max_lp_arcs=limit)
+    sct = MSCTOptions(
+        threshold=options.sct_threshold, lp_solver=options.lp_solver, max_lp_arcs=limit,
+        lp_time_limit_s=options.lp_time_limit,
+    )
     return place_m_sct(graph, cluster, groups, options=sct)
 
 
@@ -141,6 +144,7 @@ class PlacementOptions:
     placer_type: str = "default"  # 'default' or 'fusion' (place a fused graph)
     sct_threshold: float = 0.1  # m-SCT: LP edge values <= this make a favourite child
     lp_solver: str = "auto"  # m-SCT: 'auto', 'mosek', 'highs' or 'cvxopt'
+    lp_time_limit: Optional[float] = None  # m-SCT: seconds per LP solve; 'auto' then tries the next solver
     memory_fraction: float = 1.0  # share of each device's memory the placer may fill
     refine_seconds: float = 3.0  # auto: budget of the refinement local search; 0 turns it off
     seed: int = 0  # auto: seeds the refinement's random moves
@@ -164,6 +168,8 @@ class PlacementOptions:
             raise ConfigError(
                 f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
             )
+        if self.lp_time_limit is not None and not (self.lp_time_limit > 0):
+            raise ConfigError(f"lp_time_limit {self.lp_time_limit!r} must be > 0 seconds")
         if not (self.refine_seconds >= 0):
             raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be >= 0")
         if not (0 <= self.sct_threshold < 1):

@@ -38,6 +38,7 @@ Time: O(E log E) with four longest-path passes in Python, plus the solver on pie
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Optional
 
@@ -47,7 +48,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import SolverError
 from baechi_tf.graph import OpGraph
 from baechi_tf.sct.lp import arc_comm_us, sct_lp
-from baechi_tf.sct.solvers import choose_solver, solve_lp
+from baechi_tf.sct.solvers import choose_solver, fallbacks_after, solve_lp
 
 __all__ = ["SctRelaxation", "solve_sct_relaxation"]
 
@@ -80,20 +81,26 @@ def solve_sct_relaxation(
     reduce: bool = True,
     piece_ops: int = _PIECE_OPS,
     max_lp_arcs: Optional[int] = None,
+    time_limit_s: Optional[float] = None,
 ) -> SctRelaxation:
     """Solves the m-SCT LP of `graph`; `reduce=False` hands the whole LP to the solver at once.
 
     With `max_lp_arcs`, an LP (a piece, or the whole) of more arcs is not attempted: `SolverError`
     (a deterministic bound on the solver's work, for callers that have other placers to try).
+    `time_limit_s` bounds each solve; with ``solver='auto'`` a back end that fails or runs out of
+    time hands the LP to the next one (MOSEK, HiGHS, cvxopt) with a warning.
     """
     name = choose_solver(solver)
+    solve = functools.partial(
+        solve_lp, solver=name, time_limit_s=time_limit_s, fallbacks=fallbacks_after(solver, name)
+    )
     arc_src, arc_dst, c_us = arc_comm_us(graph, cluster)
     p = graph.compute_us
     topo = graph.topo_index
     by_dst = np.argsort(topo[arc_dst], kind="stable")
     if not reduce:
         _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name)
+        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve)
 
     head0 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, np.zeros_like(c_us))
     head1 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, c_us)
@@ -115,9 +122,8 @@ def solve_sct_relaxation(
         s_lower = np.zeros(ops.shape[0])
         if release:
             s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
-        sol = solve_lp(
-            sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower),
-            name,
+        sol = solve(
+            sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower)
         )
         x[arcs] = sol.x
         w_pieces = sol.w_us
@@ -134,7 +140,7 @@ def solve_sct_relaxation(
             bound,
         )
         _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name)
+        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve)
     log.info(
         "m-SCT LP: %d of %d arcs in %d LPs by %s, optimum %.6g us",
         int(keep.sum()), arc_src.shape[0], num_lps, name, w,
@@ -150,8 +156,8 @@ def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
         )
 
 
-def _whole(graph, arc_src, arc_dst, c_us, by_dst, name) -> SctRelaxation:
-    sol = solve_lp(sct_lp(graph.compute_us, arc_src, arc_dst, c_us), name)
+def _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve) -> SctRelaxation:
+    sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us))
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * sol.x)
     return SctRelaxation(arc_src, arc_dst, c_us, sol.x, s, sol.w_us, name, 1, arc_src.shape[0])
 

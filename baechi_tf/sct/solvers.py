@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -93,10 +93,46 @@ def choose_solver(solver: str) -> str:
     return chosen
 
 
-def solve_lp(lp: SctLP, solver: str = "auto") -> LPSolution:
-    """Solves `lp` with the named back end (see the module docstring)."""
+def fallbacks_after(solver: str, chosen: str) -> tuple[str, ...]:
+    """The back ends ``auto`` tries after `chosen` fails: the available ones later in the
+    order MOSEK, HiGHS, cvxopt; none when the user named a solver."""
+    if solver != "auto":
+        return ()
+    order = ("mosek", "highs", "cvxopt")
+    later = order[order.index(chosen) + 1 :]
+    return tuple(
+        n for n in later
+        if (n == "highs" and _highs_available())
+        or (n == "cvxopt" and importlib.util.find_spec("cvxopt") is not None)
+    )
+
+
+def solve_lp(
+    lp: SctLP,
+    solver: str = "auto",
+    *,
+    time_limit_s: Optional[float] = None,
+    fallbacks: Sequence[str] = (),
+) -> LPSolution:
+    """Solves `lp` with the named back end (see the module docstring).
+
+    `time_limit_s` bounds HiGHS's and MOSEK's solve (cvxopt has no time limit); a back end that
+    fails or runs out of time raises `SolverError`, unless `fallbacks` name back ends to try next,
+    in which case a warning says so and the next one solves.
+    """
     name = choose_solver(solver)
-    z = {"mosek": _solve_mosek, "highs": _solve_highs, "cvxopt": _solve_cvxopt}[name](lp)
+    try:
+        return _solve_with(lp, name, time_limit_s)
+    except SolverError as e:
+        if not fallbacks:
+            raise
+        log.warning("LP solver %s failed (%s); falling back to %s", name, e, fallbacks[0])
+        return solve_lp(lp, fallbacks[0], time_limit_s=time_limit_s, fallbacks=fallbacks[1:])
+
+
+def _solve_with(lp: SctLP, name: str, time_limit_s: Optional[float]) -> LPSolution:
+    solve = {"mosek": _solve_mosek, "highs": _solve_highs, "cvxopt": _solve_cvxopt}[name]
+    z = solve(lp, time_limit_s)
     z = np.asarray(z, dtype=np.float64).reshape(-1)
     if z.shape != (lp.num_vars,) or not np.isfinite(z).all():
         raise SolverError(f"{name} returned no finite solution of the m-SCT LP ({_size(lp)})")
@@ -116,7 +152,7 @@ def _size(lp: SctLP) -> str:
 # ---------------------------------------------------------------- HiGHS
 
 
-def _solve_highs(lp: SctLP) -> np.ndarray:
+def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
     from scipy.optimize import linprog
 
     res = linprog(
@@ -125,7 +161,13 @@ def _solve_highs(lp: SctLP) -> np.ndarray:
         b_ub=lp.b_ub,
         bounds=np.column_stack((lp.lower, lp.upper)),
         method="highs",
+        options={} if time_limit_s is None else {"time_limit": float(time_limit_s)},
     )
+    if res.status == 1 and time_limit_s is not None:
+        raise SolverError(
+            f"HiGHS did not solve the m-SCT LP ({_size(lp)}) within --lp_time_limit="
+            f"{time_limit_s:g} s: {res.message}"
+        )
     if res.status != 0 or res.x is None:
         raise SolverError(f"HiGHS did not solve the m-SCT LP ({_size(lp)}): {res.message}")
     return res.x
@@ -134,7 +176,7 @@ def _solve_highs(lp: SctLP) -> np.ndarray:
 # ---------------------------------------------------------------- cvxopt
 
 
-def _solve_cvxopt(lp: SctLP) -> np.ndarray:
+def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
     if importlib.util.find_spec("cvxopt") is None:
         raise SolverError("cvxopt is not installed: pip install cvxopt, or use --lp_solver=highs")
     import cvxopt
@@ -190,7 +232,7 @@ def _mosek_task(env, lp: SctLP):
     return task
 
 
-def _solve_mosek(lp: SctLP) -> np.ndarray:
+def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
     if importlib.util.find_spec("mosek") is None:
         raise SolverError(
             "MOSEK is not installed: pip install Mosek (it also needs a licence), or use "
@@ -204,6 +246,8 @@ def _solve_mosek(lp: SctLP) -> np.ndarray:
         except mosek.Error as e:
             raise SolverError(_licence_message(e)) from None
         with _mosek_task(env, lp) as task:
+            if time_limit_s is not None:
+                task.putdouparam(mosek.dparam.optimizer_max_time, float(time_limit_s))
             try:
                 trm = task.optimize()
             except mosek.Error as e:
