@@ -447,9 +447,11 @@ class _Logdir:
 
 
 def run_graph(run: Runnable, session_config: Any, *, target: str = "", tag: str, label: str, warmup: int,
-              steps: int, trace_every: int) -> tuple[list[float], list[Any]]:
+              steps: int, trace_every: int, result: Any = None) -> tuple[list[float], list[Any]]:
     """Initialises `run` in a new session and runs `run_steps`; returns (timed seconds, the
-    traced steps' StepStats). With --logdir, each traced step's run metadata is kept there."""
+    traced steps' StepStats). With --logdir, each traced step's run metadata is kept there.
+    Running out of device memory is an `InfeasiblePlacementError` naming the device and, given
+    the placement `result`, the peak the placer expected there."""
     import tensorflow as tf
 
     logdir = _Logdir(FLAGS.logdir, run.graph)
@@ -464,6 +466,10 @@ def run_graph(run: Runnable, session_config: Any, *, target: str = "", tag: str,
             sess.run(run.init)
             timed = run_steps(sess, run.target, run.feeds, label=label, warmup=warmup,
                               steps=steps, trace_every=trace_every, on_trace=keep)
+    except tf.errors.ResourceExhaustedError as e:
+        from baechi_tf.rewriter.oom import out_of_memory_error
+
+        raise out_of_memory_error(e, result, when=f" while {label}") from None
     finally:
         logdir.close()
     return timed, traces
@@ -635,7 +641,7 @@ def place_and_run(config: TrainConfig, setup: Any, session_config: Any, target: 
         run = import_placed(built, placed_def)
     timed, traced = run_graph(
         run, session_config, target=target, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
-        steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1)
+        steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1, result=report.result)
     print(f"Average step time (measured): {1e3 * sum(timed) / len(timed):.3f} ms "
           f"(mean of {len(timed)} steps)")
     _print_where_ops_ran(traced[0], run.graph, placed_def)

@@ -174,3 +174,21 @@ def test_report_dir_gets_the_placement(tmp_path):
     assert summary["makespan_us"] == pytest.approx(result.makespan_us)
     assert sum(d["ops"] for d in summary["devices"]) == result.graph.num_ops
     assert (reports / "gantt.png").stat().st_size > 1000
+
+
+def test_out_of_memory_at_run_time_says_where_and_what_to_change():
+    from baechi_tf.errors import InfeasiblePlacementError
+
+    graph = tf.Graph()
+    with graph.as_default():
+        n = tf.compat.v1.placeholder(tf.int64, [], name="n")
+        total = tf.reduce_sum(tf.ones(tf.stack([n]), tf.float32), name="total")
+    with BaechiSession(graph=graph, num_devices=2, placement_method="m_topo",
+                       profile_steps=1, warmup_steps=0) as sess:
+        assert sess.run(total, feed_dict={n: 10}) == 10.0  # profiles and places at this size
+        with pytest.raises(InfeasiblePlacementError) as e:
+            sess.run(total, feed_dict={n: 1 << 42})  # 16 TiB of ones
+    message = str(e.value)
+    assert "ran out of memory on /job:localhost/replica:0/task:0/device:CPU:" in message
+    assert "the placer expected a peak of" in message
+    assert "--placer_memory_fraction" in message

@@ -344,9 +344,15 @@ class BaechiSession:
                 self._profile_and_place(named, feeds, closure)
             self._ready.add(key)
         assert self._placed is not None
-        return self._placed.session.run(
-            named, feed_dict=feeds, options=options, run_metadata=run_metadata
-        )
+        try:
+            return self._placed.session.run(
+                named, feed_dict=feeds, options=options, run_metadata=run_metadata
+            )
+        except tf.errors.ResourceExhaustedError as e:
+            from baechi_tf.rewriter.oom import out_of_memory_error
+
+            result = self.placement.result if self.placement is not None else None
+            raise out_of_memory_error(e, result) from None
 
     def close(self) -> None:
         """Closes the placed session and the session this object was given."""

@@ -1,0 +1,39 @@
+"""Turning TensorFlow's run-time out-of-memory error into one that says what to change."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from baechi_tf.errors import InfeasiblePlacementError
+from baechi_tf.placer.list_scheduler import format_bytes
+
+__all__ = ["out_of_memory_error"]
+
+_DEVICE = re.compile(r"\bon (/job:[^\s]+?/device:[A-Za-z_]+:\d+|/device:[A-Za-z_]+:\d+)")
+
+
+def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str = "") -> InfeasiblePlacementError:
+    """An `InfeasiblePlacementError` for TF's ``ResourceExhaustedError`` `error`.
+
+    It names the device TF ran out of memory on, the simulated peak and capacity of that device
+    in `result` (a `PlacementResult`, when the graph was placed), and the flags to change.
+    """
+    text = str(getattr(error, "message", None) or error)
+    first = text.strip().splitlines()[0] if text.strip() else "ResourceExhaustedError"
+    m = _DEVICE.search(text)
+    device = m.group(1) if m else None
+    where = f" on {device}" if device else ""
+    expected = ""
+    if result is not None and device is not None:
+        d = result.cluster.find(device)
+        if d is not None:
+            expected = (
+                f"; the placer expected a peak of {format_bytes(result.schedule.peak_memory_bytes[d])} "
+                f"of the {format_bytes(result.cluster.devices[d].memory_bytes)} it assumed there"
+            )
+    return InfeasiblePlacementError(
+        f"the graph ran out of memory{where}{when} ({first[:200]}){expected}: give the placer less "
+        "memory per device to plan with (--placer_memory_fraction or memory_fraction below 1, or a "
+        "smaller --memory_per_device), use more devices, or a smaller batch"
+    )
