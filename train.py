@@ -161,6 +161,9 @@ flags.DEFINE_bool("log_placer_device_placement", False, "Print 'op: device' for 
 # --- ours ----------------------------------------------------------------------------------------
 flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, ["auto", "mosek", "highs", "cvxopt"],
                   "m-SCT's LP solver; 'auto': MOSEK when licensed, else HiGHS, else cvxopt.")
+flags.DEFINE_float("lp_time_limit", None,
+                   "m-SCT: seconds each LP solve may take; with --lp_solver=auto a solver that "
+                   "fails or runs out of time hands the LP to the next one.")
 flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
                    "auto: time for refining the best placement; 0 turns it off.")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
@@ -692,7 +695,8 @@ def main(argv: list[str]) -> int:
         options = PlacementOptions(
             placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
             placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
-            lp_solver=FLAGS.lp_solver, memory_fraction=FLAGS.placer_memory_fraction,
+            lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
+            memory_fraction=FLAGS.placer_memory_fraction,
             refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
         options.validate()
         config = _config_from_flags()
@@ -703,6 +707,9 @@ def main(argv: list[str]) -> int:
     except BaechiError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # every file is written whole or not at all (atomic_write)
+        print("train: interrupted; no partial file was written", file=sys.stderr)
+        return 130
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

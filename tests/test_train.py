@@ -204,3 +204,26 @@ def test_costgen_and_placement_across_two_local_workers(tmp_path):
     assert "/job:worker/replica:0/task:1/" in out, out
     assert figure(out, "Average step time (measured)") > 0
     assert re.search(r"^Ops that ran where placed: (\d+) of \1; elsewhere: 0$", out, re.M), out
+
+
+def test_ctrl_c_during_profiling_writes_no_profile(tmp_path):
+    import signal
+
+    cost = tmp_path / "cost.pb"
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "train.py"), "--costgen", f"--cost_path={cost}", *GNMT,
+         "--profile_warmup_steps=1", "--profile_steps=100000", "--profile_every_n_steps=5"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    seen = ""
+    while "profiling" not in seen:  # the progress of the profiled steps has started
+        line = proc.stderr.readline()
+        assert line, seen
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + err
+    assert "interrupted; no partial file was written" in err
+    assert list(tmp_path.iterdir()) == []
