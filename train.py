@@ -53,7 +53,7 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from baechi_tf.placer.list_scheduler import format_bytes
 
 __all__ = ["summary_table"]

@@ -383,7 +383,6 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
     nd = cluster.num_devices
     makespan = max(schedule.makespan_us, 1e-9)
     scale, unit = _time_unit(makespan)
-    device_of = schedule.placement.device_of
     start, end = schedule.start_us, schedule.end_us
     ax_px = (_AX_RIGHT - _AX_LEFT) * _WIDTH_IN * _DPI
     px_us = makespan / ax_px  # microseconds per pixel

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -55,6 +55,7 @@ __all__ = [
     "format_bytes",
     "pinned_device_index",
     "run_list_scheduler",
+    "run_with_headroom",
 ]
 
 _INF = float("inf")
@@ -588,6 +589,34 @@ def run_list_scheduler(
     scheduler = ListScheduler(graph, cluster, groups, policy, initial_group_device, persistent_headroom)
     scheduler.run()
     return scheduler.schedule(method)
+
+
+HEADROOMS = (0.0, 0.25, 0.5, 0.75)
+"""Shares of each device that placing groups' persistent memory must leave free, tried in turn
+when a greedy run runs out of memory (it can fill devices with weights early)."""
+
+
+def run_with_headroom(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    make_policy: Callable[[], Policy],
+    *,
+    method: str,
+    headrooms: Sequence[float] = HEADROOMS,
+) -> Schedule:
+    """`run_list_scheduler` with a fresh policy per headroom in `headrooms` until one run fits;
+    the first run's `InfeasiblePlacementError` when none does."""
+    first_error: Optional[InfeasiblePlacementError] = None
+    for headroom in headrooms:
+        try:
+            return run_list_scheduler(
+                graph, cluster, groups, make_policy(), method=method, persistent_headroom=headroom
+            )
+        except InfeasiblePlacementError as e:
+            first_error = first_error or e
+    assert first_error is not None
+    raise first_error
 
 
 def _ro(a: np.ndarray) -> np.ndarray:

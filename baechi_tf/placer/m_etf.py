@@ -18,10 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import EarliestStartPolicy, run_list_scheduler
+from baechi_tf.placer.list_scheduler import HEADROOMS, EarliestStartPolicy, run_with_headroom
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["METFOptions", "place_m_etf"]
@@ -31,7 +30,7 @@ __all__ = ["METFOptions", "place_m_etf"]
 class METFOptions:
     # Shares of each device that placing groups' persistent memory must leave free, tried in
     # turn when a run runs out of memory (greedy placement can fill devices with weights early).
-    headrooms: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75)
+    headrooms: tuple[float, ...] = HEADROOMS
 
 
 def place_m_etf(
@@ -39,15 +38,6 @@ def place_m_etf(
 ) -> Placement:
     """Places `graph` on `cluster` by m-ETF; `InfeasiblePlacementError` if every run runs out
     of memory (the first run's error is raised)."""
-    first_error = None
-    for headroom in options.headrooms:
-        try:
-            schedule = run_list_scheduler(
-                graph, cluster, groups, EarliestStartPolicy(), method="m_etf",
-                persistent_headroom=headroom,
-            )
-            return schedule.placement
-        except InfeasiblePlacementError as e:
-            first_error = first_error or e
-    assert first_error is not None
-    raise first_error
+    return run_with_headroom(
+        graph, cluster, groups, EarliestStartPolicy, method="m_etf", headrooms=options.headrooms
+    ).placement

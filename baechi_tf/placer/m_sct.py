@@ -32,11 +32,10 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.errors import ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import Policy, SchedulerState, run_list_scheduler
-from baechi_tf.placer.m_etf import METFOptions
+from baechi_tf.placer.list_scheduler import Policy, SchedulerState, run_with_headroom
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.sct.relaxation import solve_sct_relaxation
 from baechi_tf.sct.rounding import favourite_children
@@ -184,16 +183,10 @@ def schedule_m_sct(
     of each device kept free of persistent memory; `InfeasiblePlacementError` (the first run's)
     when every run does."""
     child = favourite_children_of(graph, cluster, options).tolist()
-    errors: list[InfeasiblePlacementError] = []
-    for headroom in METFOptions().headrooms:
-        policy = FavouriteChildPolicy(child, cluster.num_devices)
-        try:
-            return run_list_scheduler(
-                graph, cluster, groups, policy, method="m_sct", persistent_headroom=headroom
-            )
-        except InfeasiblePlacementError as e:
-            errors.append(e)
-    raise errors[0]
+    return run_with_headroom(
+        graph, cluster, groups, lambda: FavouriteChildPolicy(child, cluster.num_devices),
+        method="m_sct",
+    )
 
 
 def place_m_sct(

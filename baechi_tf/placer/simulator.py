@@ -12,6 +12,7 @@ Time and memory as `run_list_scheduler` with one device per op.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -40,14 +41,7 @@ def simulate(graph: OpGraph, cluster: Cluster, placement: Placement) -> Schedule
         method=placement.method,
         initial_group_device=device_of.tolist(),
     )
-    return Schedule(
-        placement=placement,
-        start_us=schedule.start_us,
-        end_us=schedule.end_us,
-        transfers=schedule.transfers,
-        peak_memory_bytes=schedule.peak_memory_bytes,
-        order=schedule.order,
-    )
+    return dataclasses.replace(schedule, placement=placement)
 
 
 def critical_path_us(graph: OpGraph) -> float:
