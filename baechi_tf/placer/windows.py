@@ -1,0 +1,208 @@
+"""Window balancing: a fast surrogate search that cuts transfers while keeping each device busy.
+
+On graphs where communication is not negligible, the simulated step time of a good list-scheduled
+placement is set by the busiest resource over time: a device's compute or its channel (every
+transfer occupies the channels of both ends). `balance_windows` cuts the schedule of a placement
+into time windows (by each op's start) and minimises
+
+    cost = sum over windows w of  max over devices d of  (compute of d in w + channel time of d in w)
+
+(plus a small term that favours even loads; with ``overlap`` compute and channel are separate
+resources, as when a device computes while its channel transfers)
+where a transfer is charged to the window of the op that produces it, on both channels, and a
+tensor is sent to a device once however many of its ops read it. Moving a group changes a few
+terms, so a move is evaluated in O(degree) without simulating: the search makes greedy passes
+over the groups (seeded order), moving each to the device that lowers the cost most, while the
+device keeps room for the persistent memory moved there. The caller simulates the result and keeps
+it only when the simulated makespan drops (`refine.refine` does).
+
+Time: O(passes * (V + E) * D) for V ops, E edges, D devices.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional, Sequence
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.schedule import Schedule
+
+__all__ = ["balance_windows"]
+
+_EVEN = 0.05  # weight of the sum-of-squares term of a window's cost
+
+
+class _Loads:
+    """Per-window, per-device load, and the consumer counts that say which transfers exist."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        device_of: list[int],
+        window: list[int],
+        num_windows: int,
+        overlap: bool,
+    ):
+        nd = cluster.num_devices
+        self.nd = nd
+        self.overlap = overlap
+        self.dev = device_of
+        self.win = window
+        self.compute = graph.compute_us.tolist()
+        self.slope = [[cluster.link(a, b).slope_us_per_byte for b in range(nd)] for a in range(nd)]
+        self.icpt = [[cluster.link(a, b).intercept_us for b in range(nd)] for a in range(nd)]
+        self.tbytes = graph.tensor_bytes.tolist()
+        self.tsrc = graph.tensor_src.tolist()
+        consumers: list[set[int]] = [set() for _ in range(graph.num_tensors)]
+        ins: list[set[int]] = [set() for _ in range(graph.num_ops)]
+        outs: list[list[int]] = [[] for _ in range(graph.num_ops)]
+        for t, d in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
+            consumers[t].add(d)
+            ins[d].add(t)
+        for t, s in enumerate(self.tsrc):
+            outs[s].append(t)
+        self.ins = [sorted(s) for s in ins]
+        self.outs = outs
+        self.cnt = [[0] * nd for _ in range(graph.num_tensors)]
+        self.load = [[0.0] * (2 * nd) for _ in range(num_windows)]
+        self.touched: set[int] = set()
+        for op, d in enumerate(device_of):
+            self.load[window[op]][d] += self.compute[op]
+        for t, cs in enumerate(consumers):
+            for c in cs:
+                self._count(t, device_of[c], +1)
+        self.top = [self._top(row) for row in self.load]
+        self.touched.clear()
+
+    def _top(self, row: list[float]) -> float:
+        """The window's cost: its busiest resource, plus a little of the root of the sum of
+        squares so that evening out the other devices counts too (the max alone has plateaus)."""
+        nd = self.nd
+        busy = row if self.overlap else [row[d] + row[nd + d] for d in range(nd)]
+        return max(busy) + _EVEN * math.sqrt(sum(v * v for v in busy))
+
+    def _transfer(self, t: int, a: int, b: int, sign: int) -> None:
+        tt = sign * (self.slope[a][b] * self.tbytes[t] + self.icpt[a][b])
+        w = self.win[self.tsrc[t]]
+        row = self.load[w]
+        row[self.nd + a] += tt
+        row[self.nd + b] += tt
+        self.touched.add(w)
+
+    def _count(self, t: int, d: int, delta: int) -> None:
+        """One more (delta=+1) or one fewer (-1) consumer of tensor t on device d."""
+        c = self.cnt[t]
+        before = c[d]
+        c[d] = before + delta
+        src_dev = self.dev[self.tsrc[t]]
+        if d != src_dev and (before == 0) != (c[d] == 0):
+            self._transfer(t, src_dev, d, delta)
+
+    def move_op(self, op: int, b: int) -> None:
+        a = self.dev[op]
+        if a == b:
+            return
+        w = self.win[op]
+        self.load[w][a] -= self.compute[op]
+        self.load[w][b] += self.compute[op]
+        self.touched.add(w)
+        for t in self.ins[op]:
+            self._count(t, a, -1)
+        for t in self.outs[op]:
+            c = self.cnt[t]
+            for d in range(self.nd):
+                if c[d]:
+                    if d != a:
+                        self._transfer(t, a, d, -1)
+        self.dev[op] = b
+        for t in self.ins[op]:
+            self._count(t, b, +1)
+        for t in self.outs[op]:
+            c = self.cnt[t]
+            for d in range(self.nd):
+                if c[d] and d != b:
+                    self._transfer(t, b, d, +1)
+
+    def delta(self) -> float:
+        """Change of the cost since the touched set was last cleared (tops not yet updated)."""
+        return sum(self._top(self.load[w]) - self.top[w] for w in self.touched)
+
+    def settle(self) -> None:
+        for w in self.touched:
+            self.top[w] = self._top(self.load[w])
+        self.touched.clear()
+
+    def cost(self) -> float:
+        return sum(self.top)
+
+
+def balance_windows(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    schedule: Schedule,
+    num_windows: int,
+    *,
+    pinned: Sequence[bool],
+    overlap: bool = False,
+    seed: int = 0,
+    max_passes: int = 8,
+) -> tuple[np.ndarray, int]:
+    """A placement of lower window cost than `schedule`'s, and the number of op moves made.
+
+    `pinned[g]` marks groups that must not move.
+    """
+    nd = cluster.num_devices
+    device_of = [int(d) for d in schedule.placement.device_of]
+    span = schedule.makespan_us or 1.0
+    window = [min(num_windows - 1, int(s / span * num_windows)) for s in schedule.start_us.tolist()]
+    loads = _Loads(graph, cluster, device_of, window, num_windows, overlap)
+    members = [m.tolist() for m in groups.members]
+    persistent = graph.persistent_bytes.tolist()
+    group_persistent = [sum(persistent[o] for o in m) for m in members]
+    on_device = [0] * nd
+    for g, m in enumerate(members):
+        on_device[device_of[m[0]]] += group_persistent[g]
+    transient = max(
+        (p - q for p, q in zip(schedule.peak_memory_bytes, on_device)), default=0
+    )
+    room = [d.memory_bytes - transient for d in cluster.devices]
+    rng = random.Random(seed)
+    order = [g for g in range(groups.num_groups) if not pinned[g]]
+    evaluated = 0
+    for _ in range(max_passes):
+        rng.shuffle(order)
+        improved = False
+        for g in order:
+            m = members[g]
+            a = loads.dev[m[0]]
+            best: Optional[tuple[float, int]] = None
+            for b in range(nd):
+                if b == a or on_device[b] + group_persistent[g] > room[b]:
+                    continue
+                evaluated += 2 * len(m)
+                for o in m:
+                    loads.move_op(o, b)
+                gain = loads.delta()
+                if gain < -1e-6 and (best is None or gain < best[0]):
+                    best = (gain, b)
+                for o in m:
+                    loads.move_op(o, a)
+                loads.touched.clear()  # back where it was: the tops still hold
+            if best is not None:
+                b = best[1]
+                for o in m:
+                    loads.move_op(o, b)
+                loads.settle()
+                on_device[a] -= group_persistent[g]
+                on_device[b] += group_persistent[g]
+                improved = True
+        if not improved:
+            break
+    return np.asarray(loads.dev, dtype=np.int32), evaluated
