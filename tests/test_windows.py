@@ -118,3 +118,16 @@ def test_refinement_keeps_only_window_results_that_simulate_faster(seed):
     assert schedule.makespan_us <= before + 1e-6
     np.testing.assert_allclose(simulate(graph, cluster, out).end_us, schedule.end_us)
     assert_valid_schedule(graph, cluster, groups, schedule)
+
+
+def test_stops_at_max_moves():
+    graph = graphs.independent(40, compute_us=1000)
+    cluster = graphs.cluster(4)
+    groups = colocation_groups(graph)
+    start = _schedule(graph, cluster, [0] * 40)
+    free = [False] * 40
+    _, unbounded = balance_windows(graph, cluster, groups, start, 1, pinned=free)
+    device_of, moved = balance_windows(graph, cluster, groups, start, 1, pinned=free, max_moves=12)
+    assert 12 <= moved < unbounded
+    assert moved <= 12 + 2 * 3  # the group under way finishes its three devices
+    assert np.count_nonzero(device_of) <= 2  # at most two moves made in that many tries

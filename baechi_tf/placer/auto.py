@@ -2,7 +2,8 @@
 
 Runs every registered placer that applies (m-TOPO, m-ETF, m-SCT, ``single`` when the graph fits
 one device, ``expert`` when the model brought its own layout), simulates each placement, keeps the
-one with the lowest makespan (ties: the order above), and improves it with `refine`. A placer that
+one with the lowest makespan (ties: the order above), and improves it with `refine` (which may
+also start its window balancing from the two best distinct runners-up). A placer that
 fails (no room, a solver error) is logged and skipped; when every placer failed, the first
 failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once.
 
@@ -26,6 +27,8 @@ from baechi_tf.placer.simulator import simulate
 __all__ = ["AutoOptions", "AutoResult", "place_auto"]
 
 log = logging.getLogger(__name__)
+
+_ALTERNATIVES = 2  # runners-up that refinement may also start from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ def place_auto(
 ) -> AutoResult:
     """Runs `placers` (name, thunk) in order, keeps the best simulated one, refines it."""
     best: Optional[tuple[float, str, Placement, Schedule]] = None
+    made: list[tuple[float, int, Placement]] = []  # (makespan, order, placement) of every success
     candidates: dict[str, Optional[float]] = {}
     first_error: Optional[BaechiError] = None
     for name, thunk in placers:
@@ -65,6 +69,7 @@ def place_auto(
             first_error = first_error or e
             continue
         candidates[name] = schedule.makespan_us
+        made.append((schedule.makespan_us, len(made), placement))
         log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
         if best is None or schedule.makespan_us < best[0]:
             best = (schedule.makespan_us, name, placement, schedule)
@@ -74,6 +79,12 @@ def place_auto(
     _, winner, placement, schedule = best
     stats = None
     if options.refine.seconds > 0:
-        placement, schedule, stats = refine(graph, cluster, groups, placement, options=options.refine)
+        others: list[Placement] = []  # distinct runners-up, best first
+        for _, _, p in sorted(made, key=lambda m: m[:2]):
+            if not p.same_as(placement) and not any(p.same_as(q) for q in others):
+                others.append(p)
+        placement, schedule, stats = refine(
+            graph, cluster, groups, placement, options=options.refine, alternatives=others[:_ALTERNATIVES]
+        )
     final = Placement(placement.device_of, f"auto({winner})")
     return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats)

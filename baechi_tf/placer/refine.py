@@ -31,7 +31,7 @@ import heapq
 import logging
 import random
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -282,6 +282,31 @@ def _random_move(sim: _Simulation, rng: random.Random, pinned: set[int]) -> Opti
     return ((g, d_from, d_to),)
 
 
+def _balance(sim: _Simulation, budget: int, deadline: float, pinned: list[bool], seed: int) -> tuple[int, int]:
+    """Window balancing on `sim` while its steps stay under `budget`: (results tried, kept)."""
+    tried = kept = 0
+    for overlap, num_windows in _WINDOW_SETTINGS:
+        for _ in range(_WINDOW_ROUNDS):
+            if sim.steps >= budget or time.perf_counter() >= deadline:
+                return tried, kept
+            device_of, moved = balance_windows(
+                sim.graph, sim.cluster, sim.groups, sim.schedule, num_windows,
+                pinned=pinned, overlap=overlap, seed=seed,
+                max_moves=(budget - sim.steps) * _MOVES_PER_STEP,
+            )
+            sim.steps += moved // _MOVES_PER_STEP
+            move = sim.move_to(device_of)
+            if not move:
+                break
+            tried += 1
+            result = sim.try_move(move, sim.schedule.makespan_us)
+            if result is None:
+                break
+            sim.accept(result)
+            kept += 1
+    return tried, kept
+
+
 def refine(
     graph: OpGraph,
     cluster: Cluster,
@@ -289,8 +314,13 @@ def refine(
     placement: Placement,
     *,
     options: RefineOptions = RefineOptions(),
+    alternatives: Sequence[Placement] = (),
 ) -> tuple[Placement, Schedule, RefineStats]:
-    """Improves `placement` by moving groups; never returns a worse one."""
+    """Improves `placement` by moving groups; never returns a worse one.
+
+    `alternatives` (other placers' placements, best first, none better than `placement`) are
+    further starting points of window balancing when the budget allows.
+    """
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
@@ -318,28 +348,26 @@ def refine(
         return sim.steps >= budget or time.perf_counter() >= deadline
 
     windows_tried = windows_accepted = 0
-    if cluster.num_devices > 1:
+    if cluster.num_devices > 1 and budget > 0:
+        # Window balancing from the start placement (half of this phase's budget) and, from the
+        # other half, from as many alternatives as get about three simulations each; the best
+        # result goes on.
         pinned_mask = [g in pinned for g in range(groups.num_groups)]
         window_budget = budget // 2
-        for overlap, num_windows in _WINDOW_SETTINGS:
-            for _ in range(_WINDOW_ROUNDS):
-                if sim.steps >= window_budget or time.perf_counter() >= deadline:
-                    break
-                device_of, moved = balance_windows(
-                    graph, cluster, groups, sim.schedule, num_windows,
-                    pinned=pinned_mask, overlap=overlap, seed=options.seed,
-                )
-                sim.steps += moved // _MOVES_PER_STEP
-                move = sim.move_to(device_of)
-                if not move:
-                    break
-                windows_tried += 1
-                result = sim.try_move(move, sim.schedule.makespan_us)
-                if result is None:
-                    break
-                sim.accept(result)
-                windows_accepted += 1
-        log.info("refinement: window balancing kept %d of %d", windows_accepted, windows_tried)
+        k = min(len(alternatives), window_budget // 2 // (3 * max(1, graph.num_ops)))
+        starts = [sim] + [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
+        shares = [window_budget - window_budget // 2 * bool(k)] + [window_budget // 2 // max(1, k)] * k
+        for start, share in zip(starts, shares):
+            t, a = _balance(start, share, deadline, pinned_mask, options.seed)
+            windows_tried += t
+            windows_accepted += a
+        steps = sum(s.steps for s in starts)
+        sim = min(starts, key=lambda s: s.schedule.makespan_us)  # the first of equals
+        sim.steps = steps
+        log.info(
+            "refinement: window balancing from %d start(s) kept %d of %d",
+            len(starts), windows_accepted, windows_tried,
+        )
 
     while not out_of_budget() and cluster.num_devices > 1:
         improved = False

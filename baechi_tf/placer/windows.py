@@ -153,10 +153,12 @@ def balance_windows(
     overlap: bool = False,
     seed: int = 0,
     max_passes: int = 8,
+    max_moves: Optional[int] = None,
 ) -> tuple[np.ndarray, int]:
     """A placement of lower window cost than `schedule`'s, and the number of op moves made.
 
-    `pinned[g]` marks groups that must not move.
+    `pinned[g]` marks groups that must not move. The search stops after `max_passes` passes over
+    the groups, a pass that improves nothing, or `max_moves` op moves (tried and undone count).
     """
     nd = cluster.num_devices
     device_of = [int(d) for d in schedule.placement.device_of]
@@ -180,6 +182,8 @@ def balance_windows(
         rng.shuffle(order)
         improved = False
         for g in order:
+            if max_moves is not None and evaluated >= max_moves:
+                break
             m = members[g]
             a = loads.dev[m[0]]
             best: Optional[tuple[float, int]] = None
