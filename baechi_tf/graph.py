@@ -170,6 +170,21 @@ class OpGraph:
         out[self.edge_tensor] = self.edge_bytes
         return _frozen(out)
 
+    @functools.cached_property
+    def tensor_consumers(self) -> tuple[tuple[int, ...], ...]:
+        """Distinct ops reading each tensor, ascending."""
+        return _neighbours(self.edge_tensor, self.edge_dst, self.num_tensors)
+
+    @functools.cached_property
+    def input_tensors(self) -> tuple[tuple[int, ...], ...]:
+        """Distinct tensors each op reads, ascending."""
+        return _neighbours(self.edge_dst, self.edge_tensor, self.num_ops)
+
+    @functools.cached_property
+    def output_tensors(self) -> tuple[tuple[int, ...], ...]:
+        """Tensors (control messages included) each op sends, ascending."""
+        return _neighbours(self.tensor_src, np.arange(self.num_tensors), self.num_ops)
+
     # ---------------------------------------------------------------- adjacency (CSR)
 
     @functools.cached_property

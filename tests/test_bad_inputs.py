@@ -6,7 +6,6 @@ The JSON cases of `place-json` are in test_json_cli.py (26 more).
 """
 
 import hashlib
-import os
 import pathlib
 import pickle
 

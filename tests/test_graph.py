@@ -23,6 +23,9 @@ def test_builder_arrays_and_tensors():
     assert g.edge_tensor.tolist() == [0, 0, 1, 2]
     assert g.tensor_bytes.tolist() == [200, 100, 0]
     assert g.tensor_src_output.tolist() == [1, 0, CONTROL]
+    assert g.tensor_consumers == ((1, 2), (2,), (2,))
+    assert g.input_tensors == ((), (0,), (0, 1, 2))
+    assert g.output_tensors == ((0, 1), (2,), ())
     assert g.successors == ((1, 2), (2,), ())
     assert g.predecessors == ((), (0,), (0, 1))
     assert g.output_total_bytes.tolist() == [300, 8, 0]

@@ -161,7 +161,7 @@ def test_gnmt_first_encoder_layer_is_bidirectional(gnmt):
     first_bw = g.get_operation_by_name(f"encoder/bi/bw/t{T - 1}/concat")
     assert [t.op.name for t in first_bw.inputs][:2] == [
         "encoder/embedding/unstack", f"encoder/bi/bw/t{T - 1}/zeros"]
-    assert _inputs_from(g.get_operation_by_name("encoder/bi/bw/t0/concat"), f"encoder/bi/bw/t1/")
+    assert _inputs_from(g.get_operation_by_name("encoder/bi/bw/t0/concat"), "encoder/bi/bw/t1/")
 
 
 def test_gnmt_residual_layers_are_the_original_ones(gnmt):

@@ -354,9 +354,10 @@ def refine(
         # result goes on.
         pinned_mask = [g in pinned for g in range(groups.num_groups)]
         window_budget = budget // 2
-        k = min(len(alternatives), window_budget // 2 // (3 * max(1, graph.num_ops)))
+        half = window_budget // 2
+        k = min(len(alternatives), half // (3 * max(1, graph.num_ops)))
         starts = [sim] + [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
-        shares = [window_budget - window_budget // 2 * bool(k)] + [window_budget // 2 // max(1, k)] * k
+        shares = [window_budget - half] + [half // k] * k if k else [window_budget]
         for start, share in zip(starts, shares):
             t, a = _balance(start, share, deadline, pinned_mask, options.seed)
             windows_tried += t

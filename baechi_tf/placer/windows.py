@@ -55,26 +55,17 @@ class _Loads:
         self.dev = device_of
         self.win = window
         self.compute = graph.compute_us.tolist()
-        self.slope = [[cluster.link(a, b).slope_us_per_byte for b in range(nd)] for a in range(nd)]
-        self.icpt = [[cluster.link(a, b).intercept_us for b in range(nd)] for a in range(nd)]
+        self.link = [[cluster.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
         self.tbytes = graph.tensor_bytes.tolist()
         self.tsrc = graph.tensor_src.tolist()
-        consumers: list[set[int]] = [set() for _ in range(graph.num_tensors)]
-        ins: list[set[int]] = [set() for _ in range(graph.num_ops)]
-        outs: list[list[int]] = [[] for _ in range(graph.num_ops)]
-        for t, d in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist()):
-            consumers[t].add(d)
-            ins[d].add(t)
-        for t, s in enumerate(self.tsrc):
-            outs[s].append(t)
-        self.ins = [sorted(s) for s in ins]
-        self.outs = outs
+        self.ins = graph.input_tensors  # cached on the graph: built once for every call
+        self.outs = graph.output_tensors
         self.cnt = [[0] * nd for _ in range(graph.num_tensors)]
         self.load = [[0.0] * (2 * nd) for _ in range(num_windows)]
         self.touched: set[int] = set()
         for op, d in enumerate(device_of):
             self.load[window[op]][d] += self.compute[op]
-        for t, cs in enumerate(consumers):
+        for t, cs in enumerate(graph.tensor_consumers):
             for c in cs:
                 self._count(t, device_of[c], +1)
         self.top = [self._top(row) for row in self.load]
@@ -88,7 +79,7 @@ class _Loads:
         return max(busy) + _EVEN * math.sqrt(sum(v * v for v in busy))
 
     def _transfer(self, t: int, a: int, b: int, sign: int) -> None:
-        tt = sign * (self.slope[a][b] * self.tbytes[t] + self.icpt[a][b])
+        tt = sign * self.link[a][b](self.tbytes[t])
         w = self.win[self.tsrc[t]]
         row = self.load[w]
         row[self.nd + a] += tt
@@ -117,9 +108,8 @@ class _Loads:
         for t in self.outs[op]:
             c = self.cnt[t]
             for d in range(self.nd):
-                if c[d]:
-                    if d != a:
-                        self._transfer(t, a, d, -1)
+                if c[d] and d != a:
+                    self._transfer(t, a, d, -1)
         self.dev[op] = b
         for t in self.ins[op]:
             self._count(t, b, +1)
