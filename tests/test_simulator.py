@@ -1,5 +1,7 @@
 """The simulator against schedules computed by hand."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -132,6 +134,66 @@ def test_lower_bound():
     # Critical path 10 + 1000 + 10; total 4020 / 4 devices = 1005.
     assert lower_bound_us(g, graphs.cluster(4)) == 1020
     assert lower_bound_us(g, graphs.cluster(1)) == 4020
+
+
+def _two_phases():
+    #        s                  four 100 us branches, then one of 300 us beside one of 10 us;
+    #    / | | \\                s, m and t are cut ops (every op reaches them or is reached)
+    #   b0 b1 b2 b3
+    #    \\ | | /
+    #        m ----.
+    #       / \\    |   (m -> t also directly: an edge past the last phase's ops)
+    #     c0   c1  |
+    #       \\ /    |
+    #        t <---'
+    b = OpGraphBuilder()
+    for name, us in [("s", 10), ("m", 10), ("t", 10), ("c0", 300), ("c1", 10)]:
+        b.add_op(name, us, [4])
+    for i in range(4):
+        b.add_op(f"b{i}", 100, [4])
+        b.add_edge("s", f"b{i}")
+        b.add_edge(f"b{i}", "m")
+    for c in ("c0", "c1"):
+        b.add_edge("m", c)
+        b.add_edge(c, "t")
+    b.add_edge("m", "t")
+    return b.build()
+
+
+def test_lower_bound_adds_up_phases():
+    g = _two_phases()
+    # Critical path 10 + 100 + 10 + 300 + 10 = 430; total 740 / 2 = 370. By phases:
+    # 10 + max(100, 400 / 2) + 10 + max(300, 310 / 2) + 10 = 530, and a schedule reaches it.
+    c = graphs.cluster(2, comm=CommCost(0, 0))
+    assert lower_bound_us(g, c) == 530
+    names = g.names
+    device_of = [1 if n in ("b2", "b3", "c1") else 0 for n in names]
+    assert simulate(g, c, place(g, device_of)).makespan_us == 530
+    # An op beside the phases is no cut op: with x from s to t the bound falls to what x allows.
+    b = OpGraphBuilder()
+    for name in names:
+        b.add_op(name, float(g.compute_us[g.op_id(name)]), [4])
+    for src, dst in zip(g.edge_src.tolist(), g.edge_dst.tolist()):
+        b.add_edge(names[src], names[dst])
+    b.add_op("x", 1, [4])
+    b.add_edge("s", "x")
+    b.add_edge("x", "t")
+    # Phases now: s, then everything but t (721 us of compute, path 100 + 10 + 300), then t:
+    # 10 + max(410, 721 / 2) + 10 = 430, the critical path.
+    assert lower_bound_us(b.build(), c) == 430
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lower_bound_never_beats_a_placement(seed):
+    # Free communication, so every placement's schedule is a schedule of the bound's model.
+    g = graphs.random_dag(seed, 3 + seed % 5, edge_prob=0.3 + 0.1 * (seed % 4))
+    c = graphs.cluster(2 + seed % 2, comm=CommCost(0, 0))
+    bound = lower_bound_us(g, c)
+    best = min(
+        simulate(g, c, place(g, list(d))).makespan_us
+        for d in itertools.product(range(c.num_devices), repeat=g.num_ops)
+    )
+    assert best >= bound - 1e-6
 
 
 def test_critical_path_ends_at_the_last_op():

@@ -56,9 +56,57 @@ def critical_path_us(graph: OpGraph) -> float:
 
 
 def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
-    """max(critical path with free communication, total compute / number of devices)."""
+    """A bound no schedule beats, communication free: max(critical path, total compute / number
+    of devices), taken phase by phase where the graph runs in phases (`_phase_bound_us`)."""
     total = float(graph.compute_us.sum())
-    return max(critical_path_us(graph), total / cluster.num_devices)
+    return max(critical_path_us(graph), total / cluster.num_devices, _phase_bound_us(graph, cluster.num_devices))
+
+
+def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
+    """Sum over the graph's phases of max(critical path, compute / devices).
+
+    A *cut op* is one that every other op reaches or is reached from: all ops before it in a
+    topological order must finish before it starts, all after start after it ends. Cut ops split
+    the order into phases that run one after the other with nothing else beside them, so the step
+    takes at least the cut ops' compute plus, per phase, the longer of its internal critical path
+    and its compute spread over every device. In a topological order an op at position p is a
+    cut op when no op's span to its nearest successor, or from its furthest predecessor, strictly
+    contains p (a sink or source spans to the end or the start). Time O(V + E).
+    """
+    n = graph.num_ops
+    if n == 0:
+        return 0.0
+    order = graph.topo_order
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n)
+    src_pos, dst_pos = pos[graph.edge_src], pos[graph.edge_dst]
+    first_succ = np.full(n, n, dtype=np.int64)  # position of the nearest successor
+    np.minimum.at(first_succ, graph.edge_src, dst_pos)
+    last_pred = np.full(n, -1, dtype=np.int64)  # position of the furthest predecessor
+    np.maximum.at(last_pred, graph.edge_dst, src_pos)
+    covered = np.zeros(n + 1, dtype=np.int64)  # +1 on each open span (a, b): positions a+1..b-1
+    for a, b in ((pos, first_succ), (last_pred, pos)):
+        wide = b - a > 1
+        np.add.at(covered, a[wide] + 1, 1)
+        np.add.at(covered, b[wide], -1)
+    is_cut = np.cumsum(covered[:n]) == 0
+    compute = graph.compute_us.tolist()
+    preds = graph.predecessors
+    total, finish = 0.0, {}
+    start = 0
+    for p in range(n + 1):
+        if p < n and not is_cut[p]:
+            continue
+        if p > start:  # the phase at positions start..p-1
+            finish.clear()
+            for op in order[start:p].tolist():
+                finish[op] = compute[op] + max((finish.get(q, 0.0) for q in preds[op]), default=0.0)
+            work = sum(compute[op] for op in order[start:p].tolist())
+            total += max(max(finish.values()), work / num_devices)
+        if p < n:
+            total += compute[int(order[p])]
+        start = p + 1
+    return total
 
 
 def single_device_schedule(
