@@ -188,7 +188,7 @@ def test_unrolled_rnn_at_least_halves():
     assert fused.graph.num_ops * 2 <= graph.num_ops
 
 
-METHODS = sorted(m for m in PLACEMENT_METHODS if m not in ("expert",))
+METHODS = sorted(m for m in PLACEMENT_METHODS if m not in ("expert", "layers"))  # see test_placers
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -19,7 +19,8 @@ from baechi_tf.placer import (
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from invariants import assert_valid_schedule
 
-METHODS = sorted(set(PLACEMENT_METHODS) - {"expert"})  # expert needs a model's own layout
+# expert needs a model's own layout, layers numbered layer scopes (tests/test_layers.py has both)
+METHODS = sorted(set(PLACEMENT_METHODS) - {"expert", "layers"})
 MULTI = [m for m in METHODS if m != "single"]
 FAST = dict(refine_seconds=0.2)  # keeps auto's refinement short in tests
 

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baechi_tf.cluster import Cluster, CommCost, Device
-from baechi_tf.errors import BaechiError, InfeasiblePlacementError
+from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.json_io import parse_graph_json
 from baechi_tf.placer import colocation_groups
+from baechi_tf.placer.layers import find_layers
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from invariants import assert_valid_schedule
 
@@ -35,7 +36,7 @@ def graphs_with_memory(draw):
         group = draw(st.sampled_from(group_names)) if grouped else None
         pin = pins[group] if group is not None else draw(st.none() | st.integers(0, num_devices - 1))
         b.add_op(
-            f"op{i}",
+            f"l{i % 3}/op{i}",  # numbered scopes, so that the layers placer runs too
             draw(st.floats(0, 2000, allow_nan=False)),
             draw(st.lists(st.integers(0, 8 << 20), min_size=1, max_size=2)),
             temp_bytes=draw(st.integers(0, 2 << 20)),
@@ -47,9 +48,9 @@ def graphs_with_memory(draw):
         for i in range(j):
             if draw(st.integers(0, 3)) == 0:
                 if draw(st.integers(0, 5)) == 0:
-                    b.add_control_edge(f"op{i}", f"op{j}")
+                    b.add_control_edge(f"l{i % 3}/op{i}", f"l{j % 3}/op{j}")
                 else:
-                    b.add_edge(f"op{i}", f"op{j}")
+                    b.add_edge(f"l{i % 3}/op{i}", f"l{j % 3}/op{j}")
     graph = b.build()
     regime = draw(st.sampled_from(["packable", "group_too_big", "random"]))
     return graph, num_devices, regime, draw(st.floats(0.05, 3.0))
@@ -121,10 +122,15 @@ def _check_case(case, outcomes):
     )
     for method in METHODS:
         options = PlacementOptions(placement_method=method, refine_seconds=0.05)
+        if method == "layers" and not find_layers(graph, nd):  # one op, or one scope number
+            with pytest.raises(ConfigError, match="needs numbered layer scopes"):
+                place(graph, cluster, options)
+            continue
         try:
             result = place(graph, cluster, options)
         except InfeasiblePlacementError:
-            assert regime != "packable" or method == "single", method
+            # A greedy packing fits; one device, or layers held on their devices, may not.
+            assert regime != "packable" or method in ("single", "layers"), method
             outcomes[(regime, "infeasible")] = outcomes.get((regime, "infeasible"), 0) + 1
             continue
         assert regime != "group_too_big", method

@@ -604,6 +604,7 @@ def run_with_headroom(
     *,
     method: str,
     headrooms: Sequence[float] = HEADROOMS,
+    initial_group_device: Optional[Sequence[int]] = None,
 ) -> Schedule:
     """`run_list_scheduler` with a fresh policy per headroom in `headrooms` until one run fits;
     the first run's `InfeasiblePlacementError` when none does."""
@@ -611,7 +612,8 @@ def run_with_headroom(
     for headroom in headrooms:
         try:
             return run_list_scheduler(
-                graph, cluster, groups, make_policy(), method=method, persistent_headroom=headroom
+                graph, cluster, groups, make_policy(), method=method,
+                initial_group_device=initial_group_device, persistent_headroom=headroom,
             )
         except InfeasiblePlacementError as e:
             first_error = first_error or e

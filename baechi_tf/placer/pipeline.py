@@ -69,12 +69,28 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     return Placement(device_of, "expert")
 
 
+def _layers(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+    from baechi_tf.placer.layers import find_layers, place_layers
+
+    if not find_layers(graph, cluster.num_devices):
+        raise ConfigError(
+            "placement method 'layers' needs numbered layer scopes in the op names (layer_0/, "
+            f"layer_1/, ... or l0/, l1/, ...; 2 to {4 * cluster.num_devices} of them); this graph "
+            "has none: use auto or m_etf"
+        )
+    return place_layers(graph, cluster, groups)
+
+
 def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
     from baechi_tf.placer.auto import AutoOptions, place_auto
     from baechi_tf.placer.grouping import coplace
     from baechi_tf.placer.refine import RefineOptions
 
+    from baechi_tf.placer.layers import find_layers
+
     names = [m for m in _PORTFOLIO if m in _METHODS]
+    if find_layers(graph, cluster.num_devices):
+        names.append("layers")
     if options.expert:
         names.append("expert")
     thunks = [(m, (lambda m=m: _METHODS[m](graph, cluster, groups, options))) for m in names]
@@ -125,6 +141,7 @@ _METHODS: dict[str, Method] = {
     "packed": lambda g, c, gr, o: place_packed(g, c, gr),
     "single": _single,
     "expert": _expert,
+    "layers": _layers,
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
