@@ -41,8 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rnn_unit_type", choices=("lstm", "gru"), default=seed.rnn_unit_type)
     parser.add_argument("--num_devices", type=int, default=4,
                         help="devices to place on (default: %(default)s)")
-    parser.add_argument("--placement_method", default="m_etf",
-                        help="m_topo, m_etf, m_sct, heft, auto, single (default: %(default)s)")
+    parser.add_argument("--placement_method", default="auto",
+                        help="auto, m_topo, m_etf, m_sct, heft, layers, single (default: %(default)s)")
     parser.add_argument("--refine_seconds", type=float, default=3.0,
                         help="auto: time for refining the placement (default: %(default)s)")
     parser.add_argument("--learning_rate", type=float, default=0.001)
