@@ -2,7 +2,7 @@
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
-over the lower bound max(critical path, total compute / devices). Four devices of 16 GiB.
+over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB.
 
     .venv/bin/python bench/placement_scaling.py [--sizes 1000,10000,100000] [--methods m_topo,m_etf]
 """

@@ -2,9 +2,11 @@
 
 For each graph (bench/quality_graphs.py; profiles of real models are added from
 bench/profiles/*.json when present) every method places it; the table prints makespan divided by
-the lower bound max(critical path, total compute / devices), the single-device makespan over the
-same bound ("-" when the graph does not fit one device), and checks that auto is no worse than
-the best single method and than one device when the graph fits there.
+the lower bound (`simulator.lower_bound_us`: max(critical path, total compute / devices), summed
+phase by phase where cut ops split the graph), the single-device makespan over the same bound
+("-" when the graph does not fit one device, as under a method that does not apply to a graph),
+and checks that auto is no worse than the best single method and than one device when the graph
+fits there.
 
     .venv/bin/python bench/quality.py [--refine_seconds 3]
 """
@@ -22,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from baechi_tf.errors import BaechiError  # noqa: E402
+from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
 from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place  # noqa: E402
 from quality_graphs import cases  # noqa: E402
@@ -32,7 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--refine_seconds", type=float, default=3.0)
     args = parser.parse_args()
-    methods = [m for m in ("m_topo", "m_etf", "m_sct", "heft") if m in PLACEMENT_METHODS] + ["auto"]
+    methods = [m for m in ("m_topo", "m_etf", "m_sct", "heft", "layers") if m in PLACEMENT_METHODS] + ["auto"]
     all_cases = cases()
     for path in sorted(glob.glob(os.path.join(ROOT, "bench", "profiles", "*.json"))):
         graph, cluster = load_graph_json(path)
@@ -53,6 +55,9 @@ def main() -> int:
             t0 = time.perf_counter()
             try:
                 r = place(graph, cluster, options)
+            except ConfigError:  # the method does not apply (layers: no numbered scopes)
+                row += f"{'-':>9}"
+                continue
             except BaechiError as e:
                 row += f"{'fail':>9}"
                 print(f"  ({name}, {m}: {e})", file=sys.stderr)
@@ -75,7 +80,9 @@ def main() -> int:
                 failures.append(f"{name}: auto {made['auto']:.1f} > one device {single:.1f}")
     print()
     med = {m: statistics.median(v) for m, v in ratios.items() if v}
-    print("median makespan / lower bound: " + ", ".join(f"{m} {v:.3f}" for m, v in med.items()))
+    print("median makespan / lower bound: " + ", ".join(
+        f"{m} {v:.3f}" + (f" (of {len(ratios[m])} graphs)" if len(ratios[m]) < len(all_cases) else "")
+        for m, v in med.items()))
     if "m_etf" in med and "auto" in med:
         print(f"auto vs m_etf: {100 * (1 - med['auto'] / med['m_etf']):.1f}% lower median ratio")
     for f in failures:
