@@ -7,7 +7,8 @@ import graphs
 from baechi_tf.cluster import CommCost
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
-from baechi_tf.placer.refine import RefineOptions, refine
+from baechi_tf.placer.pipeline import PlacementOptions, place
+from baechi_tf.placer.refine import STEPS_PER_SECOND, RefineOptions, refine
 from invariants import assert_valid_schedule
 
 
@@ -102,3 +103,14 @@ def test_zero_seconds_changes_nothing():
     start = Placement(np.zeros(graph.num_ops), "test")
     _, out, _, stats = refined(graph, cluster, start, seconds=0)
     assert out.same_as(start) and stats.moves_tried == 0
+
+
+def test_auto_skips_a_refinement_that_one_simulation_would_overrun(caplog):
+    graph = graphs.random_dag(1, 60, edge_prob=0.1)
+    cluster = graphs.cluster(3)
+    short = place(graph, cluster, PlacementOptions(refine_seconds=50 / STEPS_PER_SECOND))  # 50 steps
+    assert short.refine_stats is None
+    assert "refinement skipped: one simulation of 60 ops" in caplog.text
+    assert short.makespan_us == min(v for v in short.candidates.values() if v is not None)
+    enough = place(graph, cluster, PlacementOptions(refine_seconds=600 / STEPS_PER_SECOND))
+    assert enough.refine_stats is not None and enough.refine_stats.steps >= 60

@@ -1,9 +1,11 @@
 """``auto``: a portfolio of placers, the best simulated placement kept, then refined.
 
-Runs every registered placer that applies (m-TOPO, m-ETF, m-SCT, ``single`` when the graph fits
-one device, ``expert`` when the model brought its own layout), simulates each placement, keeps the
+Runs every placer it is given (the pipeline gives m-TOPO, m-ETF, m-SCT, HEFT, ``layers`` when op
+names have numbered scopes, ``single``, ``packed``, ``expert`` when the model brought its own
+layout, and m-ETF, m-SCT and HEFT on coarser groups), simulates each placement, keeps the
 one with the lowest makespan (ties: the order above), and improves it with `refine` (which may
-also start its window balancing from the two best distinct runners-up). A placer that
+also start its window balancing from the two best distinct runners-up) unless one simulation
+alone takes more than the refinement budget (then it warns and skips refinement). A placer that
 fails (no room, a solver error) is logged and skipped; when every placer failed, the first
 failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once.
 
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Callable, Optional, Sequence
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.refine import RefineOptions, RefineStats, refine
+from baechi_tf.placer.refine import STEPS_PER_SECOND, RefineOptions, RefineStats, refine, step_budget
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 
@@ -78,7 +81,16 @@ def place_auto(
         raise first_error
     _, winner, placement, schedule = best
     stats = None
-    if options.refine.seconds > 0:
+    if options.refine.seconds > 0 and graph.num_ops > step_budget(options.refine.seconds):
+        # Refinement starts with a full simulation; one that alone overruns the budget would
+        # cost its time and change nothing.
+        log.warning(
+            "refinement skipped: one simulation of %d ops takes longer than the %g s budget "
+            "(about %d ops per second); raise --refine_seconds to at least %.0f to refine",
+            graph.num_ops, options.refine.seconds, STEPS_PER_SECOND,
+            math.ceil(2 * graph.num_ops / STEPS_PER_SECOND),
+        )
+    elif options.refine.seconds > 0:
         others: list[Placement] = []  # distinct runners-up, best first
         for _, _, p in sorted(made, key=lambda m: m[:2]):
             if not p.same_as(placement) and not any(p.same_as(q) for q in others):

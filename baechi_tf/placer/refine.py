@@ -42,7 +42,7 @@ from baechi_tf.placer.list_scheduler import FixedPolicy, ListScheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 
-__all__ = ["RefineOptions", "RefineStats", "refine", "STEPS_PER_SECOND"]
+__all__ = ["RefineOptions", "RefineStats", "refine", "step_budget", "STEPS_PER_SECOND"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class RefineStats:
     windows_accepted: int  # ... of which lowered the makespan
     steps: int  # scheduling steps spent re-simulating
     seconds: float
+
+
+def step_budget(seconds: float) -> int:
+    """The scheduling steps `seconds` of refinement buys (a full simulation takes one per op)."""
+    return int(seconds * STEPS_PER_SECOND)
 
 
 Move = tuple[tuple[int, int, int], ...]  # (group, from device, to device) per moved group
@@ -324,7 +329,7 @@ def refine(
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
-    budget = int(options.seconds * STEPS_PER_SECOND)
+    budget = step_budget(options.seconds)
     deadline = t0 + 10 * options.seconds + 5
     rng = random.Random(options.seed)
     pinned = _pinned_groups(graph, groups)
