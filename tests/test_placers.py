@@ -226,3 +226,16 @@ def test_brute_force_finds_etf_optimal_on_fork_join():
     best = brute_force_best(graph, cluster, Groups.singletons(graph))
     result = place(graph, cluster, PlacementOptions(placement_method="m_etf"))
     assert result.makespan_us == pytest.approx(best)
+
+
+def test_auto_runs_the_coarse_group_placers_on_small_graphs_only(monkeypatch):
+    from baechi_tf.placer import pipeline
+
+    graph = graphs.random_dag(2, 30, edge_prob=0.1)
+    cluster = graphs.cluster(3)
+    small = place(graph, cluster, PlacementOptions(refine_seconds=0))
+    assert {"m_etf+coplace", "heft+coplace"} <= set(small.candidates)
+    monkeypatch.setattr(pipeline, "_AUTO_COARSE_MAX_OPS", graph.num_ops - 1)
+    large = place(graph, cluster, PlacementOptions(refine_seconds=0))
+    assert not any("+coplace" in name for name in large.candidates)
+    assert "m_etf" in large.candidates

@@ -103,7 +103,7 @@ def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placem
             coarse.append(coplace(graph, groups))
         return coarse[0]
 
-    if options.grouper != "coplace":
+    if options.grouper != "coplace" and graph.num_ops <= _AUTO_COARSE_MAX_OPS:
         for m in ("m_etf", "m_sct", "heft"):
             if m in _METHODS:
                 thunks.append(
@@ -129,6 +129,9 @@ def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placement
 
 
 _AUTO_MAX_LP_ARCS = 5000
+# Above this size auto skips the coplace-group runs: on bench/quality.py they never decide the
+# result (the same table without them), and on 100k ops they took some 28 of 69 s.
+_AUTO_COARSE_MAX_OPS = 20_000
 
 
 _PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")
