@@ -186,3 +186,23 @@ def test_placement_is_the_same_each_time():
     a = place_layers(g, c, colocation_groups(g))
     b = place_layers(g, c, colocation_groups(g))
     np.testing.assert_array_equal(a.device_of, b.device_of)
+
+
+def test_pinned_groups_count_where_they_are_pinned():
+    # Layers 0..3 on three devices: round robin gives 0, 1, 2, 0 and blocks 0, 0, 1, 2, so layer 0
+    # shares device 0 with layer 3 or layer 1. Those two are pinned elsewhere, so device 0 holds
+    # only layer 0's 60 MiB, and the layout fits in 100 MiB devices.
+    b = OpGraphBuilder()
+    pins = {1: "/device:GPU:2", 3: "/device:GPU:1"}
+    for l, held in enumerate([60, 60, 10, 60]):
+        b.add_op(f"l{l}/w", 5, [4], persistent_bytes=held * MiB, colocation=(f"l{l}",), device=pins.get(l))
+        b.add_op(f"l{l}/cell", 100, [4], colocation=(f"l{l}",), device=pins.get(l))
+        b.add_edge(f"l{l}/w", f"l{l}/cell")
+        if l:
+            b.add_edge(f"l{l - 1}/cell", f"l{l}/cell")
+    g = b.build()
+    c = Cluster.homogeneous(3, 100 * MiB)
+    groups = colocation_groups(g)
+    p = place_layers(g, c, groups)
+    check_placement(g, c, groups, p)
+    assert p.device_of[g.op_id("l1/cell")] == 2 and p.device_of[g.op_id("l3/cell")] == 1

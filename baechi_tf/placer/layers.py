@@ -18,7 +18,7 @@ most compute that has one.
 (round robin) or, with more layers than devices, ``k * D // K`` (blocks), and holds those groups
 there. The other groups are placed either by m-ETF around them or beside the assigned groups
 they exchange the most bytes with (sweeps in topological order, forward then backward, until
-none moves; m-ETF places what no sweep reaches). Every (stem, layout, rest) combination is
+none moves, at most eight; m-ETF places what no sweep reaches). Every (stem, layout, rest) combination is
 scheduled and the shortest kept. Pinned groups stay where they are pinned.
 
 Time: up to eight m-ETF runs (two stems, two layouts, two ways for the rest), each
@@ -37,7 +37,12 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import EarliestStartPolicy, format_bytes, run_with_headroom
+from baechi_tf.placer.list_scheduler import (
+    EarliestStartPolicy,
+    format_bytes,
+    pinned_device_index,
+    run_with_headroom,
+)
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["find_layers", "place_layers"]
@@ -51,6 +56,7 @@ _MAX_STEMS = 2  # stems tried, heaviest first
 # More numbers than this per device are levels or time steps, which run one after the other, not
 # layers that can form a pipeline (and would cost an m-ETF run each for nothing).
 _MAX_PER_DEVICE = 4
+_SWEEPS = 8  # forward and backward sweeps that put unnumbered groups beside numbered ones
 
 
 def find_layers(graph: OpGraph, num_devices: int) -> list[tuple[str, np.ndarray]]:
@@ -121,6 +127,10 @@ def _assignments(graph: OpGraph, cluster: Cluster, groups: Groups, number: np.nd
     out = {"round robin": np.where(has, rank % nd, -1)}
     if k > nd:
         out["blocks"] = np.where(has, rank * nd // k, -1)
+    for op, name in enumerate(graph.pinned_device):  # pinned groups stay where they are pinned
+        if name is not None:
+            for group_device in out.values():
+                group_device[groups.group_of[op]] = pinned_device_index(graph, cluster, op)
     for how, group_device in list(out.items()):
         out[how + ", the rest beside"] = _follow(graph, groups, group_device)
     return out
@@ -143,13 +153,13 @@ def _run(graph: OpGraph, cluster: Cluster, groups: Groups, group_device: np.ndar
 
 def _follow(graph: OpGraph, groups: Groups, group_device: np.ndarray) -> np.ndarray:
     """`group_device` with each unassigned group put where most of the bytes it exchanges with
-    assigned groups are, sweeping forward then backward in topological order until none moves."""
+    assigned groups are, sweeping forward then backward in topological order until none moves
+    (at most `_SWEEPS` times; m-ETF places what is left)."""
     out = group_device.copy()
     group_of = groups.group_of
     src, dst, nbytes = graph.edge_src, graph.edge_dst, graph.edge_bytes
     order = graph.topo_order.tolist()
-    changed = True
-    while changed:
+    for _ in range(_SWEEPS):
         changed = False
         for sweep in (order, order[::-1]):
             for op in sweep:
@@ -164,4 +174,6 @@ def _follow(graph: OpGraph, groups: Groups, group_device: np.ndarray) -> np.ndar
                 if votes:
                     out[g] = max(votes, key=lambda d: (votes[d], -d))
                     changed = True
+        if not changed:
+            break
     return out
