@@ -18,8 +18,8 @@ most compute that has one.
 (round robin) or, with more layers than devices, ``k * D // K`` (blocks), and holds those groups
 there. The other groups are placed either by m-ETF around them or beside the assigned groups
 they exchange the most bytes with (sweeps in topological order, forward then backward, until
-none moves, at most eight; m-ETF places what no sweep reaches). Every (stem, layout, rest) combination is
-scheduled and the shortest kept. Pinned groups stay where they are pinned.
+none moves, at most eight; m-ETF places what no sweep reaches). Every (stem, layout, rest)
+combination is scheduled and the shortest kept. Pinned groups stay where they are pinned.
 
 Time: up to eight m-ETF runs (two stems, two layouts, two ways for the rest), each
 O((V + E) * D * log(V * D)); the sweeps O(S * (V + E)) for S sweeps; reading names O(V * L) for L
@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
+
 import numpy as np
 
 from baechi_tf.cluster import Cluster
@@ -143,7 +144,8 @@ def _run(graph: OpGraph, cluster: Cluster, groups: Groups, group_device: np.ndar
         if held > device.memory_bytes:
             raise InfeasiblePlacementError(
                 f"layers ({how}): the layers on {device.name!r} hold {format_bytes(held)} of "
-                f"persistent memory, more than its {format_bytes(device.memory_bytes)}"
+                f"persistent memory, more than its {format_bytes(device.memory_bytes)}: use more "
+                "devices, or a placer that is free to split layers (auto, m_etf)"
             )
     return run_with_headroom(
         graph, cluster, groups, EarliestStartPolicy, method="layers",

@@ -84,9 +84,8 @@ def _layers(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
 def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
     from baechi_tf.placer.auto import AutoOptions, place_auto
     from baechi_tf.placer.grouping import coplace
-    from baechi_tf.placer.refine import RefineOptions
-
     from baechi_tf.placer.layers import find_layers
+    from baechi_tf.placer.refine import RefineOptions
 
     names = [m for m in _PORTFOLIO if m in _METHODS]
     if find_layers(graph, cluster.num_devices):

@@ -59,7 +59,9 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
     """A bound no schedule beats, communication free: max(critical path, total compute / number
     of devices), taken phase by phase where the graph runs in phases (`_phase_bound_us`)."""
     total = float(graph.compute_us.sum())
-    return max(critical_path_us(graph), total / cluster.num_devices, _phase_bound_us(graph, cluster.num_devices))
+    return max(
+        critical_path_us(graph), total / cluster.num_devices, _phase_bound_us(graph, cluster.num_devices)
+    )
 
 
 def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
@@ -70,8 +72,9 @@ def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
     the order into phases that run one after the other with nothing else beside them, so the step
     takes at least the cut ops' compute plus, per phase, the longer of its internal critical path
     and its compute spread over every device. In a topological order an op at position p is a
-    cut op when no op's span to its nearest successor, or from its furthest predecessor, strictly
-    contains p (a sink or source spans to the end or the start). Time O(V + E).
+    cut op when no op's span to its earliest successor, or from its latest predecessor, strictly
+    contains p (a sink spans to the end, a source from the start): such an op would be neither
+    before nor after the op at p. Time O(V + E).
     """
     n = graph.num_ops
     if n == 0:
@@ -80,9 +83,9 @@ def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n)
     src_pos, dst_pos = pos[graph.edge_src], pos[graph.edge_dst]
-    first_succ = np.full(n, n, dtype=np.int64)  # position of the nearest successor
+    first_succ = np.full(n, n, dtype=np.int64)  # position of the earliest successor
     np.minimum.at(first_succ, graph.edge_src, dst_pos)
-    last_pred = np.full(n, -1, dtype=np.int64)  # position of the furthest predecessor
+    last_pred = np.full(n, -1, dtype=np.int64)  # position of the latest predecessor
     np.maximum.at(last_pred, graph.edge_dst, src_pos)
     covered = np.zeros(n + 1, dtype=np.int64)  # +1 on each open span (a, b): positions a+1..b-1
     for a, b in ((pos, first_succ), (last_pred, pos)):
