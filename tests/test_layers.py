@@ -206,3 +206,30 @@ def test_pinned_groups_count_where_they_are_pinned():
     p = place_layers(g, c, groups)
     check_placement(g, c, groups, p)
     assert p.device_of[g.op_id("l1/cell")] == 2 and p.device_of[g.op_id("l3/cell")] == 1
+
+
+def test_each_distinct_layout_is_scheduled_once_and_large_graphs_try_one_stem(caplog, monkeypatch):
+    import logging
+
+    from baechi_tf.placer import layers
+
+    b = OpGraphBuilder()  # every op numbered by both stems: nothing is left to put beside
+    for l in range(6):
+        for t in range(2):
+            b.add_op(f"layer_{l}/t{t}/cell", 100 + l, [4])
+            if l:
+                b.add_edge(f"layer_{l - 1}/t{t}/cell", f"layer_{l}/t{t}/cell")
+    g = b.build()
+    c = graphs.cluster(4)
+    with caplog.at_level(logging.INFO, logger="baechi_tf.placer.layers"):
+        place_layers(g, c, colocation_groups(g))
+    tried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("layers by")]
+    # 'layer': round robin and blocks (6 layers > 4 devices); 't': 2 layers, round robin only.
+    assert [m.split(":")[0] for m in tried] == [
+        "layers by 'layer', round robin", "layers by 'layer', blocks", "layers by 't', round robin"
+    ]
+    caplog.clear()
+    monkeypatch.setattr(layers, "_LARGE_OPS", g.num_ops - 1)
+    with caplog.at_level(logging.INFO, logger="baechi_tf.placer.layers"):
+        place_layers(g, c, colocation_groups(g))
+    assert {r.getMessage().split(",")[0] for r in caplog.records} == {"layers by 'layer'"}

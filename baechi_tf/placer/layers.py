@@ -19,7 +19,8 @@ most compute that has one.
 there. The other groups are placed either by m-ETF around them or beside the assigned groups
 they exchange the most bytes with (sweeps in topological order, forward then backward, until
 none moves, at most eight; m-ETF places what no sweep reaches). Every (stem, layout, rest)
-combination is scheduled and the shortest kept. Pinned groups stay where they are pinned.
+combination is scheduled (once each when two are the same) and the shortest kept; above 20,000
+ops only the heaviest stem is tried. Pinned groups stay where they are pinned.
 
 Time: up to eight m-ETF runs (two stems, two layouts, two ways for the rest), each
 O((V + E) * D * log(V * D)); the sweeps O(S * (V + E)) for S sweeps; reading names O(V * L) for L
@@ -58,6 +59,7 @@ _MAX_STEMS = 2  # stems tried, heaviest first
 # layers that can form a pipeline (and would cost an m-ETF run each for nothing).
 _MAX_PER_DEVICE = 4
 _SWEEPS = 8  # forward and backward sweeps that put unnumbered groups beside numbered ones
+_LARGE_OPS = 20_000  # above this, only the heaviest stem is tried (each try is an m-ETF run)
 
 
 def find_layers(graph: OpGraph, num_devices: int) -> list[tuple[str, np.ndarray]]:
@@ -95,9 +97,15 @@ def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
     stems = find_layers(graph, cluster.num_devices)
     if not stems:
         raise ValueError("the graph has no numbered layer scopes")
+    if graph.num_ops > _LARGE_OPS:
+        stems = stems[:1]
     best, first_error = None, None
+    tried: list[np.ndarray] = []
     for stem, number in stems:
         for how, group_device in _assignments(graph, cluster, groups, number).items():
+            if any(np.array_equal(group_device, t) for t in tried):
+                continue  # every group already had a layer number: nothing was left to place
+            tried.append(group_device)
             try:
                 schedule = _run(graph, cluster, groups, group_device, f"{stem}: {how}")
             except InfeasiblePlacementError as e:
