@@ -233,3 +233,29 @@ def test_each_distinct_layout_is_scheduled_once_and_large_graphs_try_one_stem(ca
     with caplog.at_level(logging.INFO, logger="baechi_tf.placer.layers"):
         place_layers(g, c, colocation_groups(g))
     assert {r.getMessage().split(",")[0] for r in caplog.records} == {"layers by 'layer'"}
+
+
+def test_a_scope_split_by_the_sweeps_is_made_whole_when_that_is_faster(caplog):
+    import logging
+
+    # att/a1 sits beside layer 0 and att/a2 beside layer 1 (each reads 4 bytes from its layer);
+    # att/a3 joins their 16 MiB outputs. Kept whole, only 4 bytes cross devices instead of 16 MiB.
+    b = OpGraphBuilder()
+    for l in range(2):
+        b.add_op(f"l{l}/cell", 1000, [4])
+        b.add_op(f"l{l}/next", 1000, [4])
+        b.add_edge(f"l{l}/cell", f"l{l}/next")
+    b.add_op("att/a1", 50, [16 * MiB])
+    b.add_op("att/a2", 50, [16 * MiB])
+    b.add_op("att/a3", 50, [4])
+    b.add_edge("l0/cell", "att/a1")
+    b.add_edge("l1/cell", "att/a2")
+    b.add_edge("att/a1", "att/a3")
+    b.add_edge("att/a2", "att/a3")
+    g = b.build()
+    c = graphs.cluster(2)
+    with caplog.at_level(logging.INFO, logger="baechi_tf.placer.layers"):
+        p = place_layers(g, c, colocation_groups(g))
+    assert "scope of 3 groups kept whole" in caplog.text
+    assert len({int(p.device_of[g.op_id(f"att/a{i}")]) for i in (1, 2, 3)}) == 1
+    assert p.device_of[g.op_id("l0/cell")] != p.device_of[g.op_id("l1/cell")]

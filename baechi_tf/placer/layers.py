@@ -20,10 +20,13 @@ there. The other groups are placed either by m-ETF around them or beside the ass
 they exchange the most bytes with (sweeps in topological order, forward then backward, until
 none moves, at most eight; m-ETF places what no sweep reaches). Every (stem, layout, rest)
 combination is scheduled (once each when two are the same) and the shortest kept; above 20,000
-ops only the heaviest stem is tried. Pinned groups stay where they are pinned.
+ops only the heaviest stem is tried. Last, the six heaviest name scopes (two levels, say
+``decoder/attention``) of unnumbered groups that the sweeps split over devices are each tried
+whole on the device that holds most of their compute, and kept so when the schedule gets
+shorter. Pinned groups stay where they are pinned.
 
-Time: up to eight m-ETF runs (two stems, two layouts, two ways for the rest), each
-O((V + E) * D * log(V * D)); the sweeps O(S * (V + E)) for S sweeps; reading names O(V * L) for L
+Time: up to eight m-ETF runs (two stems, two layouts, two ways for the rest) and six
+simulations, each O((V + E) * D * log(V * D)); the sweeps O(S * (V + E)) for S sweeps; reading names O(V * L) for L
 scope components.
 """
 
@@ -59,6 +62,7 @@ _MAX_STEMS = 2  # stems tried, heaviest first
 # layers that can form a pipeline (and would cost an m-ETF run each for nothing).
 _MAX_PER_DEVICE = 4
 _SWEEPS = 8  # forward and backward sweeps that put unnumbered groups beside numbered ones
+_UNITS = 6  # scopes of unnumbered groups that may be made whole afterwards, heaviest first
 _LARGE_OPS = 20_000  # above this, only the heaviest stem is tried (each try is an m-ETF run)
 
 
@@ -99,10 +103,11 @@ def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
         raise ValueError("the graph has no numbered layer scopes")
     if graph.num_ops > _LARGE_OPS:
         stems = stems[:1]
-    best, first_error = None, None
+    best, best_free, first_error = None, None, None
     tried: list[np.ndarray] = []
     for stem, number in stems:
-        for how, group_device in _assignments(graph, cluster, groups, number).items():
+        assignments, free = _assignments(graph, cluster, groups, number)
+        for how, group_device in assignments.items():
             if any(np.array_equal(group_device, t) for t in tried):
                 continue  # every group already had a layer number: nothing was left to place
             tried.append(group_device)
@@ -113,15 +118,51 @@ def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
                 continue
             log.info("layers by %r, %s: %.1f us", stem, how, schedule.makespan_us)
             if best is None or schedule.makespan_us < best.makespan_us:
-                best = schedule
+                best, best_free = schedule, free
     if best is None:
         assert first_error is not None
         raise first_error
-    return Placement(best.placement.device_of, "layers")
+    return Placement(_consolidate(graph, cluster, groups, best, best_free), "layers")
 
 
-def _assignments(graph: OpGraph, cluster: Cluster, groups: Groups, number: np.ndarray) -> dict[str, np.ndarray]:
-    """Device per group (-1: left to m-ETF) of each way of laying out the numbered layers."""
+def _consolidate(graph: OpGraph, cluster: Cluster, groups: Groups, schedule, free: np.ndarray) -> np.ndarray:
+    """The device per op of `schedule`, with each of the `_UNITS` heaviest scopes of unnumbered
+    groups that ended up split over devices moved whole to the device holding most of its
+    compute, when the schedule gets shorter."""
+    device_of = np.asarray(schedule.placement.device_of)
+    first = np.asarray([int(m[0]) for m in groups.members])
+    group_device = device_of[first]
+    work = np.bincount(groups.group_of, weights=graph.compute_us, minlength=groups.num_groups)
+    pinned = np.zeros(groups.num_groups, dtype=bool)
+    for op, name in enumerate(graph.pinned_device):
+        pinned[groups.group_of[op]] |= name is not None
+    units: dict[str, list[int]] = defaultdict(list)
+    for g in np.flatnonzero(free & ~pinned).tolist():
+        op = int(groups.members[g][np.argmax(graph.compute_us[groups.members[g]])])
+        units["/".join(_GRADIENTS.sub("", graph.names[op]).split("/")[:-1][:2])].append(g)
+    ranked = sorted(units.values(), key=lambda u: -float(work[u].sum()))
+    best = schedule.makespan_us
+    for unit in ranked[:_UNITS]:
+        share = np.bincount(group_device[unit], weights=work[unit], minlength=cluster.num_devices)
+        if np.count_nonzero(share) < 2:
+            continue
+        trial = group_device.copy()
+        trial[unit] = int(np.argmax(share))
+        try:
+            makespan = _run(graph, cluster, groups, trial, "whole scopes").makespan_us
+        except InfeasiblePlacementError:
+            continue
+        if makespan < best:
+            best, group_device = makespan, trial
+            log.info("layers: scope of %d groups kept whole: %.1f us", len(unit), makespan)
+    return group_device[groups.group_of]
+
+
+def _assignments(
+    graph: OpGraph, cluster: Cluster, groups: Groups, number: np.ndarray
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Device per group (-1: left to m-ETF) of each way of laying out the numbered layers, and
+    which groups have no layer number."""
     group_number = np.full(groups.num_groups, -1, dtype=np.int64)
     for g, members in enumerate(groups.members):
         numbered = [int(op) for op in members.tolist() if number[op] >= 0]
@@ -142,7 +183,7 @@ def _assignments(graph: OpGraph, cluster: Cluster, groups: Groups, number: np.nd
                 group_device[groups.group_of[op]] = pinned_device_index(graph, cluster, op)
     for how, group_device in list(out.items()):
         out[how + ", the rest beside"] = _follow(graph, groups, group_device)
-    return out
+    return out, ~has
 
 
 def _run(graph: OpGraph, cluster: Cluster, groups: Groups, group_device: np.ndarray, how: str):
