@@ -51,6 +51,14 @@ class Groups:
         bounds = np.searchsorted(self.group_of[order], np.arange(self.num_groups + 1))
         return tuple(order[bounds[g] : bounds[g + 1]] for g in range(self.num_groups))
 
+    def sums(self, per_op: np.ndarray) -> np.ndarray:
+        """float64 [num_groups]: `per_op` summed over each group's ops."""
+        return np.bincount(self.group_of, weights=per_op, minlength=self.num_groups)
+
+    def byte_sums(self, per_op: np.ndarray) -> np.ndarray:
+        """int64 [num_groups]: a per-op byte count summed over each group's ops."""
+        return np.rint(self.sums(per_op)).astype(np.int64)
+
     @classmethod
     def singletons(cls, graph: OpGraph) -> "Groups":
         return cls(np.arange(graph.num_ops, dtype=np.int32), graph.names)

@@ -60,9 +60,7 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
     # order topological by placing an op only after its predecessors (stable repair).
     order = _topological_repair(graph, order)
     group_of = groups.group_of.tolist()
-    group_persistent = np.bincount(
-        groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
-    ).astype(np.int64).tolist()
+    group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
     alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
     group_alloc = [0] * groups.num_groups
     for op in range(n):

@@ -35,11 +35,12 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
+from typing import Optional
 
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import InfeasiblePlacementError
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
@@ -48,7 +49,7 @@ from baechi_tf.placer.list_scheduler import (
     pinned_device_index,
     run_with_headroom,
 )
-from baechi_tf.placer.schedule import Placement
+from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["find_layers", "place_layers"]
 
@@ -76,7 +77,7 @@ def find_layers(graph: OpGraph, num_devices: int) -> list[tuple[str, np.ndarray]
     numbers: dict[str, set[int]] = defaultdict(set)
     for op, name in enumerate(graph.names):
         first: dict[str, int] = {}
-        for part in _GRADIENTS.sub("", name).split("/")[:-1]:
+        for part in _scopes(name):
             m = _NUMBERED.match(part)
             if m and m.group(1) not in first:
                 first[m.group(1)] = int(m.group(2))
@@ -95,12 +96,25 @@ def find_layers(graph: OpGraph, num_devices: int) -> list[tuple[str, np.ndarray]
     return [(s, np.asarray([f.get(s, -1) for f in found], dtype=np.int64)) for s in stems]
 
 
-def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
-    """Places `graph` layer by layer (module docstring). `ValueError` when `find_layers` finds
-    no layers; `InfeasiblePlacementError` when no assignment fits in memory."""
-    stems = find_layers(graph, cluster.num_devices)
+def place_layers(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    *,
+    stems: Optional[list[tuple[str, np.ndarray]]] = None,
+) -> Placement:
+    """Places `graph` layer by layer (module docstring), by `stems` when the caller already ran
+    `find_layers`. `ConfigError` when the graph has no layers; `InfeasiblePlacementError` when
+    no layout fits in memory."""
+    if stems is None:
+        stems = find_layers(graph, cluster.num_devices)
     if not stems:
-        raise ValueError("the graph has no numbered layer scopes")
+        raise ConfigError(
+            "placement method 'layers' needs numbered layer scopes in the op names (layer_0/, "
+            f"layer_1/, ... or l0/, l1/, ...; 2 to {_MAX_PER_DEVICE * cluster.num_devices} of "
+            "them); this graph has none: use auto or m_etf"
+        )
+    persistent = groups.byte_sums(graph.persistent_bytes)
     if graph.num_ops > _LARGE_OPS:
         stems = stems[:1]
     best, best_free, first_error = None, None, None
@@ -112,7 +126,7 @@ def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
                 continue  # every group already had a layer number: nothing was left to place
             tried.append(group_device)
             try:
-                schedule = _run(graph, cluster, groups, group_device, f"{stem}: {how}")
+                schedule = _run(graph, cluster, groups, persistent, group_device, f"{stem}: {how}")
             except InfeasiblePlacementError as e:
                 first_error = first_error or e
                 continue
@@ -122,24 +136,36 @@ def place_layers(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
     if best is None:
         assert first_error is not None
         raise first_error
-    return Placement(_consolidate(graph, cluster, groups, best, best_free), "layers")
+    return Placement(_consolidate(graph, cluster, groups, persistent, best, best_free), "layers")
 
 
-def _consolidate(graph: OpGraph, cluster: Cluster, groups: Groups, schedule, free: np.ndarray) -> np.ndarray:
+def _scopes(name: str) -> list[str]:
+    """The name scopes of an op name, outermost first, without a leading gradients/ scope."""
+    return _GRADIENTS.sub("", name).split("/")[:-1]
+
+
+def _consolidate(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    persistent: np.ndarray,
+    schedule: Schedule,
+    free: np.ndarray,
+) -> np.ndarray:
     """The device per op of `schedule`, with each of the `_UNITS` heaviest scopes of unnumbered
     groups that ended up split over devices moved whole to the device holding most of its
     compute, when the schedule gets shorter."""
     device_of = np.asarray(schedule.placement.device_of)
     first = np.asarray([int(m[0]) for m in groups.members])
     group_device = device_of[first]
-    work = np.bincount(groups.group_of, weights=graph.compute_us, minlength=groups.num_groups)
+    work = groups.sums(graph.compute_us)
     pinned = np.zeros(groups.num_groups, dtype=bool)
     for op, name in enumerate(graph.pinned_device):
         pinned[groups.group_of[op]] |= name is not None
     units: dict[str, list[int]] = defaultdict(list)
     for g in np.flatnonzero(free & ~pinned).tolist():
         op = int(groups.members[g][np.argmax(graph.compute_us[groups.members[g]])])
-        units["/".join(_GRADIENTS.sub("", graph.names[op]).split("/")[:-1][:2])].append(g)
+        units["/".join(_scopes(graph.names[op])[:2])].append(g)
     ranked = sorted(units.values(), key=lambda u: -float(work[u].sum()))
     best = schedule.makespan_us
     for unit in ranked[:_UNITS]:
@@ -149,7 +175,7 @@ def _consolidate(graph: OpGraph, cluster: Cluster, groups: Groups, schedule, fre
         trial = group_device.copy()
         trial[unit] = int(np.argmax(share))
         try:
-            makespan = _run(graph, cluster, groups, trial, "whole scopes").makespan_us
+            makespan = _run(graph, cluster, groups, persistent, trial, "whole scopes").makespan_us
         except InfeasiblePlacementError:
             continue
         if makespan < best:
@@ -186,8 +212,15 @@ def _assignments(
     return out, ~has
 
 
-def _run(graph: OpGraph, cluster: Cluster, groups: Groups, group_device: np.ndarray, how: str):
-    persistent = np.bincount(groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups)
+def _run(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    persistent: np.ndarray,
+    group_device: np.ndarray,
+    how: str,
+) -> Schedule:
+    """m-ETF around the groups `group_device` places (`persistent`: bytes per group)."""
     for d, device in enumerate(cluster.devices):
         held = float(persistent[group_device == d].sum())
         if held > device.memory_bytes:

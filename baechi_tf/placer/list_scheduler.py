@@ -167,9 +167,7 @@ class SchedulerState:
             for i in range(n)
         ]
         self.persistent = graph.persistent_bytes.tolist()
-        self.group_persistent = np.bincount(
-            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
-        ).astype(np.int64).tolist()
+        self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.group_device = [-1] * groups.num_groups
 
         self.device = [-1] * n

@@ -41,8 +41,7 @@ class MTopoOptions:
 def static_group_bytes(graph: OpGraph, groups: Groups) -> np.ndarray:
     """int64 [num_groups]: persistent, output and temporary bytes of a group's ops, summed."""
     per_op = graph.persistent_bytes + graph.output_total_bytes + graph.temp_bytes
-    total = np.bincount(groups.group_of, weights=per_op, minlength=groups.num_groups)
-    return np.rint(total).astype(np.int64)
+    return groups.byte_sums(per_op)
 
 
 def place_m_topo(
@@ -109,9 +108,7 @@ class _LiveMemory:
         self.peak = [0] * nd
         self.group_of = groups.group_of.tolist()
         self.group_device = [-1] * groups.num_groups
-        self.group_persistent = np.bincount(
-            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
-        ).astype(np.int64).tolist()
+        self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
         self.tensor_src = graph.tensor_src.tolist()
         self.tensor_bytes = graph.tensor_bytes.tolist()

@@ -18,6 +18,7 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
+from baechi_tf.placer.layers import find_layers, place_layers
 from baechi_tf.placer.m_etf import place_m_etf
 from baechi_tf.placer.m_topo import place_m_topo
 from baechi_tf.placer.pack import place_packed
@@ -69,32 +70,21 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     return Placement(device_of, "expert")
 
 
-def _layers(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
-    from baechi_tf.placer.layers import find_layers, place_layers
-
-    if not find_layers(graph, cluster.num_devices):
-        raise ConfigError(
-            "placement method 'layers' needs numbered layer scopes in the op names (layer_0/, "
-            f"layer_1/, ... or l0/, l1/, ...; 2 to {4 * cluster.num_devices} of them); this graph "
-            "has none: use auto or m_etf"
-        )
-    return place_layers(graph, cluster, groups)
-
-
 def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
     from baechi_tf.placer.auto import AutoOptions, place_auto
     from baechi_tf.placer.grouping import coplace
-    from baechi_tf.placer.layers import find_layers
     from baechi_tf.placer.refine import RefineOptions
 
     names = [m for m in _PORTFOLIO if m in _METHODS]
-    if find_layers(graph, cluster.num_devices):
-        names.append("layers")
-    if options.expert:
-        names.append("expert")
     thunks = [(m, (lambda m=m: _METHODS[m](graph, cluster, groups, options))) for m in names]
+    stems = find_layers(graph, cluster.num_devices)  # found once, not again inside the placer
+    if stems:
+        thunks.append(("layers", lambda: place_layers(graph, cluster, groups, stems=stems)))
+    if options.expert:
+        thunks.append(("expert", lambda: _expert(graph, cluster, groups, options)))
     # The same placers on coarser groups (single-consumer ops joined to their consumer): fewer,
-    # larger moves, which wins on graphs of many short ops where transfers dominate.
+    # larger moves, meant for graphs of many short ops where transfers dominate (on
+    # bench/quality.py they decide nothing, hence the size limit).
     coarse: list[Groups] = []
 
     def coarse_groups() -> Groups:
@@ -143,7 +133,7 @@ _METHODS: dict[str, Method] = {
     "packed": lambda g, c, gr, o: place_packed(g, c, gr),
     "single": _single,
     "expert": _expert,
-    "layers": _layers,
+    "layers": lambda g, c, gr, o: place_layers(g, c, gr),
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation

@@ -88,9 +88,7 @@ class _Simulation:
         self.graph, self.cluster, self.groups = graph, cluster, groups
         self.singletons = Groups.singletons(graph)
         self.device_of = [int(d) for d in device_of]
-        self.group_persistent = np.bincount(
-            groups.group_of, weights=graph.persistent_bytes, minlength=groups.num_groups
-        ).astype(np.int64).tolist()
+        self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
         self.tail = _tails(graph)
         self.topo = graph.topo_index.tolist()

@@ -156,8 +156,7 @@ def balance_windows(
     window = [min(num_windows - 1, int(s / span * num_windows)) for s in schedule.start_us.tolist()]
     loads = _Loads(graph, cluster, device_of, window, num_windows, overlap)
     members = [m.tolist() for m in groups.members]
-    persistent = graph.persistent_bytes.tolist()
-    group_persistent = [sum(persistent[o] for o in m) for m in members]
+    group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
     on_device = [0] * nd
     for g, m in enumerate(members):
         on_device[device_of[m[0]]] += group_persistent[g]
