@@ -604,23 +604,22 @@ def _scaled(profile: Any, factor: float) -> Any:
     return dataclasses.replace(profile, ops=ops)
 
 
-def place_and_run(config: TrainConfig, setup: Any, session_config: Any, target: str = "") -> int:
-    """Places the graph with the profile, prints the figures, runs the placed graph."""
+def place_and_run(
+    config: TrainConfig, options: PlacementOptions, setup: Any, session_config: Any, target: str = ""
+) -> int:
+    """Places the graph with the profile by `options` (the flags' placement options, checked),
+    prints the figures, runs the placed graph."""
     from baechi_tf.cost_model.profile import load_profile
     from baechi_tf.rewriter.graph_pass import place_graph_def
 
     profile = _scaled(load_profile(FLAGS.cost_path), FLAGS.cost_factor)
     built = build_graph(config)
     print(_describe_graph(config, built))
-    method = FLAGS.placement_method
-    expert = None
+    method = options.placement_method
     if method in ("expert", "auto"):
-        expert = built.spec.expert_placement(setup.cluster.names, built.graph_def)
-    options = PlacementOptions(
-        placement_method=method, grouper=FLAGS.grouper, placer_type=FLAGS.placer_type,
-        sct_threshold=FLAGS.sct_threshold, lp_solver=FLAGS.lp_solver,
-        memory_fraction=FLAGS.placer_memory_fraction, refine_seconds=FLAGS.refine_seconds,
-        seed=FLAGS.seed, expert=expert)
+        options = dataclasses.replace(
+            options, expert=built.spec.expert_placement(setup.cluster.names, built.graph_def)
+        )
     print(f"Placing with {method} on {_describe_devices(setup)}")
     t0 = time.perf_counter()
     placed_def, report = place_graph_def(
@@ -703,7 +702,7 @@ def main(argv: list[str]) -> int:
         setup, session_config, target = _devices()
         if FLAGS.costgen:
             return costgen(config, setup, session_config, target)
-        return place_and_run(config, setup, session_config, target)
+        return place_and_run(config, options, setup, session_config, target)
     except BaechiError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

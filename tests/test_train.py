@@ -116,6 +116,14 @@ def test_gnmt_each_method_places_and_runs_where_placed(gnmt_profile, method, tmp
         assert len(used) > 1
 
 
+def test_lp_time_limit_reaches_the_placer(gnmt_profile):
+    # A limit HiGHS cannot meet, with HiGHS named: the placement stops with the limit's error.
+    path, _ = gnmt_profile
+    done = train(f"--cost_path={path}", *GNMT, "--placement_method=m_sct", "--lp_solver=highs",
+                 "--lp_time_limit=1e-9", *FAST_RUN, expect=2)
+    assert "within --lp_time_limit=1e-09 s" in done.stderr, done.stderr[-2000:]
+
+
 def test_gnmt_only_forward_places_forward_ops_and_gradients_follow(tmp_path_factory, tmp_path):
     flags = GNMT + ["--only_forward"]
     path, profile = costgen(tmp_path_factory, flags, "gnmt_forward")
