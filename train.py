@@ -513,23 +513,25 @@ def _devices() -> tuple[Any, Any, str]:
     for name in ("comm_cost_factor", "cost_factor"):
         if not FLAGS[name].value > 0:
             raise ConfigError(f"--{name}={FLAGS[name].value} must be positive")
-    comm = CommCost.parse(FLAGS.comm_cost_coeffs)
     scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
-    comm = CommCost(comm.slope_us_per_byte * scale, comm.intercept_us * scale)
+
+    def scaled(text: str) -> CommCost:
+        line = CommCost.parse(text)
+        return CommCost(line.slope_us_per_byte * scale, line.intercept_us * scale)
+
+    comm = scaled(FLAGS.comm_cost_coeffs)
+    inter = scaled(FLAGS.inter_host_comm_cost_coeffs) if FLAGS.inter_host_comm_cost_coeffs else None
+    memory = max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction))
     base = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                     log_device_placement=FLAGS.log_device_placement)
     if fraction != 1.0:
         base.gpu_options.per_process_gpu_memory_fraction = fraction
     from baechi_tf.rewriter.distributed import cluster_from_flags, remote_session_config
 
-    inter = None
-    if FLAGS.inter_host_comm_cost_coeffs:
-        i = CommCost.parse(FLAGS.inter_host_comm_cost_coeffs)
-        inter = CommCost(i.slope_us_per_byte * scale, i.intercept_us * scale)
     remote = cluster_from_flags(
         FLAGS.cluster_spec,
         num_devices=FLAGS.num_gpus if FLAGS["num_gpus"].present else None,
-        memory_per_device=max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction)),
+        memory_per_device=memory,
         memory_fraction=fraction,
         comm_cost_coeffs=comm,
         inter_host_comm_cost_coeffs=inter,
@@ -540,7 +542,7 @@ def _devices() -> tuple[Any, Any, str]:
         return remote.devices, remote_session_config(session_config(remote.devices, base)), remote.target
     setup = session_devices(
         FLAGS.num_gpus,
-        memory_bytes_per_device=max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction)),
+        memory_bytes_per_device=memory,
         memory_fraction=fraction,
         comm=comm,
         config=base,

@@ -22,7 +22,6 @@ their full names, ``--num_devices`` per task (default: all). Transfers between t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from typing import Any
 
@@ -179,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
     remote = cluster_from_flags(
         args.cluster_spec,
         num_devices=args.num_devices,
-        memory_per_device=args.memory_per_device,
-        comm_cost_coeffs=args.comm_cost_coeffs,
-        inter_host_comm_cost_coeffs=args.inter_host_comm_cost_coeffs,
+        memory_per_device=memory,
+        comm_cost_coeffs=comm,
+        inter_host_comm_cost_coeffs=inter,
         timeout_s=args.cluster_timeout,
     )
     if remote is not None:
@@ -191,11 +190,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         make = standin_cluster if args.device_type == "CPU" else gpu_cluster
         num_devices = _DEFAULT_NUM_DEVICES if args.num_devices is None else args.num_devices
-        setup = make(num_devices, memory, comm=comm)
-        if inter is not None:
-            setup = dataclasses.replace(
-                setup, cluster=dataclasses.replace(setup.cluster, inter_task_comm=inter)
-            )
+        setup = make(num_devices, memory, comm=comm)  # one task: the inter-host line is unused
     profile = load_profile(args.cost_path)
     msg, is_meta, _ = read_graph_file(args.graph)
     graph_def = msg.graph_def if is_meta else msg

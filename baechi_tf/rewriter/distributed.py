@@ -46,7 +46,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -296,7 +295,6 @@ def wait_for_tasks(
     `timeout_s` seconds, naming each address that did not (and its task, given the `spec`)."""
     deadline = time.monotonic() + max(0.0, timeout_s)
     pending = {a: "" for a in dict.fromkeys(addresses)}
-    pause = threading.Event()  # never set: a bounded wait between rounds of attempts
     while True:
         for address in list(pending):
             host, port = _split_address(address)
@@ -309,7 +307,7 @@ def wait_for_tasks(
                 pending[address] = e.strerror or type(e).__name__
         if not pending or time.monotonic() >= deadline:
             break
-        pause.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))  # between rounds of attempts
     if not pending:
         return
     parts = []
