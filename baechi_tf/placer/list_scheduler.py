@@ -53,6 +53,7 @@ __all__ = [
     "Policy",
     "SchedulerState",
     "format_bytes",
+    "free_at_end_bytes",
     "pinned_device_index",
     "run_list_scheduler",
     "run_with_headroom",
@@ -62,6 +63,17 @@ _INF = float("inf")
 # A transfer looks for a free gap among at most this many bookings after its earliest start
 # before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
 _MAX_GAPS = 16
+
+
+def free_at_end_bytes(graph: OpGraph) -> list[int]:
+    """Per op, the bytes freed when it ends: its scratch, plus the outputs nobody reads (a sink
+    keeps its outputs)."""
+    read = np.zeros(graph.num_ops, dtype=np.int64)
+    data = graph.tensor_src_output >= 0
+    np.add.at(read, graph.tensor_src[data], graph.tensor_bytes[data])
+    has_succ = np.asarray([bool(s) for s in graph.successors], dtype=bool)
+    unread = np.where(has_succ, graph.output_total_bytes - read, 0)
+    return (graph.temp_bytes + unread).tolist()
 
 
 def format_bytes(n: float) -> str:
@@ -136,36 +148,24 @@ class SchedulerState:
         self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
         self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
 
-        # Inputs of each op: (producer, tensor, bytes), one per distinct tensor, in edge order.
+        # Inputs of each op: (producer, tensor, bytes), one per edge, in edge order (a tensor
+        # read twice is received once: arrivals are kept per tensor and device).
         edge_tensor = graph.edge_tensor.tolist()
         tensor_bytes = graph.tensor_bytes.tolist()
         src = graph.edge_src.tolist()
         dst = graph.edge_dst.tolist()
         self.inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         consumers = [0] * graph.num_tensors
-        consumed_slots: list[set[int]] = [set() for _ in range(n)]
-        out_slot = graph.edge_src_output.tolist()
         for e in range(graph.num_edges):
             t = edge_tensor[e]
             self.inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
             consumers[t] += 1
-            if out_slot[e] >= 0:
-                consumed_slots[src[e]].add(out_slot[e])
         self.tensor_bytes = tensor_bytes
         self.tensor_consumers_left = consumers
         self.succ = [list(s) for s in graph.successors]
         self.preds_left = [len(p) for p in graph.predecessors]
         self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
-        # Freed at the op's end: temp, plus outputs no one reads (unless the op is a sink).
-        self.free_at_end = [
-            int(graph.temp_bytes[i])
-            + (
-                sum(b for k, b in enumerate(graph.output_bytes[i]) if k not in consumed_slots[i])
-                if self.succ[i]
-                else 0
-            )
-            for i in range(n)
-        ]
+        self.free_at_end = free_at_end_bytes(graph)
         self.persistent = graph.persistent_bytes.tolist()
         self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.group_device = [-1] * groups.num_groups

@@ -27,7 +27,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import format_bytes, pinned_device_index
+from baechi_tf.placer.list_scheduler import format_bytes, free_at_end_bytes, pinned_device_index
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["MTopoOptions", "place_m_topo", "static_group_bytes"]
@@ -120,13 +120,7 @@ class _LiveMemory:
             readers[edge_tensor[e]] += 1
         self.readers_left = readers
         self.copies: dict[int, set[int]] = {}  # tensor -> devices holding a received copy
-        # Freed when an op ends: scratch, and outputs nobody reads (kept for sinks).
-        read = np.zeros(graph.num_ops, dtype=np.int64)
-        data = graph.tensor_src_output >= 0
-        np.add.at(read, graph.tensor_src[data], graph.tensor_bytes[data])
-        has_succ = np.asarray([bool(s) for s in graph.successors], dtype=bool)
-        unread = np.where(has_succ, graph.output_total_bytes - read, 0)
-        self.free_at_end = (graph.temp_bytes + unread).tolist()
+        self.free_at_end = free_at_end_bytes(graph)
 
     def _device(self, op: int) -> int:
         return self.group_device[self.group_of[op]]

@@ -104,7 +104,7 @@ def solve_sct_relaxation(
 
     head0 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, np.zeros_like(c_us))
     head1 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, c_us)
-    tail1 = _longest_tails(graph.num_ops, arc_src, arc_dst, topo, p, c_us)
+    tail1 = _longest_tails(arc_src, arc_dst, topo, p, c_us)
     cp0 = float((head0 + p).max(initial=0.0))
     keep = ~(_dominated(graph.num_ops, arc_src, arc_dst, c_us, p, head0, head1)
              | (head1[arc_src] + p[arc_src] + c_us + tail1[arc_dst] <= cp0))
@@ -174,7 +174,7 @@ def _longest_starts(n, arc_src, arc_dst, by_dst, p, arc_us) -> np.ndarray:
     return np.asarray(start)
 
 
-def _longest_tails(n, arc_src, arc_dst, topo, p, arc_us) -> np.ndarray:
+def _longest_tails(arc_src, arc_dst, topo, p, arc_us) -> np.ndarray:
     """Longest path from each op's start to the end (its own compute included)."""
     tail = p.tolist()
     order = np.argsort(-topo[arc_src], kind="stable")

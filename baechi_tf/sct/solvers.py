@@ -4,7 +4,8 @@
 * ``highs``: HiGHS through ``scipy.optimize.linprog(method="highs")``; no licence.
 * ``cvxopt``: ``cvxopt.solvers.lp`` (its own interior-point method) with sparse matrices; the
   bounds become rows, since cvxopt has no bounds.
-* ``auto``: MOSEK when it is importable and licensed, else HiGHS, else cvxopt; logs which.
+* ``auto``: MOSEK when it is importable and licensed, else HiGHS; logs which. A back end that
+  fails or runs out of time hands the LP to the next of MOSEK, HiGHS, cvxopt.
 
 Every solve checks the solver's status; a failed, infeasible or unfinished solve raises
 `SolverError` with the solver's own words. The result is in microseconds, with ``x`` clipped to
@@ -64,13 +65,6 @@ def mosek_licence_problem() -> Optional[str]:
     return None
 
 
-def _highs_available() -> bool:
-    import scipy
-
-    major, minor = (int(v) for v in scipy.__version__.split(".")[:2])
-    return (major, minor) >= (1, 6)
-
-
 def choose_solver(solver: str) -> str:
     """The back end that `solver` names; ``auto`` picks MOSEK, HiGHS or cvxopt and logs why."""
     if solver not in SOLVERS:
@@ -78,33 +72,18 @@ def choose_solver(solver: str) -> str:
     if solver != "auto":
         return solver
     problem = mosek_licence_problem()
-    if problem is None:
-        chosen = "mosek"
-    elif _highs_available():
-        chosen = "highs"
-    elif importlib.util.find_spec("cvxopt") is not None:
-        chosen = "cvxopt"
-    else:
-        raise SolverError(
-            f"no LP solver is available: {problem}; scipy is older than 1.6 (no HiGHS) and cvxopt "
-            "is not installed: pip install 'scipy>=1.6' or cvxopt"
-        )
+    chosen = "mosek" if problem is None else "highs"  # scipy (pinned in setup.py) brings HiGHS
     log.info("m-SCT LP solver: %s%s", chosen, "" if problem is None else f" ({problem})")
     return chosen
 
 
 def fallbacks_after(solver: str, chosen: str) -> tuple[str, ...]:
-    """The back ends ``auto`` tries after `chosen` fails: the available ones later in the
-    order MOSEK, HiGHS, cvxopt; none when the user named a solver."""
+    """The back ends ``auto`` tries after `chosen` fails: those later in the order MOSEK, HiGHS,
+    cvxopt; none when the user named a solver."""
     if solver != "auto":
         return ()
     order = ("mosek", "highs", "cvxopt")
-    later = order[order.index(chosen) + 1 :]
-    return tuple(
-        n for n in later
-        if (n == "highs" and _highs_available())
-        or (n == "cvxopt" and importlib.util.find_spec("cvxopt") is not None)
-    )
+    return order[order.index(chosen) + 1 :]
 
 
 def solve_lp(
