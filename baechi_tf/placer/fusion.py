@@ -38,7 +38,7 @@ import numpy as np
 
 from baechi_tf.errors import ConfigError
 from baechi_tf.graph import CONTROL, OpGraph
-from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.grouping import Groups, bounded_search
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["FusedGraph", "FusionOptions", "fuse"]
@@ -149,25 +149,11 @@ class _Merger:
 
     def _search(self, start: int, target: int, edges, inside) -> Optional[list[int]]:
         """Ops reachable from `start` other than through its direct edge to `target`, among
-        ranks where `inside` holds; None if `target` is reached or the budget runs out."""
-        found: list[int] = []
-        seen = {start}
-        stack = [x for x in edges[start] if x != target]
-        while stack:
-            x = stack.pop()
-            if x in seen or not inside(self.rank[x]):
-                continue
-            seen.add(x)
-            found.append(x)
-            self.budget -= 1
-            if self.budget < 0:
-                self.exact = False  # from now on, the conservative rule
-                return None
-            for y in edges[x]:
-                if y == target:
-                    return None
-                if y not in seen:
-                    stack.append(y)
+        ranks where `inside` holds; None if `target` is reached or the budget runs out (from
+        then on the conservative rule holds)."""
+        found, self.budget = bounded_search(start, target, edges, self.rank, inside, self.budget)
+        if self.budget < 0:
+            self.exact = False
         return found
 
     def _merge(self, u: int, v: int, queue: collections.deque) -> None:

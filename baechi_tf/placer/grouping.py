@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Iterable, Optional
+import math
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
 from baechi_tf.errors import ConfigError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 
-__all__ = ["Groups", "colocation_groups", "coplace", "make_groups", "GROUPERS"]
+__all__ = ["Groups", "bounded_search", "colocation_groups", "coplace", "make_groups", "GROUPERS"]
 
 GROUPERS = ("tf", "coplace")
 
@@ -247,23 +248,7 @@ class _ComponentDag:
         return True
 
     def _search(self, start, avoid, edges, in_bounds) -> Optional[list[int]]:
-        """Components reachable from `start` (not through a direct edge to `avoid`) within
-        bounds, or None when `avoid` is reached through another component."""
-        seen = {start}
-        stack = [c for c in edges[start] if c != avoid]
-        found: list[int] = []
-        while stack:
-            c = stack.pop()
-            if c in seen or not in_bounds(self.rank[c]):
-                continue
-            seen.add(c)
-            found.append(c)
-            for nxt in edges[c]:
-                if nxt == avoid:
-                    return None
-                if nxt not in seen:
-                    stack.append(nxt)
-        return found
+        return bounded_search(start, avoid, edges, self.rank, in_bounds)[0]
 
     def _contract(self, a: int, b: int) -> None:
         keep = self.uf.union(a, b)
@@ -285,6 +270,34 @@ class _ComponentDag:
         self.succ[gone] = set()
         self.pred[gone] = set()
         self.rank[keep] = self.rank[a]  # `a` holds the merged component's slot
+
+
+def bounded_search(
+    start: int, avoid: int, edges, rank, in_bounds: Callable[[int], bool], budget: float = math.inf
+) -> tuple[Optional[list[int]], float]:
+    """The nodes reachable from `start` (not through its direct edge to `avoid`) whose rank is
+    within bounds, and the budget left after one unit per node found. The nodes are None when
+    `avoid` is reached through another node (joining the two would close a cycle) or when the
+    budget runs out (budget left < 0). The search of Pearce and Kelly (JEA 2007) in a DAG kept
+    in topological rank order."""
+    seen = {start}
+    stack = [x for x in edges[start] if x != avoid]
+    found: list[int] = []
+    while stack:
+        x = stack.pop()
+        if x in seen or not in_bounds(rank[x]):
+            continue
+        seen.add(x)
+        found.append(x)
+        budget -= 1
+        if budget < 0:
+            return None, budget
+        for y in edges[x]:
+            if y == avoid:
+                return None, budget
+            if y not in seen:
+                stack.append(y)
+    return found, budget
 
 
 def _tarjan(succ: list[set[int]]) -> list[int]:
