@@ -350,9 +350,10 @@ def ran_on(step_stats: Any, graph: Any) -> dict[str, str]:
         last = dev.device.split("/")[-1]
         if not last.startswith("device:") or last.count(":") != 2:
             continue  # GPU streams and memcpy entries repeat the executor's records
+        device = canonical_device(dev.device)
         for ns in dev.node_stats:
             if ns.node_name in names:
-                out[ns.node_name] = canonical_device(dev.device)
+                out[ns.node_name] = device
     return out
 
 
