@@ -72,8 +72,13 @@ class OpGraph:
         *,
         validate: bool = True,
     ) -> "OpGraph":
-        """Builds a graph from per-op sequences and edge index arrays; validates it by default."""
+        """Builds a graph from per-op sequences and edge index arrays; validates it by default.
+
+        A repeated edge (same source, output and destination) is kept once, as
+        `OpGraphBuilder.add_edge` does: an op that reads a tensor twice receives it once.
+        """
         n = len(names)
+        edge_src, edge_dst, edge_src_output = _unique_edges(edge_src, edge_dst, edge_src_output)
         graph = cls(
             names=tuple(names),
             compute_us=_frozen(np.asarray(compute_us, dtype=np.float64).reshape(-1)),
@@ -332,6 +337,23 @@ class OpGraph:
                     f"edge {self.names[s]!r} -> {self.names[int(self.edge_dst[e])]!r} reads output "
                     f"{o} of {self.names[s]!r}, which has {len(self.output_bytes[s])} outputs"
                 )
+
+
+def _unique_edges(src, dst, out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The edges with repeats dropped, first occurrences in their order."""
+    src, dst, out = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (src, dst, out))
+    if src.shape != dst.shape or src.shape != out.shape or src.size < 2:
+        return src, dst, out  # mismatched lengths are reported by validate
+    # One integer per edge: output slots from CONTROL (-1) up, op ids as given (validate checks them).
+    span_out = int(out.max() - out.min()) + 1
+    span_op = int(max(src.max(), dst.max()) - min(src.min(), dst.min())) + 1
+    low = int(min(src.min(), dst.min()))
+    key = ((src - low) * span_op + (dst - low)) * span_out + (out - out.min())
+    _, first = np.unique(key, return_index=True)
+    if first.size == src.size:
+        return src, dst, out
+    keep = np.sort(first)
+    return src[keep], dst[keep], out[keep]
 
 
 def _int_array(values: Optional[Sequence[int]], n: int) -> np.ndarray:

@@ -130,3 +130,22 @@ def test_long_chain_has_no_recursion_limit():
         edge_src_output=np.zeros(n - 1),
     )
     assert g.topo_order[-1] == n - 1
+
+
+def test_from_arrays_keeps_a_repeated_edge_once():
+    # y = x + x: two edges of the same tensor. Kept once (as the builder does), so a placement
+    # that puts x and y apart pays one transfer, not a phantom second one.
+    from baechi_tf.cluster import Cluster, CommCost
+    from baechi_tf.placer import Placement, simulate
+
+    g = OpGraph.from_arrays(
+        names=["x", "y", "z"], compute_us=[100, 100, 10], output_bytes=[[1 << 20], [4], [4]],
+        edge_src=[0, 0, 1, 0], edge_dst=[1, 1, 2, 2], edge_src_output=[0, 0, 0, -1],
+    )
+    assert list(zip(g.edge_src.tolist(), g.edge_dst.tolist(), g.edge_src_output.tolist())) == [
+        (0, 1, 0), (1, 2, 0), (0, 2, -1)
+    ]
+    cluster = Cluster.homogeneous(2, 1 << 30, comm=CommCost(0.001, 100))
+    s = simulate(g, cluster, Placement(np.array([0, 1, 1]), "test"))
+    assert [t.tensor for t in s.transfers].count(0) == 1  # x's output (the control message aside)
+    assert s.start_us[1] == pytest.approx(100 + 100 + 0.001 * (1 << 20))

@@ -148,8 +148,8 @@ class SchedulerState:
         self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
         self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
 
-        # Inputs of each op: (producer, tensor, bytes), one per edge, in edge order (a tensor
-        # read twice is received once: arrivals are kept per tensor and device).
+        # Inputs of each op: (producer, tensor, bytes), one per edge in edge order, so one per
+        # distinct tensor: an OpGraph holds no repeated edge.
         edge_tensor = graph.edge_tensor.tolist()
         tensor_bytes = graph.tensor_bytes.tolist()
         src = graph.edge_src.tolist()
