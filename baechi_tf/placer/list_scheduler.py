@@ -181,6 +181,11 @@ class SchedulerState:
         )
         self.chan_start: list[list[float]] = [[] for _ in range(nd)]
         self.chan_end: list[list[float]] = [[] for _ in range(nd)]
+        # Bumped whenever a device's channel or its received copies change; a dry run of
+        # `ready_time` is remembered per (op, device) with the sum of the versions it read (they
+        # only grow, so an equal sum means nothing it read has changed).
+        self.chan_version = [0] * nd
+        self.ready_memo: dict[tuple[int, int], tuple[int, tuple[float, int]]] = {}
         self.usage = [0] * nd
         self.peak = [0] * nd
         self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
@@ -218,6 +223,7 @@ class SchedulerState:
                 return t
 
     def _book(self, dev: int, s: float, e: float) -> None:
+        self.chan_version[dev] += 1
         starts, ends = self.chan_start[dev], self.chan_end[dev]
         i = bisect.bisect_left(starts, s)
         # Merge with neighbours closer than the shortest possible transfer: such a gap can never
@@ -239,12 +245,22 @@ class SchedulerState:
     def ready_time(self, op: int, dev: int, commit: bool = False) -> tuple[float, int]:
         """When all inputs of `op` can be on `dev`, and the bytes of copies still to receive.
 
-        With `commit`, books the transfers for real.
+        With `commit`, books the transfers for real. A dry run is answered from `ready_memo` when
+        none of the channels it depends on changed since it was last made.
         """
+        device = self.device
+        version = self.chan_version
+        key = copied = 0
+        if not commit:
+            key = version[dev]
+            for p, _, _ in self.inputs[op]:
+                key += version[device[p]]
+            memo = self.ready_memo.get((op, dev))
+            if memo is not None and memo[0] == key:
+                return memo[1]
         ready = 0.0
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
-        device = self.device
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
             if pd == dev:
@@ -265,6 +281,7 @@ class SchedulerState:
                         ends.insert(i, arrived)
                 if commit:
                     self.arrival[(t, dev)] = arrived
+                    copied = 1
                     self.transfers.append(Transfer(t, pd, dev, s, arrived))
                     rel = self.release.setdefault(t, {})
                     if rel.get(pd, -1.0) < arrived:
@@ -276,6 +293,9 @@ class SchedulerState:
             for d, (starts, ends) in extra.items():
                 for s, e in zip(starts, ends):
                     self._book(d, s, e)
+            version[dev] += copied  # new copies on dev (also free ones, which book nothing)
+        elif self.preds_left[op] == 0:  # inputs all placed: the key covers everything read
+            self.ready_memo[(op, dev)] = (key, (ready, new_bytes))
         return ready, new_bytes
 
     def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
@@ -324,6 +344,8 @@ class SchedulerState:
         assert ready <= start + 1e-6, (op, ready, start)
         end = start + self.compute[op]
         self.device[op] = dev
+        for d in range(self.num_devices):
+            self.ready_memo.pop((op, d), None)
         self.start[op] = start
         self.end[op] = end
         self.order.append(op)
@@ -558,6 +580,7 @@ class ListScheduler:
         st.chan_end = [list(x) for x in snap["chan_end"]]
         st.pending = [list(x) for x in snap["pending"]]
         st.arrival = dict(snap["arrival"])
+        st.ready_memo.clear()  # versions only grow, but the memo may hold dry runs made after snap
         st.release = {t: dict(r) for t, r in snap["release"].items()}
         self.later = [list(x) for x in snap["later"]]
         self.now = [list(x) for x in snap["now"]]
