@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import weakref
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -123,6 +124,43 @@ class FixedPolicy(Policy):
         return (self.device_of[op],)
 
 
+class _Static:
+    """What a graph's schedulers read and never change, built once per graph: the refiner
+    starts a scheduler per move."""
+
+    def __init__(self, graph: OpGraph) -> None:
+        self.compute = graph.compute_us.tolist()
+        self.topo = graph.topo_index.tolist()
+        # Inputs of each op: (producer, tensor, bytes), one per edge in edge order, so one per
+        # distinct tensor: an OpGraph holds no repeated edge.
+        edge_tensor = graph.edge_tensor.tolist()
+        self.tensor_bytes = tensor_bytes = graph.tensor_bytes.tolist()
+        src = graph.edge_src.tolist()
+        dst = graph.edge_dst.tolist()
+        self.inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(graph.num_ops)]
+        consumers = [0] * graph.num_tensors
+        for e in range(graph.num_edges):
+            t = edge_tensor[e]
+            self.inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
+            consumers[t] += 1
+        self.consumers = consumers
+        self.succ = [list(s) for s in graph.successors]
+        self.num_preds = [len(p) for p in graph.predecessors]
+        self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
+        self.free_at_end = free_at_end_bytes(graph)
+        self.persistent = graph.persistent_bytes.tolist()
+
+
+_STATICS: "weakref.WeakKeyDictionary[OpGraph, _Static]" = weakref.WeakKeyDictionary()
+
+
+def _static_of(graph: OpGraph) -> _Static:
+    static = _STATICS.get(graph)
+    if static is None:
+        static = _STATICS[graph] = _Static(graph)
+    return static
+
+
 class SchedulerState:
     """The evolving schedule: device clocks, channels, memory, tensor copies, op times.
 
@@ -138,8 +176,9 @@ class SchedulerState:
         self.cluster = cluster
         self.groups = groups
         self.num_devices = nd
-        self.compute = graph.compute_us.tolist()
-        self.topo = graph.topo_index.tolist()
+        static = _static_of(graph)
+        self.compute = static.compute
+        self.topo = static.topo
         self.group_of = groups.group_of.tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
         # Groups are placed only while persistent memory leaves this share of a device free for
@@ -147,26 +186,14 @@ class SchedulerState:
         self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
         self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
         self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
-
-        # Inputs of each op: (producer, tensor, bytes), one per edge in edge order, so one per
-        # distinct tensor: an OpGraph holds no repeated edge.
-        edge_tensor = graph.edge_tensor.tolist()
-        tensor_bytes = graph.tensor_bytes.tolist()
-        src = graph.edge_src.tolist()
-        dst = graph.edge_dst.tolist()
-        self.inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        consumers = [0] * graph.num_tensors
-        for e in range(graph.num_edges):
-            t = edge_tensor[e]
-            self.inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
-            consumers[t] += 1
-        self.tensor_bytes = tensor_bytes
-        self.tensor_consumers_left = consumers
-        self.succ = [list(s) for s in graph.successors]
-        self.preds_left = [len(p) for p in graph.predecessors]
-        self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
-        self.free_at_end = free_at_end_bytes(graph)
-        self.persistent = graph.persistent_bytes.tolist()
+        self.inputs = static.inputs
+        self.tensor_bytes = static.tensor_bytes
+        self.tensor_consumers_left = list(static.consumers)
+        self.succ = static.succ
+        self.preds_left = list(static.num_preds)
+        self.alloc = static.alloc
+        self.free_at_end = static.free_at_end
+        self.persistent = static.persistent
         self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.group_device = [-1] * groups.num_groups
 

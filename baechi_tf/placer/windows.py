@@ -55,7 +55,9 @@ class _Loads:
         self.dev = device_of
         self.win = window
         self.compute = graph.compute_us.tolist()
-        self.link = [[cluster.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
+        links = [[cluster.link(a, b) for b in range(nd)] for a in range(nd)]
+        self.slope = [[link.slope_us_per_byte for link in row] for row in links]
+        self.intercept = [[link.intercept_us for link in row] for row in links]
         self.tbytes = graph.tensor_bytes.tolist()
         self.tsrc = graph.tensor_src.tolist()
         self.ins = graph.input_tensors  # cached on the graph: built once for every call
@@ -79,7 +81,7 @@ class _Loads:
         return max(busy) + _EVEN * math.sqrt(sum(v * v for v in busy))
 
     def _transfer(self, t: int, a: int, b: int, sign: int) -> None:
-        tt = sign * self.link[a][b](self.tbytes[t])
+        tt = sign * (self.slope[a][b] * self.tbytes[t] + self.intercept[a][b])  # as CommCost
         w = self.win[self.tsrc[t]]
         row = self.load[w]
         row[self.nd + a] += tt
