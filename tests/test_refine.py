@@ -114,3 +114,20 @@ def test_auto_skips_a_refinement_that_one_simulation_would_overrun(caplog):
     assert short.makespan_us == min(v for v in short.candidates.values() if v is not None)
     enough = place(graph, cluster, PlacementOptions(refine_seconds=600 / STEPS_PER_SECOND))
     assert enough.refine_stats is not None and enough.refine_stats.steps >= 60
+
+
+def test_the_first_move_resimulates_only_what_it_can_change():
+    """The starting schedule keeps its snapshots: moving the last op of a long chain re-runs
+    the tail of the schedule, not the whole of it."""
+    from baechi_tf.placer.refine import _Simulation
+
+    graph = graphs.chain(200, compute_us=100.0, nbytes=1024)
+    cluster = graphs.cluster(2)
+    groups = colocation_groups(graph)
+    sim = _Simulation(graph, cluster, groups, np.zeros(200, dtype=np.int32))
+    assert sim.steps == 200 and sim.snapshots
+    last = int(groups.group_of[199])
+    result = sim.try_move(((last, 0, 1),), float("inf"))
+    assert result is not None
+    assert result[0].placement.device_of[199] == 1
+    assert sim.steps - 200 <= 200 // 24 + 1  # at most one snapshot interval re-run

@@ -103,7 +103,7 @@ class _Simulation:
 
     def _full(self) -> Schedule:
         scheduler = self._scheduler(self.device_of)
-        schedule = self._finish(scheduler, float("inf"), [])
+        schedule = self._finish(scheduler, float("inf"), self.snapshots)
         assert schedule is not None  # the starting placement was simulated before
         return schedule
 
