@@ -131,3 +131,25 @@ def test_the_first_move_resimulates_only_what_it_can_change():
     assert result is not None
     assert result[0].placement.device_of[199] == 1
     assert sim.steps - 200 <= 200 // 24 + 1  # at most one snapshot interval re-run
+
+
+def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
+    """Near a local optimum most random draws were tried already; listing the critical-path
+    candidates again for each of them cost seconds on comm-heavy graphs, outside the budget."""
+    import baechi_tf.placer.refine as refine_module
+
+    listed = []
+    real = refine_module._candidates
+
+    def counting(sim, pinned):
+        listed.append(1)
+        return real(sim, pinned)
+
+    monkeypatch.setattr(refine_module, "_candidates", counting)
+    graph = graphs.random_dag(3, 40, edge_prob=0.2, max_bytes=8 * graphs.MiB)
+    cluster = graphs.cluster(3)
+    groups = colocation_groups(graph)
+    start = Placement(np.arange(40, dtype=np.int32) % 3, "round robin")
+    _, _, stats = refine(graph, cluster, groups, start, options=RefineOptions(seconds=1.0))
+    assert stats.moves_tried > stats.moves_accepted + 20  # it went on after its last success
+    assert len(listed) <= stats.moves_accepted + 1
