@@ -1,12 +1,13 @@
 """The simulator against schedules computed by hand."""
 
 import itertools
+import random
 
 import numpy as np
 import pytest
 
 import graphs
-from baechi_tf.cluster import CommCost
+from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Groups, Placement, lower_bound_us, simulate, single_device_schedule
@@ -132,8 +133,11 @@ def test_placement_that_cannot_fit_raises():
 def test_lower_bound():
     g = graphs.fork_join(4, branch_us=1000)
     # Critical path 10 + 1000 + 10; total 4020 / 4 devices = 1005.
-    assert lower_bound_us(g, graphs.cluster(4)) == 1020
+    assert lower_bound_us(g, graphs.cluster(4, comm=CommCost(0, 0))) == 1020
     assert lower_bound_us(g, graphs.cluster(1)) == 4020
+    # At the default cost two branches on the sink's device would end at 2010: all but one are
+    # elsewhere, and the sink waits for a 4096 B copy after 1010.
+    assert lower_bound_us(g, graphs.cluster(4)) == pytest.approx(1020 + CommCost()(4096))
 
 
 def _two_phases():
@@ -188,6 +192,93 @@ def test_lower_bound_never_beats_a_placement(seed):
     # Free communication, so every placement's schedule is a schedule of the bound's model.
     g = graphs.random_dag(seed, 3 + seed % 5, edge_prob=0.3 + 0.1 * (seed % 4))
     c = graphs.cluster(2 + seed % 2, comm=CommCost(0, 0))
+    bound = lower_bound_us(g, c)
+    best = min(
+        simulate(g, c, place(g, list(d))).makespan_us
+        for d in itertools.product(range(c.num_devices), repeat=g.num_ops)
+    )
+    assert best >= bound - 1e-6
+
+
+def _fan_in(sources, v_us):
+    """Sources ``s{i}`` of (compute_us, output bytes), each feeding op ``v`` of `v_us`."""
+    b = OpGraphBuilder()
+    for i, (us, nbytes) in enumerate(sources):
+        b.add_op(f"s{i}", us, [nbytes])
+    b.add_op("v", v_us, [4])
+    for i in range(len(sources)):
+        b.add_edge(f"s{i}", "v")
+    return b.build()
+
+
+def test_lower_bound_pays_for_unavoidable_communication():
+    #  u1(100)   u2(100)     v waits for both: on v's device they run one after the other
+    #       \   /            (v starts >= 200), or one is elsewhere and its 40 B cost
+    #        v(10)           20 + 0.5 * 40 = 40 us (v starts >= 100 + 40). Bound 140 + 10 = 150,
+    #                        where the communication-free bounds give 110 (path, and phases).
+    g = _fan_in([(100, 40), (100, 40)], v_us=10)
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    assert lower_bound_us(g, c) == 150
+    # u1 and v on device 0, u2 on 1: u2's copy 100-140, v 140-150, so the bound is reached.
+    assert simulate(g, c, place(g, [0, 1, 0])).makespan_us == 150
+    assert lower_bound_us(g, graphs.cluster(2, comm=CommCost(0, 0))) == 110
+    assert lower_bound_us(g, graphs.cluster(1, comm=CommCost(0.5, 20))) == 210
+
+
+def test_lower_bound_past_the_exact_local_sets():
+    # 200 sources of 1 us into v (1 us); source i sends 2 * (200 - i) bytes, 300 - i us at
+    # CommCost(0.5, 100). With the k sources that arrive last (sorted by 1 + comm, descending)
+    # on v's device, v starts >= max(k, 301 - k): 151 at k = 150, past the 64 local sets tried
+    # exactly, where max(J(first 64), least release + sum of compute) = k still gives it.
+    # Trying only k <= 64 would claim v starts >= 301 - 64 = 237, after the 201 us that all on
+    # one device takes.
+    g = _fan_in([(1, 2 * (200 - i)) for i in range(200)], v_us=1)
+    c = graphs.cluster(3, comm=CommCost(0.5, 100))
+    assert lower_bound_us(g, c) == 152
+    placements = [
+        [0] * 201,
+        [i % 3 for i in range(200)] + [0],
+        [0 if i >= 50 else 1 for i in range(200)] + [0],
+    ]
+    spans = [simulate(g, c, place(g, d)).makespan_us for d in placements]
+    assert spans[0] == 201 and min(spans) >= 152
+
+
+def _random_comm_dag(rng, num_ops):
+    """Ops of 10-300 us with two outputs of up to 400 B; each forward pair of ops is joined with
+    probability 0.5 by any of: output 0, output 1, a control edge."""
+    b = OpGraphBuilder()
+    for i in range(num_ops):
+        b.add_op(f"op{i}", round(rng.uniform(10, 300), 1), [rng.randrange(401), rng.randrange(401)])
+    for j in range(num_ops):
+        for i in range(j):
+            if rng.random() < 0.5:
+                kinds = rng.sample(["0", "1", "control"], rng.randint(1, 3))
+                for kind in kinds:
+                    if kind == "control":
+                        b.add_control_edge(f"op{i}", f"op{j}")
+                    else:
+                        b.add_edge(f"op{i}", f"op{j}", int(kind))
+    return b.build()
+
+
+def _two_tasks(slow):
+    # Devices 0 and 1 on one host (20 + 0.5 us per byte), device 2 on another (`slow`).
+    names = ["/job:w/replica:0/task:0/device:GPU:0", "/job:w/replica:0/task:0/device:GPU:1",
+             "/job:w/replica:0/task:1/device:GPU:0"]
+    return Cluster(tuple(Device(n, 1 << 30) for n in names), CommCost(0.5, 20), slow)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_lower_bound_with_communication_never_beats_a_placement(seed):
+    # Transfers of 20-220 us beside ops of 10-300 us, every placement on 2 or 3 devices (one case
+    # in three on two hosts, whose slower line the bound must not count on).
+    rng = random.Random(seed)
+    if seed % 3 == 0:
+        c = _two_tasks(CommCost(1.0, 60))
+    else:
+        c = graphs.cluster(3 if seed % 3 == 1 else 2, comm=CommCost(0.5, 20))
+    g = _random_comm_dag(rng, rng.randint(3, 6 if c.num_devices == 3 else 7))
     bound = lower_bound_us(g, c)
     best = min(
         simulate(g, c, place(g, list(d))).makespan_us

@@ -8,11 +8,18 @@ last consumer finishes. Because m-ETF picks op and device by the same earliest-s
 simulated schedule of an m-ETF placement is the schedule m-ETF built.
 
 Time and memory as `run_list_scheduler` with one device per op.
+
+`lower_bound_us` is what every placement's simulated makespan is at least: the critical path and
+the compute per device (both communication free, summed over phases where cut ops split the
+graph) and a longest path that pays for the copies no placement avoids (`_comm_path_bound_us`).
+Time O(V + E) for the first, O(E log E) plus O(min(deg, 64)^2) per op for the last.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -25,6 +32,8 @@ from baechi_tf.placer.list_scheduler import FixedPolicy, run_list_scheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["critical_path_us", "lower_bound_us", "simulate", "single_device_schedule"]
+
+_EXACT_PREFIXES = 64  # local sets tried exactly per op; longer ones get a smaller bound of J
 
 
 def simulate(graph: OpGraph, cluster: Cluster, placement: Placement) -> Schedule:
@@ -56,11 +65,25 @@ def critical_path_us(graph: OpGraph) -> float:
 
 
 def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
-    """A bound no schedule beats, communication free: max(critical path, total compute / number
-    of devices), taken phase by phase where the graph runs in phases (`_phase_bound_us`)."""
+    """A bound no placement's simulated makespan beats, the largest of:
+
+    - the critical path, communication free (`critical_path_us`);
+    - total compute / number of devices;
+    - the sum over phases, where cut ops split the graph, of the larger of those two
+      (`_phase_bound_us`);
+    - on more than one device, max over ops v of head(v) + compute(v) + tail(v)
+      (`_comm_path_bound_us`): head(v) = min over the sets L of predecessors on v's device of
+      max(J(L), max over the other predecessors u of head(u) + compute(u) + comm(u, v)), where
+      J(L) is the end of L run one at a time, none before its head, and comm(u, v) the least
+      intercept plus the least slope times the bytes, summed over the edges u -> v; tail is the
+      same on the reversed graph.
+    """
     total = float(graph.compute_us.sum())
     return max(
-        critical_path_us(graph), total / cluster.num_devices, _phase_bound_us(graph, cluster.num_devices)
+        critical_path_us(graph),
+        total / cluster.num_devices,
+        _phase_bound_us(graph, cluster.num_devices),
+        _comm_path_bound_us(graph, cluster),
     )
 
 
@@ -110,6 +133,95 @@ def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
             total += compute[int(order[p])]
         start = p + 1
     return total
+
+
+def _comm_path_bound_us(graph: OpGraph, cluster: Cluster) -> float:
+    """Max over ops v of head(v) + compute(v) + tail(v), communication paid where unavoidable.
+
+    An edge between two devices costs at least comm(e) = least intercept + least slope * bytes(e)
+    (least over ordered device pairs; a control edge costs the intercept). The copies from a
+    producer u to a consumer v share the channels of the same two devices, so a remote u delays v
+    by comm(u, v), the sum over the edges u -> v. head(v) bounds v's start in any placement, in
+    topological order. A predecessor u on another device gives v >= a_u = head(u) + compute(u) +
+    comm(u, v). The local ones, L, run on v's device one at a time, none before its head, so
+    v >= J(L), their end in order of head (t = max(t, head(u)) + compute(u); Jackson's rule, exact
+    on one machine with release dates). Hence head(v) = min over L of max(J(L), max a_u over u not
+    in L). A best L is a prefix of the predecessors sorted by a_u descending: it holds every u
+    with a_u above the largest remote one, any other can leave without raising that, and J only
+    grows with L. The prefixes are tried in order until J reaches the next a_u; past
+    `_EXACT_PREFIXES` of them J is replaced by max(J(first _EXACT_PREFIXES), least head + sum of
+    compute), a bound of J, so the min stays a bound. tail(v) bounds makespan - end(v): the same
+    recursion on the reversed graph. Communication free, this is the critical path; on one device
+    nothing is remote and it is skipped (0). Time O(E log E) plus O(min(deg, _EXACT_PREFIXES)^2 +
+    deg log deg) per op; memory O(V + E).
+    """
+    nd = cluster.num_devices
+    n = graph.num_ops
+    if nd < 2 or graph.num_edges == 0:
+        return 0.0
+    links = [cluster.link(a, b) for a in range(nd) for b in range(nd) if a != b]
+    intercept = min(link.intercept_us for link in links)
+    slope = min(link.slope_us_per_byte for link in links)
+    # One entry per (producer, consumer) pair, with the comm of all its edges summed.
+    key = graph.edge_src.astype(np.int64) * n + graph.edge_dst
+    pair, edge_pair = np.unique(key, return_inverse=True)
+    comm = np.bincount(edge_pair.ravel(), weights=intercept + slope * graph.edge_bytes)
+    src, dst = pair // n, pair % n
+    compute = graph.compute_us.astype(np.float64)
+    order = graph.topo_order.tolist()
+    head = _head_us(order, src, dst, comm, compute)
+    tail = _head_us(order[::-1], dst, src, comm, compute)
+    return float((head + compute + tail).max())
+
+
+def _head_us(
+    order: list[int], src: np.ndarray, dst: np.ndarray, comm: np.ndarray, compute: np.ndarray
+) -> np.ndarray:
+    """head(v) of `_comm_path_bound_us` for pairs src -> dst, visited in `order`."""
+    n = compute.shape[0]
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    ptr_l, pred, comm_l = ptr.tolist(), src[by_dst].tolist(), comm[by_dst].tolist()
+    c = compute.tolist()
+    head = [0.0] * n
+    for v in order:
+        lo, hi = ptr_l[v], ptr_l[v + 1]
+        if hi - lo == 1:  # one predecessor: best kept local
+            u = pred[lo]
+            head[v] = head[u] + c[u]
+        elif hi > lo:
+            jobs = [(head[u] + c[u] + w, head[u], c[u]) for u, w in zip(pred[lo:hi], comm_l[lo:hi])]
+            jobs.sort(reverse=True)
+            _, r, cu = jobs[0]
+            # Mostly the first prefix wins already: only its op local, all others remote.
+            head[v] = r + cu if r + cu >= jobs[1][0] else _best_local_set_us(jobs)
+    return np.array(head)
+
+
+def _best_local_set_us(jobs: list[tuple[float, float, float]]) -> float:
+    """Min over prefixes L of `jobs` of max(J(L), a of the first job after L).
+
+    `jobs` are (a, release, compute) by a descending; J as in `_comm_path_bound_us`. The empty
+    prefix never wins (a of the first job is at least J of it and at least every other a).
+    """
+    local: list[tuple[float, float]] = []  # (release, compute) of the prefix, by release
+    best = math.inf
+    t = 0.0
+    for k, (_, release, cu) in enumerate(jobs[:_EXACT_PREFIXES], 1):
+        bisect.insort(local, (release, cu))
+        t = 0.0
+        for r, c in local:
+            t = max(t, r) + c
+        remote = jobs[k][0] if k < len(jobs) else 0.0
+        if t >= remote:  # longer prefixes only raise J
+            return min(best, t)
+        best = remote  # the a of the next jobs only falls
+    a, release, compute = np.array(jobs).T
+    least = np.minimum.accumulate(release) + np.cumsum(compute)  # a bound of J(first k jobs)
+    floor = np.maximum.accumulate(np.maximum(least, t))
+    remote = np.append(a[_EXACT_PREFIXES + 1 :], 0.0)
+    return min(best, float(np.maximum(floor[_EXACT_PREFIXES:], remote).min()))
 
 
 def single_device_schedule(
