@@ -131,3 +131,19 @@ def test_stops_at_max_moves():
     assert 12 <= moved < unbounded
     assert moved <= 12 + 2 * 3  # the group under way finishes its three devices
     assert np.count_nonzero(device_of) <= 2  # at most two moves made in that many tries
+
+
+def test_a_pass_that_gains_little_ends_the_search():
+    """The first pass over 60 ops piled on one device spreads them; later passes only polish.
+    With a gain threshold of 100% of the cost every pass is the last; with none, passes go on
+    while they improve anything."""
+    graph = graphs.random_dag(7, 60, edge_prob=0.1, max_bytes=4 * MiB)
+    cluster = graphs.cluster(4)
+    groups = colocation_groups(graph)
+    start = simulate(graph, cluster, Placement(np.zeros(60, dtype=np.int32), "one device"))
+    free = [False] * groups.num_groups
+    one_pass = 2 * 3 * 60  # each op tried on three devices and moved back
+    _, moved = balance_windows(graph, cluster, groups, start, 8, pinned=free, min_pass_gain=1.0)
+    assert moved == one_pass
+    _, moved = balance_windows(graph, cluster, groups, start, 8, pinned=free, min_pass_gain=0.0)
+    assert moved > one_pass
