@@ -10,7 +10,17 @@ import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraphBuilder
-from baechi_tf.placer import Groups, Placement, lower_bound_us, simulate, single_device_schedule
+from baechi_tf.placer import (
+    Groups,
+    Placement,
+    check_placement,
+    colocation_groups,
+    lower_bound_us,
+    simulate,
+    single_device_schedule,
+)
+from baechi_tf.placer.pipeline import PlacementOptions
+from baechi_tf.placer.pipeline import place as run_pipeline
 from invariants import assert_valid_schedule
 
 COMM = CommCost(0.01, 100)  # 1000 bytes: 110 us
@@ -283,6 +293,108 @@ def test_lower_bound_with_communication_never_beats_a_placement(seed):
     best = min(
         simulate(g, c, place(g, list(d))).makespan_us
         for d in itertools.product(range(c.num_devices), repeat=g.num_ops)
+    )
+    assert best >= bound - 1e-6
+
+
+def _colocated_input(mirror=False):
+    """u1(100 us, 40 B) and u2(30 us, 4 B) feed v(10 us); v is colocated with u2.
+    With `mirror`, v(10 us) feeds w1(100 us) with 40 B and w2(30 us, colocated) with 4 B."""
+    b = OpGraphBuilder()
+    if not mirror:
+        b.add_op("u1", 100, [40])
+        b.add_op("u2", 30, [4])
+        b.add_op("v", 10, [4], colocation=["u2"])
+        b.add_edge("u1", "v")
+        b.add_edge("u2", "v")
+    else:
+        b.add_op("v", 10, [40, 4])
+        b.add_op("w1", 100, [4])
+        b.add_op("w2", 30, [4], colocation=["v"])
+        b.add_edge("v", "w1", 0)
+        b.add_edge("v", "w2", 1)
+    return b.build()
+
+
+@pytest.mark.parametrize("mirror", [False, True])
+def test_lower_bound_keeps_colocated_inputs_local(mirror):
+    #  u1(100) u2(30)      At CommCost(0.5, 20) u1's copy takes 40 us, u2's 22 us.
+    #     \     /  [u2 v]  Free to split, u2 goes elsewhere (v >= max(J{u1} = 100, 30 + 22)):
+    #       v(10)          bound 110, the critical path. With u2 on v's device, L holds u2:
+    #                      L = {u2} gives max(J = 30, 100 + 40) = 140, L = {u1, u2} gives
+    #                      J = 130, so v starts >= 130: bound 140. Mirrored (v feeds w1, w2 with
+    #                      w2 in v's group) the tail pass gives the same numbers.
+    g = _colocated_input(mirror)
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    groups = colocation_groups(g)
+    assert groups.num_groups == 2
+    assert lower_bound_us(g, c) == 110
+    assert lower_bound_us(g, c, groups=groups) == 140
+    # All on one device reaches 140 and keeps the group; splitting it reaches 110.
+    assert check_placement(g, c, groups, place(g, [0, 0, 0])).makespan_us == 140
+    split = [0, 0, 1] if mirror else [0, 1, 0]  # the 30 us op away from v
+    assert simulate(g, c, place(g, split)).makespan_us == 110
+    # The best placement that keeps the group: u1 (w1) away adds its 40 us copy.
+    keep = [0, 1, 0] if mirror else [1, 0, 0]
+    assert simulate(g, c, place(g, keep)).makespan_us == 150
+
+
+def test_grouped_lower_bound_past_the_exact_local_sets():
+    # The 200 sources of test_lower_bound_past_the_exact_local_sets, plus f (50 us) colocated
+    # with v. With the k last-arriving sources local, v starts >= max(50 + k, 301 - k): 176 at
+    # k = 126, past the 64 exact local sets, where the bound of J must count f's 50 us (else
+    # max(k, 301 - k) gives 151 again). Free to send f elsewhere (50 + 102 us), v starts >= 152.
+    b = OpGraphBuilder()
+    for i in range(200):
+        b.add_op(f"s{i}", 1, [2 * (200 - i)])
+    b.add_op("f", 50, [4])
+    b.add_op("v", 1, [4], colocation=["f"])
+    for i in range(200):
+        b.add_edge(f"s{i}", "v")
+    b.add_edge("f", "v")
+    g = b.build()
+    c = graphs.cluster(3, comm=CommCost(0.5, 100))
+    groups = colocation_groups(g)
+    assert lower_bound_us(g, c) == 153
+    assert lower_bound_us(g, c, groups=groups) == 177
+    placements = [
+        [0] * 202,
+        [i % 3 for i in range(200)] + [0, 0],
+        [0 if i < 126 else 1 + i % 2 for i in range(200)] + [0, 0],
+    ]
+    spans = [check_placement(g, c, groups, place(g, d)).makespan_us for d in placements]
+    assert spans[0] == 251 and min(spans) >= 177
+
+
+def test_place_reports_the_bound_of_the_colocation_groups():
+    g = _colocated_input()
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    result = run_pipeline(g, c, PlacementOptions(placement_method="m_etf", grouper="coplace"))
+    assert result.lower_bound_us == lower_bound_us(g, c, groups=colocation_groups(g)) == 140
+    assert lower_bound_us(g, c) == 110
+    assert result.makespan_us >= result.lower_bound_us
+
+
+def _random_grouped_dag(seed):
+    """`graphs.random_dag` with colocation groups, 10-300 us ops and outputs of 4-400 B."""
+    return graphs.random_dag(
+        seed, 4 + seed % 5, edge_prob=0.4 + 0.1 * (seed % 3), max_compute_us=300, max_bytes=400,
+        group_prob=0.5,
+    )
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_grouped_lower_bound_never_beats_a_placement_that_keeps_groups(seed):
+    # Every placement that keeps each colocation group whole (one device per group) on 2 or 3
+    # devices, transfers of 20-220 us beside ops of 1-300 us.
+    g = _random_grouped_dag(seed)
+    groups = colocation_groups(g)
+    c = graphs.cluster(2 + seed % 2, comm=CommCost(0.5, 20))
+    bound = lower_bound_us(g, c, groups=groups)
+    assert bound >= lower_bound_us(g, c)
+    best = min(
+        simulate(g, c, place(g, np.asarray(d)[groups.group_of])).makespan_us
+        for d in itertools.product(range(c.num_devices), repeat=groups.num_groups)
     )
     assert best >= bound - 1e-6
 

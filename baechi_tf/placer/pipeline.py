@@ -269,7 +269,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         "check", lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method)
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
-    bound = lower_bound_us(graph, cluster)
+    bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
     return PlacementResult(
         graph=graph,
         cluster=cluster,

@@ -9,10 +9,12 @@ simulated schedule of an m-ETF placement is the schedule m-ETF built.
 
 Time and memory as `run_list_scheduler` with one device per op.
 
-`lower_bound_us` is what every placement's simulated makespan is at least: the critical path and
-the compute per device (both communication free, summed over phases where cut ops split the
-graph) and a longest path that pays for the copies no placement avoids (`_comm_path_bound_us`).
-Time O(V + E) for the first, O(E log E) plus O(min(deg, 64)^2) per op for the last.
+`lower_bound_us` is what every placement's simulated makespan is at least (with `groups`, every
+placement that keeps each group on one device): the critical path and the compute per device (both
+communication free, summed over phases where cut ops split the graph) and a longest path that pays
+for the copies no such placement avoids (`_comm_path_bound_us`). Time O(V + E) for the first,
+O(E log E) plus O(min(deg, 64)^2) per op for the last (O(min(deg, 64) * deg) for an op with an
+input or output in its own group).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -64,7 +66,7 @@ def critical_path_us(graph: OpGraph) -> float:
     return max(finish, default=0.0)
 
 
-def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
+def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups] = None) -> float:
     """A bound no placement's simulated makespan beats, the largest of:
 
     - the critical path, communication free (`critical_path_us`);
@@ -77,13 +79,18 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster) -> float:
       J(L) is the end of L run one at a time, none before its head, and comm(u, v) the least
       intercept plus the least slope times the bytes, summed over the edges u -> v; tail is the
       same on the reversed graph.
+
+    Without `groups` it bounds every placement. With `groups` (TF's colocation groups,
+    `colocation_groups`, are the ones every accepted placement keeps; heuristic groupings such as
+    ``coplace`` are not) it bounds only the placements that keep each group on one device: a
+    predecessor in v's group is always in L (a successor, for tail), so the bound can only rise.
     """
     total = float(graph.compute_us.sum())
     return max(
         critical_path_us(graph),
         total / cluster.num_devices,
         _phase_bound_us(graph, cluster.num_devices),
-        _comm_path_bound_us(graph, cluster),
+        _comm_path_bound_us(graph, cluster, groups=groups),
     )
 
 
@@ -135,7 +142,7 @@ def _phase_bound_us(graph: OpGraph, num_devices: int) -> float:
     return total
 
 
-def _comm_path_bound_us(graph: OpGraph, cluster: Cluster) -> float:
+def _comm_path_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups] = None) -> float:
     """Max over ops v of head(v) + compute(v) + tail(v), communication paid where unavoidable.
 
     An edge between two devices costs at least comm(e) = least intercept + least slope * bytes(e)
@@ -152,8 +159,16 @@ def _comm_path_bound_us(graph: OpGraph, cluster: Cluster) -> float:
     `_EXACT_PREFIXES` of them J is replaced by max(J(first _EXACT_PREFIXES), least head + sum of
     compute), a bound of J, so the min stays a bound. tail(v) bounds makespan - end(v): the same
     recursion on the reversed graph. Communication free, this is the critical path; on one device
-    nothing is remote and it is skipped (0). Time O(E log E) plus O(min(deg, _EXACT_PREFIXES)^2 +
-    deg log deg) per op; memory O(V + E).
+    nothing is remote and it is skipped (0).
+
+    With `groups`, only placements that keep each group on one device count: the predecessors in
+    v's group, F, are on v's device, so L ranges over the sets that contain F. A best one is F plus
+    a prefix of the others sorted by a_u descending (the argument above, on the others; the empty
+    prefix now counts), and J(F + prefix) runs F too; past `_EXACT_PREFIXES` the bound of J counts
+    F's least head and compute. Successors in v's group are forced the same way for tail.
+
+    Time O(E log E) plus O(min(deg, _EXACT_PREFIXES)^2 + deg log deg) per op, or
+    O(min(deg, _EXACT_PREFIXES) * deg) for an op with a pair in its own group; memory O(V + E).
     """
     nd = cluster.num_devices
     n = graph.num_ops
@@ -167,22 +182,37 @@ def _comm_path_bound_us(graph: OpGraph, cluster: Cluster) -> float:
     pair, edge_pair = np.unique(key, return_inverse=True)
     comm = np.bincount(edge_pair.ravel(), weights=intercept + slope * graph.edge_bytes)
     src, dst = pair // n, pair % n
+    # Pairs inside one group: the producer is always local to the consumer (and vice versa).
+    same = None if groups is None else groups.group_of[src] == groups.group_of[dst]
+    if same is not None and not same.any():
+        same = None
     compute = graph.compute_us.astype(np.float64)
     order = graph.topo_order.tolist()
-    head = _head_us(order, src, dst, comm, compute)
-    tail = _head_us(order[::-1], dst, src, comm, compute)
+    head = _head_us(order, src, dst, comm, compute, same)
+    tail = _head_us(order[::-1], dst, src, comm, compute, same)
     return float((head + compute + tail).max())
 
 
 def _head_us(
-    order: list[int], src: np.ndarray, dst: np.ndarray, comm: np.ndarray, compute: np.ndarray
+    order: list[int],
+    src: np.ndarray,
+    dst: np.ndarray,
+    comm: np.ndarray,
+    compute: np.ndarray,
+    same: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """head(v) of `_comm_path_bound_us` for pairs src -> dst, visited in `order`."""
+    """head(v) of `_comm_path_bound_us` for pairs src -> dst, visited in `order`; the pairs
+    where `same` is true keep src local to dst."""
     n = compute.shape[0]
     by_dst = np.argsort(dst, kind="stable")
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
     ptr_l, pred, comm_l = ptr.tolist(), src[by_dst].tolist(), comm[by_dst].tolist()
+    if same is None:
+        forced_l, num_forced = [], [0] * n
+    else:
+        forced_l = same[by_dst].tolist()
+        num_forced = np.bincount(dst[same], minlength=n).tolist()
     c = compute.tolist()
     head = [0.0] * n
     for v in order:
@@ -190,6 +220,23 @@ def _head_us(
         if hi - lo == 1:  # one predecessor: best kept local
             u = pred[lo]
             head[v] = head[u] + c[u]
+        elif num_forced[v]:
+            jobs, forced = [], []
+            for u, w, f in zip(pred[lo:hi], comm_l[lo:hi], forced_l[lo:hi]):
+                if f:
+                    forced.append((head[u], c[u]))
+                else:
+                    jobs.append((head[u] + c[u] + w, head[u], c[u]))
+            forced.sort()
+            t = 0.0
+            for r, cu in forced:
+                t = max(t, r) + cu
+            # Mostly the forced ones alone end after every other arrives: L = forced wins.
+            if not jobs or t >= max(jobs)[0]:
+                head[v] = t
+            else:
+                jobs.sort(reverse=True)
+                head[v] = _best_local_set_us(jobs, forced)
         elif hi > lo:
             jobs = [(head[u] + c[u] + w, head[u], c[u]) for u, w in zip(pred[lo:hi], comm_l[lo:hi])]
             jobs.sort(reverse=True)
@@ -199,27 +246,34 @@ def _head_us(
     return np.array(head)
 
 
-def _best_local_set_us(jobs: list[tuple[float, float, float]]) -> float:
-    """Min over prefixes L of `jobs` of max(J(L), a of the first job after L).
+def _best_local_set_us(
+    jobs: list[tuple[float, float, float]], forced: Sequence[tuple[float, float]] = ()
+) -> float:
+    """Min over prefixes L of `jobs` of max(J(forced + L), a of the first job after L).
 
-    `jobs` are (a, release, compute) by a descending; J as in `_comm_path_bound_us`. The empty
-    prefix never wins (a of the first job is at least J of it and at least every other a).
+    `jobs` are (a, release, compute) by a descending, `forced` (release, compute) always local;
+    J as in `_comm_path_bound_us`. Without `forced` the empty prefix never wins (a of the first
+    job is at least J of it and at least every other a), so it is not tried.
     """
-    local: list[tuple[float, float]] = []  # (release, compute) of the prefix, by release
+    local = sorted(forced)  # (release, compute) of forced + the prefix, by release
     best = math.inf
     t = 0.0
-    for k, (_, release, cu) in enumerate(jobs[:_EXACT_PREFIXES], 1):
-        bisect.insort(local, (release, cu))
+    for k in range(0 if forced else 1, min(len(jobs), _EXACT_PREFIXES) + 1):
+        if k:
+            bisect.insort(local, jobs[k - 1][1:])
         t = 0.0
-        for r, c in local:
-            t = max(t, r) + c
+        for r, cu in local:
+            t = max(t, r) + cu
         remote = jobs[k][0] if k < len(jobs) else 0.0
         if t >= remote:  # longer prefixes only raise J
             return min(best, t)
         best = remote  # the a of the next jobs only falls
+    # Past the exact prefixes: J(forced + first k jobs) >= their least release + their compute.
     a, release, compute = np.array(jobs).T
-    least = np.minimum.accumulate(release) + np.cumsum(compute)  # a bound of J(first k jobs)
-    floor = np.maximum.accumulate(np.maximum(least, t))
+    forced_release = min((r for r, _ in forced), default=math.inf)
+    forced_compute = sum(cu for _, cu in forced)
+    least = np.minimum(np.minimum.accumulate(release), forced_release) + np.cumsum(compute)
+    floor = np.maximum.accumulate(np.maximum(least + forced_compute, t))
     remote = np.append(a[_EXACT_PREFIXES + 1 :], 0.0)
     return min(best, float(np.maximum(floor[_EXACT_PREFIXES:], remote).min()))
 
