@@ -8,7 +8,7 @@ from baechi_tf.cluster import CommCost
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
 from baechi_tf.placer.pipeline import PlacementOptions, place
-from baechi_tf.placer.refine import STEPS_PER_SECOND, RefineOptions, refine
+from baechi_tf.placer.refine import WORK_PER_SECOND, RefineOptions, refine, simulation_work
 from invariants import assert_valid_schedule
 
 
@@ -108,12 +108,13 @@ def test_zero_seconds_changes_nothing():
 def test_auto_skips_a_refinement_that_one_simulation_would_overrun(caplog):
     graph = graphs.random_dag(1, 60, edge_prob=0.1)
     cluster = graphs.cluster(3)
-    short = place(graph, cluster, PlacementOptions(refine_seconds=50 / STEPS_PER_SECOND))  # 50 steps
+    assert simulation_work(graph) > 100
+    short = place(graph, cluster, PlacementOptions(refine_seconds=100 / WORK_PER_SECOND))  # 100 units
     assert short.refine_stats is None
     assert "refinement skipped: one simulation of 60 ops" in caplog.text
     assert short.makespan_us == min(v for v in short.candidates.values() if v is not None)
-    enough = place(graph, cluster, PlacementOptions(refine_seconds=600 / STEPS_PER_SECOND))
-    assert enough.refine_stats is not None and enough.refine_stats.steps >= 60
+    enough = place(graph, cluster, PlacementOptions(refine_seconds=10 * simulation_work(graph) / WORK_PER_SECOND))
+    assert enough.refine_stats is not None and enough.refine_stats.work >= 60
 
 
 def test_the_first_move_resimulates_only_what_it_can_change():
@@ -125,12 +126,15 @@ def test_the_first_move_resimulates_only_what_it_can_change():
     cluster = graphs.cluster(2)
     groups = colocation_groups(graph)
     sim = _Simulation(graph, cluster, groups, np.zeros(200, dtype=np.int32))
-    assert sim.steps == 200 and sim.snapshots
+    assert sim.snapshots
+    full = sim.work  # 200 steps, their dry runs, and the scheduler's start
     last = int(groups.group_of[199])
     result = sim.try_move(((last, 0, 1),), float("inf"))
     assert result is not None
     assert result[0].placement.device_of[199] == 1
-    assert sim.steps - 200 <= 200 // 24 + 1  # at most one snapshot interval re-run
+    restart = 200 // 8
+    assert full >= 2 * 200 + restart
+    assert sim.work - full <= restart + 2 * (200 // 24 + 1)  # one snapshot interval re-run
 
 
 def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):

@@ -23,7 +23,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.refine import STEPS_PER_SECOND, RefineOptions, RefineStats, refine, step_budget
+from baechi_tf.placer.refine import RefineOptions, RefineStats, refine, simulation_work, work_budget
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 
@@ -81,14 +81,15 @@ def place_auto(
         raise first_error
     _, winner, placement, schedule = best
     stats = None
-    if options.refine.seconds > 0 and graph.num_ops > step_budget(options.refine.seconds):
+    if options.refine.seconds > 0 and simulation_work(graph) > work_budget(options.refine.seconds):
         # Refinement starts with a full simulation; one that alone overruns the budget would
         # cost its time and change nothing.
+        ops_per_second = graph.num_ops * work_budget(1.0) / simulation_work(graph)
         log.warning(
             "refinement skipped: one simulation of %d ops takes longer than the %g s budget "
             "(about %d ops per second); raise --refine_seconds to at least %.0f to refine",
-            graph.num_ops, options.refine.seconds, STEPS_PER_SECOND,
-            math.ceil(2 * graph.num_ops / STEPS_PER_SECOND),
+            graph.num_ops, options.refine.seconds, ops_per_second,
+            math.ceil(2 * graph.num_ops / ops_per_second),
         )
     elif options.refine.seconds > 0:
         others: list[Placement] = []  # distinct runners-up, best first

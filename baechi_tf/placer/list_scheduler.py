@@ -434,6 +434,7 @@ class ListScheduler:
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
         self.scheduled = 0
+        self.evaluations = 0  # dry runs made: with the steps, the work a run has done
         self.last_time = 0.0
         for op in graph.topo_order.tolist():
             if state.preds_left[op] == 0:
@@ -452,6 +453,7 @@ class ListScheduler:
 
     def evaluate(self, op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory)."""
+        self.evaluations += 1
         state = self.state
         g = state.group_of[op]
         gdev = state.group_device[g]

@@ -16,10 +16,13 @@ prefix is provably the same: decisions are made in time order, and memory is che
 devices). The re-simulation stops as soon as an op's start plus the longest compute chain after
 it reaches the current makespan, which rejects most bad moves early.
 
-The budget is counted in scheduling steps, not wall time, so the result is deterministic for a
-given seed: ``seconds`` is converted at `STEPS_PER_SECOND` (measured on a 2-core machine); a
-wall-clock stop at ten times the budget (plus 5 s) guards against much slower machines (only then can the
-result depend on timing).
+The budget is counted in units of work, not wall time, so the result is deterministic for a
+given seed: ``seconds`` is converted at `WORK_PER_SECOND` (measured on a 2-core machine). A unit
+is a scheduling step or a dry run of an op on a device (each takes some microseconds; the dry runs
+per step range from 2 to 8 with the graph, so steps alone would not track time); restarting the
+scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, and window balancing
+`1 / _MOVES_PER_UNIT` per op move. A wall-clock stop at ten times the budget (plus 5 s) guards
+against much slower machines (only then can the result depend on timing).
 
 Time per move: O(k log k) for the k ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
 """
@@ -42,22 +45,24 @@ from baechi_tf.placer.list_scheduler import FixedPolicy, ListScheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 
-__all__ = ["RefineOptions", "RefineStats", "refine", "step_budget", "STEPS_PER_SECOND"]
+__all__ = ["RefineOptions", "RefineStats", "refine", "work_budget", "simulation_work", "WORK_PER_SECOND"]
 
 log = logging.getLogger(__name__)
 
-STEPS_PER_SECOND = 30_000  # scheduling steps re-simulated per second on this 2-core machine
+WORK_PER_SECOND = 130_000  # units of work per second on this 2-core machine (measured: 145k-285k)
+_RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this many ops
+_WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
-# Window balancing: group moves evaluated per scheduling step of budget (measured: ~200k op moves
-# per second against 20k scheduling steps), and the settings tried, best first on bench/quality.py.
-_MOVES_PER_STEP = 10
+# Window balancing: op moves evaluated per unit of work (measured: 250k-450k op moves per second),
+# and the settings tried, best first on bench/quality.py.
+_MOVES_PER_UNIT = 3
 _WINDOW_SETTINGS = ((False, 128), (False, 32), (True, 8), (False, 4), (True, 64), (False, 16))
 _WINDOW_ROUNDS = 3  # re-balances on the new schedule's windows per setting
 
 
 @dataclasses.dataclass(frozen=True)
 class RefineOptions:
-    seconds: float = 3.0  # budget, converted to scheduling steps; 0 turns refinement off
+    seconds: float = 3.0  # budget, converted to units of work; 0 turns refinement off
     seed: int = 0  # seeds the order of random moves
 
 
@@ -69,13 +74,18 @@ class RefineStats:
     moves_accepted: int
     windows_tried: int  # window-balancing results simulated
     windows_accepted: int  # ... of which lowered the makespan
-    steps: int  # scheduling steps spent re-simulating
+    work: int  # units of work spent (see the module docstring)
     seconds: float
 
 
-def step_budget(seconds: float) -> int:
-    """The scheduling steps `seconds` of refinement buys (a full simulation takes one per op)."""
-    return int(seconds * STEPS_PER_SECOND)
+def work_budget(seconds: float) -> int:
+    """The units of work `seconds` of refinement buys."""
+    return int(seconds * WORK_PER_SECOND)
+
+
+def simulation_work(graph: OpGraph) -> int:
+    """About the units of work one simulation of `graph` takes."""
+    return _WORK_PER_OP * graph.num_ops
 
 
 Move = tuple[tuple[int, int, int], ...]  # (group, from device, to device) per moved group
@@ -92,11 +102,12 @@ class _Simulation:
         self.capacity = [d.memory_bytes for d in cluster.devices]
         self.tail = _tails(graph)
         self.topo = graph.topo_index.tolist()
-        self.steps = 0
+        self.work = 0
         self.snapshots: list[dict] = []
         self.schedule: Schedule = self._full()
 
     def _scheduler(self, device_of: list[int]) -> ListScheduler:
+        self.work += self.graph.num_ops // _RESTART_SHARE
         return ListScheduler(
             self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of
         )
@@ -113,18 +124,22 @@ class _Simulation:
         n = self.graph.num_ops
         every = max(1, n // _SNAPSHOTS)
         tail = self.tail
-        while True:
-            if scheduler.scheduled % every == 0 and scheduler.scheduled < n and (
-                not snaps or snaps[-1]["scheduled"] != scheduler.scheduled
-            ):
-                snaps.append(scheduler.snapshot())
-            step = scheduler.step()
-            if step is None:
-                break
-            self.steps += 1
-            op, _, t = step
-            if t + tail[op] >= bound - 1e-9:
-                return None
+        steps = 0
+        try:
+            while True:
+                if scheduler.scheduled % every == 0 and scheduler.scheduled < n and (
+                    not snaps or snaps[-1]["scheduled"] != scheduler.scheduled
+                ):
+                    snaps.append(scheduler.snapshot())
+                step = scheduler.step()
+                if step is None:
+                    break
+                steps += 1
+                op, _, t = step
+                if t + tail[op] >= bound - 1e-9:
+                    return None
+        finally:
+            self.work += steps + scheduler.evaluations
         if not scheduler.done:
             return None
         return scheduler.schedule("refined")
@@ -286,18 +301,18 @@ def _random_move(sim: _Simulation, rng: random.Random, pinned: set[int]) -> Opti
 
 
 def _balance(sim: _Simulation, budget: int, deadline: float, pinned: list[bool], seed: int) -> tuple[int, int]:
-    """Window balancing on `sim` while its steps stay under `budget`: (results tried, kept)."""
+    """Window balancing on `sim` while its work stays under `budget`: (results tried, kept)."""
     tried = kept = 0
     for overlap, num_windows in _WINDOW_SETTINGS:
         for _ in range(_WINDOW_ROUNDS):
-            if sim.steps >= budget or time.perf_counter() >= deadline:
+            if sim.work >= budget or time.perf_counter() >= deadline:
                 return tried, kept
             device_of, moved = balance_windows(
                 sim.graph, sim.cluster, sim.groups, sim.schedule, num_windows,
                 pinned=pinned, overlap=overlap, seed=seed,
-                max_moves=(budget - sim.steps) * _MOVES_PER_STEP,
+                max_moves=(budget - sim.work) * _MOVES_PER_UNIT,
             )
-            sim.steps += moved // _MOVES_PER_STEP
+            sim.work += moved // _MOVES_PER_UNIT
             move = sim.move_to(device_of)
             if not move:
                 break
@@ -327,7 +342,7 @@ def refine(
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
-    budget = step_budget(options.seconds)
+    budget = work_budget(options.seconds)
     deadline = t0 + 10 * options.seconds + 5
     rng = random.Random(options.seed)
     pinned = _pinned_groups(graph, groups)
@@ -348,7 +363,7 @@ def refine(
         return True
 
     def out_of_budget() -> bool:
-        return sim.steps >= budget or time.perf_counter() >= deadline
+        return sim.work >= budget or time.perf_counter() >= deadline
 
     windows_tried = windows_accepted = 0
     if cluster.num_devices > 1 and budget > 0:
@@ -358,16 +373,16 @@ def refine(
         pinned_mask = [g in pinned for g in range(groups.num_groups)]
         window_budget = budget // 2
         half = window_budget // 2
-        k = min(len(alternatives), half // (3 * max(1, graph.num_ops)))
+        k = min(len(alternatives), half // (3 * max(1, simulation_work(graph))))
         starts = [sim] + [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
         shares = [window_budget - half] + [half // k] * k if k else [window_budget]
         for start, share in zip(starts, shares):
             t, a = _balance(start, share, deadline, pinned_mask, options.seed)
             windows_tried += t
             windows_accepted += a
-        steps = sum(s.steps for s in starts)
+        work = sum(s.work for s in starts)
         sim = min(starts, key=lambda s: s.schedule.makespan_us)  # the first of equals
-        sim.steps = steps
+        sim.work = work
         log.info(
             "refinement: window balancing from %d start(s) kept %d of %d",
             len(starts), windows_accepted, windows_tried,
@@ -407,10 +422,10 @@ def refine(
     schedule = dataclasses.replace(sim.schedule, placement=final)
     stats = RefineStats(
         initial, schedule.makespan_us, tried, accepted, windows_tried, windows_accepted,
-        sim.steps, time.perf_counter() - t0,
+        sim.work, time.perf_counter() - t0,
     )
     log.info(
-        "refinement: %.1f -> %.1f us, %d of %d moves kept, %d steps, %.2f s",
-        initial, schedule.makespan_us, accepted, tried, sim.steps, stats.seconds,
+        "refinement: %.1f -> %.1f us, %d of %d moves kept, %d units of work, %.2f s",
+        initial, schedule.makespan_us, accepted, tried, sim.work, stats.seconds,
     )
     return final, schedule, stats
