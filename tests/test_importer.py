@@ -265,3 +265,29 @@ def test_profiled_output_count_must_fit(lstm):
     with pytest.raises(ProfileError, match="'loss' 2 outputs but the graph's op has 1"):
         import_graph_def(lstm.graph_def, profile, standin_cluster(2).cluster)
     assert np.isfinite(lstm.profile.ops["loss"].compute_us)
+
+
+def test_a_host_placement_reports_the_bound_of_the_colocation_groups():
+    """With ops pinned to the host, the bound is taken over the devices and the host, and like
+    place()'s it keeps TF colocation groups whole: u2 must stay beside v, which costs 30 us of
+    v's time or u1's 40 us copy (see test_simulator's colocated-input case)."""
+    from baechi_tf.cluster import Cluster, CommCost, Device
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.placer.simulator import lower_bound_us
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    b.add_op("u1", 100, [40])
+    b.add_op("u2", 30, [4])
+    b.add_op("v", 10, [4], colocation=["u2"])
+    b.add_op("log", 1, [4], device="/device:CPU:0")
+    for src, dst in (("u1", "v"), ("u2", "v"), ("v", "log")):
+        b.add_edge(src, dst)
+    graph = b.build()
+    cluster = Cluster.homogeneous(2, GiB, comm=CommCost(0.5, 20))
+    host = Device("/device:CPU:0", GiB, "CPU")
+    result = place_with_host(graph, cluster, host, PlacementOptions("m_etf"))
+    assert result.cluster.names[-1] == "/device:CPU:0"
+    grouped = lower_bound_us(graph, result.cluster, groups=colocation_groups(graph))
+    assert result.lower_bound_us == grouped > lower_bound_us(graph, result.cluster)
+    assert result.makespan_us >= grouped

@@ -107,7 +107,7 @@ def place_with_host(
         return place(graph, cluster, options)
     assert host is not None
     t0 = time.perf_counter()
-    colocation_groups(graph)  # raises when a group is pinned both to the host and elsewhere
+    tf_groups = colocation_groups(graph)  # raises when a group is pinned to the host and elsewhere
     free = dataclasses.replace(
         graph,
         pinned_device=tuple(None if h else d for h, d in zip(host_pinned, graph.pinned_device)),
@@ -142,7 +142,7 @@ def place_with_host(
         groups=inner.groups,
         placement=placement,
         schedule=schedule,
-        lower_bound_us=lower_bound_us(graph, full),
+        lower_bound_us=lower_bound_us(graph, full, groups=tf_groups),
         single_device_makespan_us=single,
         placement_seconds=time.perf_counter() - t0,
         step_seconds=seconds,
