@@ -239,3 +239,29 @@ def test_auto_runs_the_coarse_group_placers_on_small_graphs_only(monkeypatch):
     large = place(graph, cluster, PlacementOptions(refine_seconds=0))
     assert not any("+coplace" in name for name in large.candidates)
     assert "m_etf" in large.candidates
+
+
+def test_auto_is_not_simulated_again_for_the_check(monkeypatch):
+    """auto hands its schedule to the check (a simulation of 100k ops takes seconds); the
+    result's schedule is exactly the simulator's. Other methods are simulated by the check."""
+    import baechi_tf.placer.check as check_module
+
+    simulated = []
+    real = check_module.simulate
+
+    def counting(graph, cluster, placement):
+        simulated.append(placement.method)
+        return real(graph, cluster, placement)
+
+    monkeypatch.setattr(check_module, "simulate", counting)
+    graph = graphs.random_dag(5, 30, edge_prob=0.2)
+    cluster = graphs.cluster(3)
+    result = place(graph, cluster, PlacementOptions("auto", refine_seconds=0.2))
+    assert simulated == []
+    again = simulate(graph, cluster, result.placement)
+    np.testing.assert_array_equal(again.start_us, result.schedule.start_us)
+    np.testing.assert_array_equal(again.end_us, result.schedule.end_us)
+    assert again.transfers == result.schedule.transfers
+    assert again.peak_memory_bytes == result.schedule.peak_memory_bytes
+    place(graph, cluster, PlacementOptions("m_etf"))
+    assert simulated == ["m_etf"]

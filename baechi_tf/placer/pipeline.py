@@ -223,10 +223,21 @@ def _packed_instead(
     return Placement(packed.device_of, f"{method}+packed")
 
 
-def _checked(graph: OpGraph, cluster: Cluster, groups: Groups, placement: Placement, method: str):
-    """(placement, schedule) after `check_placement`, packed instead when it does not fit."""
+def _checked(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    placement: Placement,
+    method: str,
+    schedule: Optional[Schedule] = None,
+):
+    """(placement, schedule) after `check_placement`, packed instead when it does not fit.
+
+    `schedule`, when given, is the simulator's schedule of `placement` (auto's, which simulated
+    it already: on 100k ops a simulation takes some 5 s).
+    """
     try:
-        return placement, check_placement(graph, cluster, groups, placement)
+        return placement, check_placement(graph, cluster, groups, placement, schedule)
     except InfeasiblePlacementError as e:
         placement = _packed_instead(graph, cluster, groups, method, e)
         return placement, check_placement(graph, cluster, groups, placement)
@@ -265,8 +276,11 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
     placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
+    # auto simulated its placement already (with fusion, a placement of the fused graph).
+    simulated = auto.schedule if auto is not None and options.placer_type != "fusion" else None
     placement, schedule = step(
-        "check", lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method)
+        "check",
+        lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method, simulated),
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
