@@ -10,8 +10,10 @@ Graphs (seeded, deterministic):
   no op joins the layers, so the LP does not split: the hard case for simplex solvers.
 * ``rnn``: an unrolled multi-layer LSTM (plain ops per cell), for fusion.
 
-Table 1 gives, per graph: the seconds to build the whole LP, to solve it whole with each back end,
-and the default path (exact reductions and pieces, with HiGHS; build included). Table 2 runs the
+Table 1 gives, per graph: the seconds to build the whole LP, to solve it whole with each back end
+and with each of HiGHS's methods on its own (dual simplex "DS", with its pivots per row, and
+interior point "IPM"; the ``highs`` back end picks between them, `baechi_tf.sct.solvers`), and
+the default path (exact reductions and pieces, with HiGHS; build included). Table 2 runs the
 placement pipeline (validate, group, place, check, baseline) with m-SCT and m-ETF on four devices
 of 16 GiB and gives its wall time, the placer's own time and the simulated makespan over the lower
 bound. Table 3 fuses the RNN with the coplace grouper.
@@ -166,10 +168,11 @@ def _preload() -> None:
 
 
 def measure_lp(family: str, size: int, how: str) -> dict:
-    """Build (and solve) the LP of one graph: how = 'build', a back end, or 'pieces:<back end>'."""
+    """Build (and solve) the LP of one graph: how = 'build', a back end, a HiGHS method
+    ('highs-ds', 'highs-ipm') or 'pieces:<back end>'."""
     from baechi_tf.sct.lp import build_sct_lp
     from baechi_tf.sct.relaxation import solve_sct_relaxation
-    from baechi_tf.sct.solvers import mosek_licence_problem, solve_lp
+    from baechi_tf.sct.solvers import _linprog_highs, mosek_licence_problem, solve_lp
 
     graph, cluster = _graph(family, size), _cluster()
     graph.topo_order, graph.num_tensors  # derived arrays: part of the graph, not of the LP
@@ -184,7 +187,12 @@ def measure_lp(family: str, size: int, how: str) -> dict:
     lp = build_sct_lp(graph, cluster)
     t1 = time.perf_counter()
     out = {"ops": graph.num_ops, "arcs": lp.num_arcs, "rows": lp.num_rows, "build_s": t1 - t0}
-    if how != "build":
+    if how.startswith("highs-"):
+        res = _linprog_highs(lp, how, None, None)
+        out["s"] = time.perf_counter() - t1
+        out["w"] = float(res.fun) * lp.time_unit_us
+        out["pivots_per_row"] = res.nit / lp.num_rows
+    elif how != "build":
         out["w"] = solve_lp(lp, how).w_us
         out["s"] = time.perf_counter() - t1
     return out
@@ -263,28 +271,32 @@ def main() -> None:
     print(f"m-SCT LP, {_DEVICES} devices; seconds, solver imports excluded (each cell a fresh process,")
     print(f"cut off at {_TIMEOUT_S:.0f} s); MOSEK is skipped without a licence")
     print("whole = one LP for the graph; pieces = the default path (exact reductions, pieces solved in turn)")
-    print(f"{'graph':<9}{'ops':>7}{'arcs':>7}{'rows':>8}{'build':>7}{'HiGHS':>10}{'cvxopt':>10}{'MOSEK':>12}"
-          f"{'pieces HiGHS':>14}{'pieces cvxopt':>15}{'LPs':>6}{'LP arcs':>9}")
+    print(f"{'graph':<9}{'ops':>7}{'arcs':>7}{'rows':>8}{'build':>7}{'HiGHS':>10}{'DS':>8}{'pivots/row':>11}"
+          f"{'IPM':>8}{'cvxopt':>10}{'MOSEK':>12}{'pieces HiGHS':>14}{'pieces cvxopt':>15}{'LPs':>6}{'LP arcs':>9}")
     for family in families:
         for size in sizes:
             built = _run("lp", family, str(size), "build")
             cells = {}
-            for how in ("highs", "cvxopt", "mosek", "pieces:highs", "pieces:cvxopt"):
-                if how == "highs" and family == "layered" and size > 10_000:
+            for how in ("highs", "highs-ds", "highs-ipm", "cvxopt", "mosek", "pieces:highs", "pieces:cvxopt"):
+                if how.startswith("highs") and family == "layered" and size > 10_000:
                     cells[how] = {"skip": "skipped"}  # minutes: see the note below
                     continue
                 cells[how] = _run("lp", family, str(size), how)
-            pieces = cells["pieces:highs"]
+            pieces, ds = cells["pieces:highs"], cells["highs-ds"]
+            per_row = f"{ds['pivots_per_row']:.2f}" if "pivots_per_row" in ds else "-"
             print(f"{family:<9}{built['ops']:>7}{built['arcs']:>7}{built['rows']:>8}{built['build_s']:>7.2f}"
-                  f"{_cell(cells['highs']):>10}{_cell(cells['cvxopt']):>10}{_cell(cells['mosek']):>12}"
+                  f"{_cell(cells['highs']):>10}{_cell(ds):>8}{per_row:>11}{_cell(cells['highs-ipm']):>8}"
+                  f"{_cell(cells['cvxopt']):>10}{_cell(cells['mosek']):>12}"
                   f"{_cell(pieces):>14}{_cell(cells['pieces:cvxopt']):>15}"
                   f"{pieces.get('lps', '-'):>6}{pieces.get('lp_arcs', '-'):>9}")
             optima = [c["w"] for c in cells.values() if "w" in c]
             if optima and max(optima) - min(optima) > 1e-5 * max(optima):
                 print(f"  optima differ: {optima}")
     if not args.quick:
-        print("layered above 10k ops: whole-LP HiGHS skipped; at 10k it already takes minutes (dual")
-        print("simplex: about one pivot per row, at a cost growing with the LP; the graph has no cut op)")
+        print("layered above 10k ops: whole-LP HiGHS skipped (at 10k dual simplex alone takes over a")
+        print("minute: several pivots per row, at a cost growing with the LP; the graph has no cut op).")
+        print("HiGHS = the back end m-SCT uses: DS for LPs of <= 5000 arcs; above, DS for at most one")
+        print("pivot per row, then IPM from the start if DS is not done")
 
     print()
     print("Placement pipeline (validate, group, place, check, baseline), m-SCT with HiGHS; seconds.")

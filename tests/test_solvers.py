@@ -145,3 +145,54 @@ def test_a_named_solver_out_of_time_is_an_error():
     with pytest.raises(SolverError, match="within --lp_time_limit"):
         solve_sct_relaxation(_layered(600), Cluster.homogeneous(4, 1 << 34),
                              solver="highs", time_limit_s=1e-6)
+
+
+def _feasible(lp, sol):
+    z = np.concatenate([sol.x, sol.s_us / lp.time_unit_us, [sol.w_us / lp.time_unit_us]])
+    return (lp.A_ub @ z <= lp.b_ub + 1e-6).all() and (z >= lp.lower - 1e-9).all()
+
+
+def test_highs_gives_simplex_a_pivot_budget_only_on_large_lps():
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct.solvers import _highs_pivot_budget
+
+    assert _highs_pivot_budget(LPS["random3"]()) is None
+    assert solve_lp(LPS["random3"](), "highs").method == "highs-ds"
+    big = build_sct_lp(_layered(3000), Cluster.homogeneous(4, 1 << 34))  # built, not solved
+    assert big.num_arcs > 5000
+    assert _highs_pivot_budget(big) == big.num_rows
+
+
+def test_highs_hands_an_lp_simplex_cannot_finish_to_interior_point(monkeypatch, caplog):
+    """With the budget shrunk, a small layered LP goes the way large ones go: simplex stops,
+    interior point solves. Both reach the optimum; the LP has many optimal vertices, so their x
+    (and favourite children) may differ, but each x is feasible at that optimum."""
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct import solvers
+
+    lp = build_sct_lp(_layered(600), Cluster.homogeneous(4, 1 << 34))
+    simplex = solve_lp(lp, "highs")
+    monkeypatch.setattr(solvers, "_HIGHS_SIMPLEX_ARCS", 0)
+    monkeypatch.setattr(solvers, "_HIGHS_PIVOTS_PER_ROW", 0.01)
+    with caplog.at_level(logging.INFO, logger="baechi_tf.sct.solvers"):
+        ipm = solve_lp(lp, "highs")
+    assert (simplex.method, ipm.method) == ("highs-ds", "highs-ipm")
+    assert f"dual simplex not done after {int(0.01 * lp.num_rows)} pivots" in caplog.text
+    assert ipm.w_us == pytest.approx(simplex.w_us, rel=1e-7)
+    assert _feasible(lp, simplex) and _feasible(lp, ipm)
+
+
+def test_interior_point_gets_what_simplex_left_of_the_time_limit(monkeypatch):
+    """Simplex stops at its budget having used all of --lp_time_limit (a clock that jumps 10 s):
+    interior point is not started, and the limit's error says why."""
+    import types
+
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct import solvers
+
+    monkeypatch.setattr(solvers, "_HIGHS_SIMPLEX_ARCS", 0)
+    monkeypatch.setattr(solvers, "_HIGHS_PIVOTS_PER_ROW", 0.01)
+    monkeypatch.setattr(solvers, "time", types.SimpleNamespace(monotonic=iter([0.0, 10.0]).__next__))
+    lp = build_sct_lp(_layered(600), Cluster.homogeneous(4, 1 << 34))
+    with pytest.raises(SolverError, match=r"within --lp_time_limit=5 s: dual simplex used it all in \d+ pivots"):
+        solve_lp(lp, "highs", time_limit_s=5.0)

@@ -1,7 +1,19 @@
 """LP back ends for m-SCT: MOSEK, HiGHS and cvxopt, chosen with ``--lp_solver``.
 
 * ``mosek``: MOSEK through its own Python API (``pip install Mosek``); needs a licence.
-* ``highs``: HiGHS through ``scipy.optimize.linprog(method="highs")``; no licence.
+* ``highs``: HiGHS through ``scipy.optimize.linprog``; no licence. Dual simplex
+  (``method="highs-ds"``) solves every LP of at most 5000 arcs. A larger LP gets as many simplex
+  pivots as it has rows; if simplex is not done by then, HiGHS's interior-point method
+  (``"highs-ipm"``, with its crossover to a vertex) solves it from the start. Simplex needed 0.45-0.65
+  pivots per row on model-shaped LPs (the pieces of bench/lp_scaling.py's ``model`` graphs and of
+  the GNMT, Inception and Transformer profiles, up to 39k arcs) but 2.6-4.7 on
+  bench/layered.py's graphs of 5k-10k ops (9k-18k arcs), at a cost per pivot growing with the LP:
+  there it took 11.5 s and 78 s where interior point takes 4.2 s and 9.3 s, while on model
+  shapes interior point is 1.3-4 times slower than simplex. The budget counts pivots, not
+  seconds, so the choice does not depend on the machine. `LPSolution.method` says which method
+  solved. The LP has many optimal vertices and the two methods may end at different ones, hence
+  at different favourite children: on layered graphs of 3k-10k ops m-SCT's makespan moved by
+  -2.3% to +3.1%; every LP of bench/quality.py's graphs is solved by simplex as before.
 * ``cvxopt``: ``cvxopt.solvers.lp`` (its own interior-point method) with sparse matrices; the
   bounds become rows, since cvxopt has no bounds.
 * ``auto``: MOSEK when it is importable and licensed, else HiGHS; logs which. A back end that
@@ -20,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -49,6 +62,7 @@ class LPSolution:
     s_us: np.ndarray  # float64 [num_ops], start times
     w_us: float  # the optimum: the makespan of the relaxation
     solver: str  # 'mosek', 'highs' or 'cvxopt'
+    method: str  # how: 'highs-ds' or 'highs-ipm' (HiGHS's dual simplex or interior point), else = solver
 
 
 def mosek_licence_problem() -> Optional[str]:
@@ -111,7 +125,7 @@ def solve_lp(
 
 def _solve_with(lp: SctLP, name: str, time_limit_s: Optional[float]) -> LPSolution:
     solve = {"mosek": _solve_mosek, "highs": _solve_highs, "cvxopt": _solve_cvxopt}[name]
-    z = solve(lp, time_limit_s)
+    z, method = solve(lp, time_limit_s)
     z = np.asarray(z, dtype=np.float64).reshape(-1)
     if z.shape != (lp.num_vars,) or not np.isfinite(z).all():
         raise SolverError(f"{name} returned no finite solution of the m-SCT LP ({_size(lp)})")
@@ -121,6 +135,7 @@ def _solve_with(lp: SctLP, name: str, time_limit_s: Optional[float]) -> LPSoluti
         s_us=z[a : a + v] * lp.time_unit_us,
         w_us=float(z[a + v]) * lp.time_unit_us,
         solver=name,
+        method=method,
     )
 
 
@@ -131,31 +146,69 @@ def _size(lp: SctLP) -> str:
 # ---------------------------------------------------------------- HiGHS
 
 
-def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
+_HIGHS_SIMPLEX_ARCS = 5000  # LPs of at most this many arcs: dual simplex, no pivot budget
+_HIGHS_PIVOTS_PER_ROW = 1.0  # larger LPs: simplex pivots allowed per row before interior point
+
+
+def _highs_pivot_budget(lp: SctLP) -> Optional[int]:
+    """The dual simplex pivots HiGHS may spend on `lp` before interior point takes over; None for
+    no limit (see the module docstring)."""
+    if lp.num_arcs <= _HIGHS_SIMPLEX_ARCS:
+        return None
+    return max(1, int(_HIGHS_PIVOTS_PER_ROW * lp.num_rows))
+
+
+def _linprog_highs(lp: SctLP, method: str, time_limit_s: Optional[float], max_pivots: Optional[int]):
+    """One ``scipy.optimize.linprog`` call: `method` is 'highs-ds' or 'highs-ipm'."""
     from scipy.optimize import linprog
 
-    res = linprog(
+    options = {}
+    if time_limit_s is not None:
+        options["time_limit"] = float(time_limit_s)
+    if max_pivots is not None:
+        options["maxiter"] = max_pivots
+    return linprog(
         lp.c,
         A_ub=lp.A_ub,
         b_ub=lp.b_ub,
         bounds=np.column_stack((lp.lower, lp.upper)),
-        method="highs",
-        options={} if time_limit_s is None else {"time_limit": float(time_limit_s)},
+        method=method,
+        options=options,
     )
+
+
+def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
+    budget = _highs_pivot_budget(lp)
+    start = time.monotonic()
+    method = "highs-ds"
+    res = _linprog_highs(lp, method, time_limit_s, budget)
+    message = res.message
+    if res.status == 1 and budget is not None and res.nit >= budget:
+        log.info(
+            "HiGHS: dual simplex not done after %d pivots on an m-SCT LP of %s; solving it by "
+            "interior point", budget, _size(lp),
+        )
+        left = None if time_limit_s is None else time_limit_s - (time.monotonic() - start)
+        if left is None or left > 0:
+            method = "highs-ipm"
+            res = _linprog_highs(lp, method, left, None)
+            message = res.message
+        else:
+            message = f"dual simplex used it all in {budget} pivots, leaving none for interior point"
     if res.status == 1 and time_limit_s is not None:
         raise SolverError(
             f"HiGHS did not solve the m-SCT LP ({_size(lp)}) within --lp_time_limit="
-            f"{time_limit_s:g} s: {res.message}"
+            f"{time_limit_s:g} s: {message}"
         )
     if res.status != 0 or res.x is None:
         raise SolverError(f"HiGHS did not solve the m-SCT LP ({_size(lp)}): {res.message}")
-    return res.x
+    return res.x, method
 
 
 # ---------------------------------------------------------------- cvxopt
 
 
-def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
+def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
     if importlib.util.find_spec("cvxopt") is None:
         raise SolverError("cvxopt is not installed: pip install cvxopt, or use --lp_solver=highs")
     import cvxopt
@@ -184,7 +237,7 @@ def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray
             f"primal infeasibility {sol['primal infeasibility']}, dual infeasibility "
             f"{sol['dual infeasibility']}); try --lp_solver=highs"
         )
-    return np.array(sol["x"]).reshape(-1)
+    return np.array(sol["x"]).reshape(-1), "cvxopt"
 
 
 # ---------------------------------------------------------------- MOSEK
@@ -211,7 +264,7 @@ def _mosek_task(env, lp: SctLP):
     return task
 
 
-def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
+def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
     if importlib.util.find_spec("mosek") is None:
         raise SolverError(
             "MOSEK is not installed: pip install Mosek (it also needs a licence), or use "
@@ -242,7 +295,7 @@ def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> np.ndarray:
                     f"MOSEK did not solve the m-SCT LP ({_size(lp)}): solution status {solsta}, "
                     f"problem status {task.getprosta(soltype)}, termination {trm}"
                 )
-            return np.array(task.getxx(soltype))
+            return np.array(task.getxx(soltype)), "mosek"
 
 
 def _licence_message(e) -> str:
