@@ -241,7 +241,8 @@ def test_auto_runs_the_coarse_group_placers_on_small_graphs_only(monkeypatch):
     assert "m_etf" in large.candidates
 
 
-def test_auto_is_not_simulated_again_for_the_check(monkeypatch):
+@pytest.mark.parametrize("seed", range(6))
+def test_auto_is_not_simulated_again_for_the_check(monkeypatch, seed):
     """auto hands its schedule to the check (a simulation of 100k ops takes seconds); the
     result's schedule is exactly the simulator's. Other methods are simulated by the check."""
     import baechi_tf.placer.check as check_module
@@ -254,8 +255,11 @@ def test_auto_is_not_simulated_again_for_the_check(monkeypatch):
         return real(graph, cluster, placement)
 
     monkeypatch.setattr(check_module, "simulate", counting)
-    graph = graphs.random_dag(5, 30, edge_prob=0.2)
-    cluster = graphs.cluster(3)
+    graph = graphs.random_dag(
+        seed, 30, edge_prob=0.2, group_prob=0.2, pin_prob=0.1, num_devices=3, persistent_prob=0.3,
+        max_bytes=8 * graphs.MiB,
+    )
+    cluster = graphs.cluster(3, memory_bytes=96 * graphs.MiB)
     result = place(graph, cluster, PlacementOptions("auto", refine_seconds=0.2))
     assert simulated == []
     again = simulate(graph, cluster, result.placement)
@@ -265,3 +269,17 @@ def test_auto_is_not_simulated_again_for_the_check(monkeypatch):
     assert again.peak_memory_bytes == result.schedule.peak_memory_bytes
     place(graph, cluster, PlacementOptions("m_etf"))
     assert simulated == ["m_etf"]
+
+
+def test_check_refuses_a_schedule_of_another_placement():
+    from baechi_tf.placer import check_placement
+
+    graph = graphs.fork_join(4)
+    cluster = graphs.cluster(2)
+    groups = colocation_groups(graph)
+    spread = Placement(np.arange(graph.num_ops, dtype=np.int32) % 2, "spread")
+    other = simulate(graph, cluster, Placement(np.zeros(graph.num_ops, dtype=np.int32), "one"))
+    with pytest.raises(ValueError, match="another placement"):
+        check_placement(graph, cluster, groups, spread, other)
+    mine = simulate(graph, cluster, spread)
+    assert check_placement(graph, cluster, groups, spread, mine) is mine

@@ -114,7 +114,9 @@ def test_auto_skips_a_refinement_that_one_simulation_would_overrun(caplog):
     assert "refinement skipped: one simulation of 60 ops" in caplog.text
     assert short.makespan_us == min(v for v in short.candidates.values() if v is not None)
     enough = place(graph, cluster, PlacementOptions(refine_seconds=10 * simulation_work(graph) / WORK_PER_SECOND))
-    assert enough.refine_stats is not None and enough.refine_stats.work >= 60
+    stats = enough.refine_stats
+    assert stats is not None and stats.work > simulation_work(graph) // 2
+    assert stats.moves_tried + stats.windows_tried > 0  # it refined, not only simulated
 
 
 def test_the_first_move_resimulates_only_what_it_can_change():

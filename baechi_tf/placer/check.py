@@ -26,7 +26,8 @@ def check_placement(
 ) -> Schedule:
     """Raises unless every op is placed on a device of `cluster`, each group sits on one device,
     pinned ops are where they were pinned, and the simulated peak memory of every device is within
-    its capacity. Returns the schedule it checked (simulating `placement` when none is given).
+    its capacity. Returns the schedule it checked (simulating `placement` when none is given; a
+    given one must be a schedule of this placement).
     """
     device_of = placement.device_of
     if device_of.shape != (graph.num_ops,):
@@ -55,6 +56,8 @@ def check_placement(
             )
     if schedule is None:
         schedule = simulate(graph, cluster, placement)
+    elif not np.array_equal(schedule.placement.device_of, device_of):
+        raise ValueError("the schedule given to check_placement is of another placement")
     for d, peak in enumerate(schedule.peak_memory_bytes):
         if peak > cluster.devices[d].memory_bytes:
             raise InfeasiblePlacementError(

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import weakref
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -50,6 +49,7 @@ from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 __all__ = [
     "EarliestStartPolicy",
     "FixedPolicy",
+    "GraphTables",
     "ListScheduler",
     "Policy",
     "SchedulerState",
@@ -124,41 +124,33 @@ class FixedPolicy(Policy):
         return (self.device_of[op],)
 
 
-class _Static:
-    """What a graph's schedulers read and never change, built once per graph: the refiner
-    starts a scheduler per move."""
+class GraphTables:
+    """What every scheduler of a graph reads and none changes (tuples, so none can): build it
+    once and hand it to each `ListScheduler` of the graph, as the refiner does (one per move)."""
 
     def __init__(self, graph: OpGraph) -> None:
-        self.compute = graph.compute_us.tolist()
-        self.topo = graph.topo_index.tolist()
+        self.graph = graph
+        self.compute = tuple(graph.compute_us.tolist())
+        self.topo = tuple(graph.topo_index.tolist())
         # Inputs of each op: (producer, tensor, bytes), one per edge in edge order, so one per
         # distinct tensor: an OpGraph holds no repeated edge.
         edge_tensor = graph.edge_tensor.tolist()
-        self.tensor_bytes = tensor_bytes = graph.tensor_bytes.tolist()
+        self.tensor_bytes = tensor_bytes = tuple(graph.tensor_bytes.tolist())
         src = graph.edge_src.tolist()
         dst = graph.edge_dst.tolist()
-        self.inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(graph.num_ops)]
+        inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(graph.num_ops)]
         consumers = [0] * graph.num_tensors
         for e in range(graph.num_edges):
             t = edge_tensor[e]
-            self.inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
+            inputs[dst[e]].append((src[e], t, tensor_bytes[t]))
             consumers[t] += 1
-        self.consumers = consumers
-        self.succ = [list(s) for s in graph.successors]
-        self.num_preds = [len(p) for p in graph.predecessors]
-        self.alloc = (graph.output_total_bytes + graph.temp_bytes).tolist()
-        self.free_at_end = free_at_end_bytes(graph)
-        self.persistent = graph.persistent_bytes.tolist()
-
-
-_STATICS: "weakref.WeakKeyDictionary[OpGraph, _Static]" = weakref.WeakKeyDictionary()
-
-
-def _static_of(graph: OpGraph) -> _Static:
-    static = _STATICS.get(graph)
-    if static is None:
-        static = _STATICS[graph] = _Static(graph)
-    return static
+        self.inputs = tuple(tuple(i) for i in inputs)
+        self.consumers = tuple(consumers)
+        self.succ = graph.successors  # a tuple of tuples, cached on the graph
+        self.num_preds = tuple(len(p) for p in graph.predecessors)
+        self.alloc = tuple((graph.output_total_bytes + graph.temp_bytes).tolist())
+        self.free_at_end = tuple(free_at_end_bytes(graph))
+        self.persistent = tuple(graph.persistent_bytes.tolist())
 
 
 class SchedulerState:
@@ -168,7 +160,12 @@ class SchedulerState:
     """
 
     def __init__(
-        self, graph: OpGraph, cluster: Cluster, groups: Groups, persistent_headroom: float = 0.0
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        groups: Groups,
+        persistent_headroom: float = 0.0,
+        tables: Optional[GraphTables] = None,
     ) -> None:
         n = graph.num_ops
         nd = cluster.num_devices
@@ -176,9 +173,12 @@ class SchedulerState:
         self.cluster = cluster
         self.groups = groups
         self.num_devices = nd
-        static = _static_of(graph)
-        self.compute = static.compute
-        self.topo = static.topo
+        if tables is None:
+            tables = GraphTables(graph)
+        elif tables.graph is not graph:
+            raise ValueError("the GraphTables given were built for another graph")
+        self.compute = tables.compute
+        self.topo = tables.topo
         self.group_of = groups.group_of.tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
         # Groups are placed only while persistent memory leaves this share of a device free for
@@ -186,14 +186,14 @@ class SchedulerState:
         self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
         self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
         self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
-        self.inputs = static.inputs
-        self.tensor_bytes = static.tensor_bytes
-        self.tensor_consumers_left = list(static.consumers)
-        self.succ = static.succ
-        self.preds_left = list(static.num_preds)
-        self.alloc = static.alloc
-        self.free_at_end = static.free_at_end
-        self.persistent = static.persistent
+        self.inputs = tables.inputs
+        self.tensor_bytes = tables.tensor_bytes
+        self.tensor_consumers_left = list(tables.consumers)
+        self.succ = tables.succ
+        self.preds_left = list(tables.num_preds)
+        self.alloc = tables.alloc
+        self.free_at_end = tables.free_at_end
+        self.persistent = tables.persistent
         self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.group_device = [-1] * groups.num_groups
 
@@ -416,9 +416,10 @@ class ListScheduler:
         policy: Policy,
         initial_group_device: Optional[Sequence[int]] = None,
         persistent_headroom: float = 0.0,
+        tables: Optional[GraphTables] = None,
     ) -> None:
         self.graph, self.cluster, self.groups, self.policy = graph, cluster, groups, policy
-        state = self.state = SchedulerState(graph, cluster, groups, persistent_headroom)
+        state = self.state = SchedulerState(graph, cluster, groups, persistent_headroom, tables)
         _place_pinned(graph, cluster, groups, state)
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
@@ -434,7 +435,7 @@ class ListScheduler:
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
         self.scheduled = 0
-        self.evaluations = 0  # dry runs made: with the steps, the work a run has done
+        self.evaluations = 0  # calls of `evaluate`: with the steps, the work a run has done
         self.last_time = 0.0
         for op in graph.topo_order.tolist():
             if state.preds_left[op] == 0:

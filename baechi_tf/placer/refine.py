@@ -24,7 +24,8 @@ scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, and window bal
 `1 / _MOVES_PER_UNIT` per op move. A wall-clock stop at ten times the budget (plus 5 s) guards
 against much slower machines (only then can the result depend on timing).
 
-Time per move: O(k log k) for the k ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
+Time per move: O(V + E) to start a scheduler and copy its snapshot, then O(k log k) for the k
+ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import FixedPolicy, ListScheduler
+from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 
@@ -97,6 +98,7 @@ class _Simulation:
     def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups, device_of: np.ndarray):
         self.graph, self.cluster, self.groups = graph, cluster, groups
         self.singletons = Groups.singletons(graph)
+        self.tables = GraphTables(graph)  # shared by the scheduler of every move
         self.device_of = [int(d) for d in device_of]
         self.group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
@@ -109,7 +111,8 @@ class _Simulation:
     def _scheduler(self, device_of: list[int]) -> ListScheduler:
         self.work += self.graph.num_ops // _RESTART_SHARE
         return ListScheduler(
-            self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of
+            self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of,
+            tables=self.tables,
         )
 
     def _full(self) -> Schedule:
