@@ -292,9 +292,9 @@ def _candidates(sim: _Simulation, pinned: set[int]) -> list[Move]:
     return moves
 
 
-def _random_move(sim: _Simulation, rng: random.Random, pinned: set[int]) -> Optional[Move]:
+def _random_move(sim: _Simulation, rng: random.Random, free: Sequence[int]) -> Optional[Move]:
+    """A seeded random move of one of the `free` (unpinned) groups to another device."""
     groups, nd = sim.groups, sim.cluster.num_devices
-    free = [g for g in range(groups.num_groups) if g not in pinned]
     if not free or nd < 2:
         return None
     g = rng.choice(free)
@@ -395,6 +395,7 @@ def refine(
     # is accepted the list stays the same and `failed` only grows, so none is tried twice.
     candidates: Optional[list[Move]] = None
     tried_candidates = 0
+    free = [g for g in range(groups.num_groups) if g not in pinned]  # what random moves draw from
     while not out_of_budget() and cluster.num_devices > 1:
         if candidates is None:
             candidates, tried_candidates = _candidates(sim, pinned), 0
@@ -410,7 +411,7 @@ def refine(
         if improved:
             candidates = None
             continue
-        move = _random_move(sim, rng, pinned)
+        move = _random_move(sim, rng, free)
         if move is None:
             break
         if move in failed:
