@@ -50,7 +50,7 @@ __all__ = ["RefineOptions", "RefineStats", "refine", "work_budget", "simulation_
 
 log = logging.getLogger(__name__)
 
-WORK_PER_SECOND = 130_000  # units of work per second on this 2-core machine (measured: 145k-285k)
+WORK_PER_SECOND = 130_000  # units of work per second on this 2-core machine (measured: 139k-285k)
 _RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this many ops
 _WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
