@@ -91,3 +91,23 @@ def test_memo_is_used():
     scheduler.run()
     assert scheduler.done
     assert any(hits) and not all(hits)
+
+
+def test_pinned_group_devices():
+    from baechi_tf.errors import ConfigError
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.placer import colocation_groups
+    from baechi_tf.placer.list_scheduler import pinned_group_devices
+
+    b = OpGraphBuilder()
+    b.add_op("free", 1, [4])
+    b.add_op("w", 1, [4])
+    b.add_op("read", 1, [4], device="/device:GPU:1", colocation=["w"])  # pins w's group
+    b.add_op("alone", 1, [4], device="/device:GPU:0")
+    graph = b.build()
+    groups = colocation_groups(graph)
+    devices = pinned_group_devices(graph, graphs.cluster(2), groups)
+    by_op = devices[groups.group_of]
+    assert by_op.tolist() == [-1, 1, 1, 0]
+    with pytest.raises(ConfigError, match="not in the cluster"):
+        pinned_group_devices(graph, graphs.cluster(1), groups)

@@ -46,7 +46,7 @@ from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
     EarliestStartPolicy,
     format_bytes,
-    pinned_device_index,
+    pinned_group_devices,
     run_with_headroom,
 )
 from baechi_tf.placer.schedule import Placement, Schedule
@@ -115,12 +115,13 @@ def place_layers(
             "them); this graph has none: use auto or m_etf"
         )
     persistent = groups.byte_sums(graph.persistent_bytes)
+    pinned = pinned_group_devices(graph, cluster, groups)
     if graph.num_ops > _LARGE_OPS:
         stems = stems[:1]
     best, best_free, first_error = None, None, None
     tried: list[np.ndarray] = []
     for stem, number in stems:
-        assignments, free = _assignments(graph, cluster, groups, number)
+        assignments, free = _assignments(graph, cluster, groups, number, pinned)
         for how, group_device in assignments.items():
             if any(np.array_equal(group_device, t) for t in tried):
                 continue  # every group already had a layer number: nothing was left to place
@@ -136,7 +137,9 @@ def place_layers(
     if best is None:
         assert first_error is not None
         raise first_error
-    return Placement(_consolidate(graph, cluster, groups, persistent, best, best_free), "layers")
+    return Placement(
+        _consolidate(graph, cluster, groups, persistent, best, best_free & (pinned < 0)), "layers"
+    )
 
 
 def _scopes(name: str) -> list[str]:
@@ -152,18 +155,15 @@ def _consolidate(
     schedule: Schedule,
     free: np.ndarray,
 ) -> np.ndarray:
-    """The device per op of `schedule`, with each of the `_UNITS` heaviest scopes of unnumbered
-    groups that ended up split over devices moved whole to the device holding most of its
-    compute, when the schedule gets shorter."""
+    """The device per op of `schedule`, with each of the `_UNITS` heaviest scopes of the `free`
+    groups (unnumbered, unpinned) that ended up split over devices moved whole to the device
+    holding most of its compute, when the schedule gets shorter."""
     device_of = np.asarray(schedule.placement.device_of)
     first = np.asarray([int(m[0]) for m in groups.members])
     group_device = device_of[first]
     work = groups.sums(graph.compute_us)
-    pinned = np.zeros(groups.num_groups, dtype=bool)
-    for op, name in enumerate(graph.pinned_device):
-        pinned[groups.group_of[op]] |= name is not None
     units: dict[str, list[int]] = defaultdict(list)
-    for g in np.flatnonzero(free & ~pinned).tolist():
+    for g in np.flatnonzero(free).tolist():
         op = int(groups.members[g][np.argmax(graph.compute_us[groups.members[g]])])
         units["/".join(_scopes(graph.names[op])[:2])].append(g)
     ranked = sorted(units.values(), key=lambda u: -float(work[u].sum()))
@@ -185,10 +185,11 @@ def _consolidate(
 
 
 def _assignments(
-    graph: OpGraph, cluster: Cluster, groups: Groups, number: np.ndarray
+    graph: OpGraph, cluster: Cluster, groups: Groups, number: np.ndarray, pinned: np.ndarray
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Device per group (-1: left to m-ETF) of each way of laying out the numbered layers, and
-    which groups have no layer number."""
+    which groups have no layer number; `pinned` groups (device per group, -1: none) stay on
+    their devices."""
     group_number = np.full(groups.num_groups, -1, dtype=np.int64)
     for g, members in enumerate(groups.members):
         numbered = [int(op) for op in members.tolist() if number[op] >= 0]
@@ -203,10 +204,8 @@ def _assignments(
     out = {"round robin": np.where(has, rank % nd, -1)}
     if k > nd:
         out["blocks"] = np.where(has, rank * nd // k, -1)
-    for op, name in enumerate(graph.pinned_device):  # pinned groups stay where they are pinned
-        if name is not None:
-            for group_device in out.values():
-                group_device[groups.group_of[op]] = pinned_device_index(graph, cluster, op)
+    for group_device in out.values():
+        np.copyto(group_device, pinned, where=pinned >= 0)
     for how, group_device in list(out.items()):
         out[how + ", the rest beside"] = _follow(graph, groups, group_device)
     return out, ~has

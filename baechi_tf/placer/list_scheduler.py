@@ -56,6 +56,7 @@ __all__ = [
     "format_bytes",
     "free_at_end_bytes",
     "pinned_device_index",
+    "pinned_group_devices",
     "run_list_scheduler",
     "run_with_headroom",
 ]
@@ -706,6 +707,17 @@ def pinned_device_index(graph: OpGraph, cluster: Cluster, op: int) -> int:
             f"({', '.join(cluster.names)}): pin it to one of those devices or add the device"
         )
     return dev
+
+
+def pinned_group_devices(graph: OpGraph, cluster: Cluster, groups: Groups) -> np.ndarray:
+    """The cluster index of the device each group is pinned to (by its first pinned op), -1 for
+    groups with no pinned op; `ConfigError` for a pin to a device not in the cluster."""
+    out = np.full(groups.num_groups, -1, dtype=np.int64)
+    for op, name in enumerate(graph.pinned_device):
+        g = int(groups.group_of[op])
+        if name is not None and out[g] < 0:
+            out[g] = pinned_device_index(graph, cluster, op)
+    return out
 
 
 def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> InfeasiblePlacementError:

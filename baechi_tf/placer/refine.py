@@ -42,7 +42,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler
+from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler, pinned_group_devices
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 
@@ -235,10 +235,6 @@ def _tails(graph: OpGraph) -> list[float]:
     return tail
 
 
-def _pinned_groups(graph: OpGraph, groups: Groups) -> set[int]:
-    return {int(groups.group_of[op]) for op, d in enumerate(graph.pinned_device) if d is not None}
-
-
 def _candidates(sim: _Simulation, pinned: set[int]) -> list[Move]:
     """Moves worth trying first, from the critical path of the current schedule."""
     graph, cluster, groups = sim.graph, sim.cluster, sim.groups
@@ -348,7 +344,9 @@ def refine(
     budget = work_budget(options.seconds)
     deadline = t0 + 10 * options.seconds + 5
     rng = random.Random(options.seed)
-    pinned = _pinned_groups(graph, groups)
+    is_pinned = pinned_group_devices(graph, cluster, groups) >= 0
+    pinned = set(np.flatnonzero(is_pinned).tolist())
+    pinned_mask = is_pinned.tolist()
     tried = accepted = 0
     failed: set[Move] = set()  # moves that did not help since the last accepted one
     misses = 0  # random draws in a row that were already in `failed`
@@ -373,7 +371,6 @@ def refine(
         # Window balancing from the start placement (half of this phase's budget) and, from the
         # other half, from as many alternatives as get about three simulations each; the best
         # result goes on.
-        pinned_mask = [g in pinned for g in range(groups.num_groups)]
         window_budget = budget // 2
         half = window_budget // 2
         k = min(len(alternatives), half // (3 * max(1, simulation_work(graph))))
@@ -395,7 +392,7 @@ def refine(
     # is accepted the list stays the same and `failed` only grows, so none is tried twice.
     candidates: Optional[list[Move]] = None
     tried_candidates = 0
-    free = [g for g in range(groups.num_groups) if g not in pinned]  # what random moves draw from
+    free = np.flatnonzero(~is_pinned).tolist()  # what random moves draw from
     while not out_of_budget() and cluster.num_devices > 1:
         if candidates is None:
             candidates, tried_candidates = _candidates(sim, pinned), 0
