@@ -19,6 +19,8 @@ from baechi_tf.placer import (
     simulate,
     single_device_schedule,
 )
+from baechi_tf.placer import simulator
+from baechi_tf.placer.simulator import critical_path_us
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.placer.pipeline import place as run_pipeline
 from invariants import assert_valid_schedule
@@ -145,9 +147,11 @@ def test_lower_bound():
     # Critical path 10 + 1000 + 10; total 4020 / 4 devices = 1005.
     assert lower_bound_us(g, graphs.cluster(4, comm=CommCost(0, 0))) == 1020
     assert lower_bound_us(g, graphs.cluster(1)) == 4020
-    # At the default cost two branches on the sink's device would end at 2010: all but one are
-    # elsewhere, and the sink waits for a 4096 B copy after 1010.
-    assert lower_bound_us(g, graphs.cluster(4)) == pytest.approx(1020 + CommCost()(4096))
+    # At the default cost a 4096 B copy takes C = CommCost()(4096). The branches are a phase
+    # between src and sink: for C after src ends only src's device can work (the others wait for
+    # its copy), for the last C before sink starts only sink's (theirs would arrive late), so
+    # 2C of those 4000 us run on one device and the rest on four: 1000 + 1.5C.
+    assert lower_bound_us(g, graphs.cluster(4)) == pytest.approx(1020 + 1.5 * CommCost()(4096))
 
 
 def _two_phases():
@@ -193,8 +197,14 @@ def test_lower_bound_adds_up_phases():
     b.add_edge("s", "x")
     b.add_edge("x", "t")
     # Phases now: s, then everything but t (721 us of compute, path 100 + 10 + 300), then t:
-    # 10 + max(410, 721 / 2) + 10 = 430, the critical path.
-    assert lower_bound_us(b.build(), c) == 430
+    # 10 + max(410, 721 / 2) + 10 = 430 is the critical path. The energetic bound of the middle
+    # phase still finds 530: its first 190 us hold at most 2 * 190 us of work, its last 310 at
+    # most c0, c1, x and m (321 us; the branches end before m, 310 before the end), so the other
+    # 20 us need 10 more on two devices: 10 + 190 + 10 + 310 + 10. The same schedule reaches it.
+    g2 = b.build()
+    assert lower_bound_us(g2, c) == 530
+    device_of = [1 if n in ("b2", "b3", "c1", "x") else 0 for n in g2.names]
+    assert simulate(g2, c, place(g2, device_of)).makespan_us == 530
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -397,6 +407,110 @@ def test_grouped_lower_bound_never_beats_a_placement_that_keeps_groups(seed):
         for d in itertools.product(range(c.num_devices), repeat=groups.num_groups)
     )
     assert best >= bound - 1e-6
+
+
+def test_energetic_bound_of_a_phase_waits_for_copies():
+    #        s (10 us, 400 B)      At CommCost(0.5, 20) s's copy takes 220 us, a branch's 22.
+    #     /  |  |  \               For 220 us after s only s's device can run a branch (the
+    #   b0  b1  b2  b3 (100 us)    other waits for the copy), for the last 22 before p only p's:
+    #     \  |  |  /               242 of the 400 us run on one device, the other 158 on two:
+    #        p (10 us)             10 + 220 + 22 + 79 + 10 = 341. The other bounds give 220.
+    b = OpGraphBuilder()
+    b.add_op("s", 10, [400])
+    b.add_op("p", 10, [4])
+    for i in range(4):
+        b.add_op(f"b{i}", 100, [4])
+        b.add_edge("s", f"b{i}")
+        b.add_edge(f"b{i}", "p")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    assert lower_bound_us(g, c) == pytest.approx(341)
+    spans = {
+        d: simulate(g, c, place(g, list(d))).makespan_us
+        for d in itertools.product(range(2), repeat=g.num_ops)
+    }
+    # The best: three branches with s, one with p; the third's copy reaches p at 10 + 300 + 22.
+    assert min(spans.values()) == spans[(0, 1, 0, 0, 0, 1)] == 342
+    assert spans[(0, 0, 0, 0, 0, 0)] == 420
+    # Free copies: the plain phase bound, 10 + 400 / 2 + 10, which two and two reach.
+    free = graphs.cluster(2, comm=CommCost(0, 0))
+    assert lower_bound_us(g, free) == 220 == simulate(g, free, place(g, [0, 0, 0, 0, 1, 1])).makespan_us
+
+
+def _between_cut_ops(rng, inner, devices):
+    """Op s, then a random DAG of `inner` ops of 10-300 us with outputs of up to 400 B (each
+    forward pair joined with probability 0.4), then op p: s feeds the ops without an inner
+    predecessor and one more with probability 0.3, p reads the ops without an inner successor."""
+    b = OpGraphBuilder()
+    b.add_op("s", round(rng.uniform(1, 50), 1), [rng.randrange(401)])
+    b.add_op("p", round(rng.uniform(1, 50), 1), [4])
+    for i in range(inner):
+        b.add_op(f"op{i}", round(rng.uniform(10, 300), 1), [rng.randrange(401)])
+    has_pred, has_succ = set(), set()
+    for j in range(inner):
+        for i in range(j):
+            if rng.random() < 0.4:
+                b.add_edge(f"op{i}", f"op{j}")
+                has_pred.add(j)
+                has_succ.add(i)
+    for i in range(inner):
+        if i not in has_pred or rng.random() < 0.3:
+            b.add_edge("s", f"op{i}")
+        if i not in has_succ:
+            b.add_edge(f"op{i}", "p")
+    return b.build(), graphs.cluster(devices, comm=CommCost(0.5, 20))
+
+
+def test_energetic_bounds_never_beat_a_placement_and_often_rise():
+    # Phases between two cut ops, every placement on 2 or 3 devices: the bound holds, and the
+    # energetic bounds of the phase and of the whole graph lift it over the others in 11 of
+    # these 40 cases.
+    rng = random.Random(7)
+    lifted = 0
+    cases = 40
+    for case in range(cases):
+        devices = 2 + case % 2
+        g, c = _between_cut_ops(rng, rng.randint(3, 5 if devices == 3 else 6), devices)
+        bound = lower_bound_us(g, c)
+        best = min(
+            simulate(g, c, place(g, list(d))).makespan_us
+            for d in itertools.product(range(devices), repeat=g.num_ops)
+        )
+        assert best >= bound - 1e-6, case
+        inner = [i for i, name in enumerate(g.names) if name.startswith("op")]
+        cut = float(g.compute_us[g.op_id("s")] + g.compute_us[g.op_id("p")])
+        heads_tails = simulator._comm_heads_tails(g, c)
+        others = max(
+            critical_path_us(g),
+            cut + max(critical_path_us(g) - cut, float(g.compute_us[inner].sum()) / devices),
+            float((heads_tails[0] + g.compute_us + heads_tails[1]).max()),
+        )
+        lifted += bound > others + 1e-6
+    assert lifted >= 10, lifted
+
+
+def test_energetic_bound_of_the_whole_graph_counts_the_start():
+    # a and b (50 us, 40 B) feed six ops c of 100 us, on 3 devices at CommCost(0.5, 20). No op is
+    # a cut op. A c starts at 90 at the earliest (a and b both on its device end at 100; one
+    # across a 40 us copy at 90), so in the first 90 us only a and b can run: 100 us of work
+    # where three devices could do 270; the other 600 take 200 more on three: 290. Without
+    # copies to pay, c could start at 50 (the phase bound: 250); the longest path gives 190.
+    b = OpGraphBuilder()
+    b.add_op("a", 50, [40])
+    b.add_op("b", 50, [40])
+    for i in range(6):
+        b.add_op(f"c{i}", 100, [4])
+        b.add_edge("a", f"c{i}")
+        b.add_edge("b", f"c{i}")
+    g = b.build()
+    c = graphs.cluster(3, comm=CommCost(0.5, 20))
+    assert lower_bound_us(g, c) == 290
+    assert lower_bound_us(g, graphs.cluster(3, comm=CommCost(0, 0))) == 250
+    best = min(
+        simulate(g, c, place(g, list(d))).makespan_us
+        for d in itertools.product(range(3), repeat=g.num_ops)
+    )
+    assert best == 390  # the copies to a third device share its channel
 
 
 def test_critical_path_ends_at_the_last_op():
