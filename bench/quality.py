@@ -4,8 +4,8 @@ For each graph (bench/quality_graphs.py; profiles of real models are added from
 bench/profiles/*.json when present) every method places it; the table prints makespan divided by
 the lower bound (`simulator.lower_bound_us`: max(critical path, total compute / devices), summed
 phase by phase where cut ops split the graph, or a longest path that pays for the copies no
-placement that keeps TF colocation groups together avoids when that is more), the single-device
-makespan over the same bound
+placement that keeps TF colocation groups together avoids, or the energetic bounds of the graph
+and of its phases, whichever is more), the single-device makespan over the same bound
 ("-" when the graph does not fit one device, as under a method that does not apply to a graph),
 and checks that auto is no worse than the best single method and than one device when the graph
 fits there.
