@@ -119,7 +119,7 @@ def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray
 
 
 def _phase_bound_us(graph: OpGraph, cluster: Cluster) -> float:
-    """Sum over the graph's phases of max(critical path, energetic bound) (`_phase_span_us`).
+    """Sum over the graph's phases of max(critical path, energetic bound) (`_PhaseSpans`).
 
     A *cut op* is one that every other op reaches or is reached from: all ops before it in a
     topological order must finish before it starts, all after start after it ends. Cut ops split
