@@ -159,3 +159,55 @@ def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
     _, _, stats = refine(graph, cluster, groups, start, options=RefineOptions(seconds=1.0))
     assert stats.moves_tried > stats.moves_accepted + 20  # it went on after its last success
     assert len(listed) <= stats.moves_accepted + 1
+
+
+def _balanced_starts(monkeypatch, graph, cluster, start, alternatives, seconds):
+    """(device_of of the placement, overlap, number of windows) of each window balancing."""
+    import baechi_tf.placer.refine as refine_module
+
+    calls = []
+    real = refine_module.balance_windows
+
+    def recording(graph, cluster, groups, schedule, num_windows, *, overlap, **kw):
+        calls.append((tuple(schedule.placement.device_of.tolist()), overlap, num_windows))
+        return real(graph, cluster, groups, schedule, num_windows, overlap=overlap, **kw)
+
+    monkeypatch.setattr(refine_module, "balance_windows", recording)
+    groups = colocation_groups(graph)
+    refine(graph, cluster, groups, start, options=RefineOptions(seconds), alternatives=alternatives)
+    return calls
+
+
+def test_the_start_placement_tries_coarse_windows_first_and_runners_up_fine_ones(monkeypatch):
+    """The start placement is already even over fine windows; a runner-up is not."""
+    from baechi_tf.placer.refine import _START_WINDOW_SETTINGS, _WINDOW_SETTINGS
+
+    graph = graphs.random_dag(2, 60, edge_prob=0.08)
+    cluster = graphs.cluster(3)
+    start = place_m_etf(graph, cluster, colocation_groups(graph))
+    # The same placement with devices renamed: as fast on identical devices, but distinct.
+    other = Placement((start.device_of + 1) % 3, "renamed")
+    calls = _balanced_starts(monkeypatch, graph, cluster, start, [other], seconds=0.5)
+    first = {}
+    for device_of, overlap, num_windows in calls:
+        first.setdefault(device_of, (overlap, num_windows))
+    assert first[tuple(start.device_of.tolist())] == _START_WINDOW_SETTINGS[0] == (True, 8)
+    assert first[tuple(other.device_of.tolist())] == _WINDOW_SETTINGS[0] == (False, 128)
+
+
+def test_a_runner_up_too_far_behind_for_the_budget_is_not_balanced(monkeypatch):
+    """At a small budget a much slower runner-up cannot catch up: its share goes to the start
+    placement. A larger budget buys it enough rounds, and it is balanced."""
+    graph = graphs.random_dag(2, 60, edge_prob=0.08)
+    cluster = graphs.cluster(3)
+    start = place_m_etf(graph, cluster, colocation_groups(graph))
+    slow = Placement(np.zeros(graph.num_ops, dtype=np.int32), "one device")
+    ratio = simulate(graph, cluster, slow).makespan_us / simulate(graph, cluster, start).makespan_us
+    assert 1.2 < ratio < 3
+    small = 30 * simulation_work(graph) / WORK_PER_SECOND  # two rounds for the runner-up
+    calls = _balanced_starts(monkeypatch, graph, cluster, start, [slow], seconds=small)
+    assert calls and all(c[0] == tuple(start.device_of.tolist()) for c in calls)
+    monkeypatch.undo()
+    large = 3000 * simulation_work(graph) / WORK_PER_SECOND  # about 250 rounds
+    calls = _balanced_starts(monkeypatch, graph, cluster, start, [slow], seconds=large)
+    assert any(c[0] == tuple(slow.device_of.tolist()) for c in calls)

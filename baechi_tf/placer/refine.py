@@ -2,13 +2,14 @@
 
 Starting from a placement, `refine` first runs window balancing (`windows.balance_windows`: a
 surrogate search that cuts transfers while keeping every device and channel busy over time) in a
-few settings, each result simulated and kept only when the makespan drops; this phase gets at most
-half the budget. Then it tries moves that target the critical path of the current
-schedule first (put an op next to the predecessor whose transfer it waits for, take a group off
-the busiest device, swap two groups), then seeded random moves. A move is kept only when the
-simulated makespan drops; a move that breaks a memory limit cannot finish its simulation and is
-dropped. Groups move whole and pinned groups never move, so every intermediate placement passes
-`check_placement`.
+few settings, coarse windows first on the start placement and fine ones first on runners-up that
+start close enough to catch up, each result simulated and kept only when the makespan drops; this
+phase gets at most half the budget. Then it tries moves that target the critical path of the
+current schedule first (put an op next to the predecessor whose transfer it waits for, take a
+group off the busiest device, swap two groups), then seeded random moves. A move is kept only
+when the simulated makespan drops; a move that breaks a memory limit cannot finish its simulation
+and is dropped. Groups move whole and pinned groups never move, so every intermediate placement
+passes `check_placement`.
 
 Each move is evaluated by incremental re-simulation: the schedule is snapshotted as it is built,
 and a move is re-simulated from the last snapshot taken before any moved op could start (the
@@ -55,10 +56,25 @@ _RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this 
 _WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
 # Window balancing: op moves evaluated per unit of work (measured: 250k-450k op moves per second),
-# and the settings tried, best first on bench/quality.py.
+# and the settings (overlap, number of windows) tried, best first on bench/quality.py.
 _MOVES_PER_UNIT = 3
 _WINDOW_SETTINGS = ((False, 128), (False, 32), (True, 8), (False, 4), (True, 64), (False, 16))
+# The start placement is the best of the portfolio and already even over fine windows: with a 30 s
+# budget, which tries every setting, (True, 8) lowered its makespan on layered-2000 and gnmt_v2,
+# (False, 128) on Transformer and (False, 32) on none, while runners-up gained most from
+# (False, 128) and (False, 32). At 3 s the start gets through two or three settings, so it tries
+# coarse windows first (bench/quality.py at 3 s: gnmt_v2 -3.1%, layered-2000 -2.0%, Transformer
+# -1.6%).
+_START_WINDOW_SETTINGS = ((True, 8), (False, 128), (False, 32), (False, 4), (True, 64), (False, 16))
 _WINDOW_ROUNDS = 3  # re-balances on the new schedule's windows per setting
+# An alternative is balanced only when it starts at most this share slower than the start
+# placement per round of balancing that its share of the budget buys (a round, balancing and
+# simulating its result, costs about three simulations). On bench graphs a round gained a few
+# percent on a runner-up; at 3 s, runners-up 8-50% behind got one or two rounds and never caught up,
+# and the start placement makes better use of their share (bench/quality.py at 3 s:
+# layered-2000 -1.4%, the others the same), while at 30 s a runner-up 8% behind won on
+# layered-2000 after ten rounds.
+_GAP_PER_ROUND = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,10 +315,18 @@ def _random_move(sim: _Simulation, rng: random.Random, free: Sequence[int]) -> O
     return ((g, d_from, d_to),)
 
 
-def _balance(sim: _Simulation, budget: int, deadline: float, pinned: list[bool], seed: int) -> tuple[int, int]:
-    """Window balancing on `sim` while its work stays under `budget`: (results tried, kept)."""
+def _balance(
+    sim: _Simulation,
+    budget: int,
+    deadline: float,
+    pinned: list[bool],
+    seed: int,
+    settings: Sequence[tuple[bool, int]],
+) -> tuple[int, int]:
+    """Window balancing on `sim` with `settings` in order while its work stays under `budget`:
+    (results tried, kept)."""
     tried = kept = 0
-    for overlap, num_windows in _WINDOW_SETTINGS:
+    for overlap, num_windows in settings:
         for _ in range(_WINDOW_ROUNDS):
             if sim.work >= budget or time.perf_counter() >= deadline:
                 return tried, kept
@@ -369,15 +393,23 @@ def refine(
     windows_tried = windows_accepted = 0
     if cluster.num_devices > 1 and budget > 0:
         # Window balancing from the start placement (half of this phase's budget) and, from the
-        # other half, from as many alternatives as get about three simulations each; the best
-        # result goes on.
+        # other half, from as many alternatives as get about three simulations each and start
+        # close enough to catch up; the best result goes on. When no alternative qualifies,
+        # the start placement gets the whole phase.
         window_budget = budget // 2
         half = window_budget // 2
         k = min(len(alternatives), half // (3 * max(1, simulation_work(graph))))
-        starts = [sim] + [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
+        others = [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
+        rounds = half // k / (3 * max(1, simulation_work(graph))) if k else 0
+        reach = (1 + _GAP_PER_ROUND * rounds) * initial
+        close = [o for o in others if o.schedule.makespan_us <= reach]
+        sim.work += sum(o.work for o in others if o not in close)  # their simulation was spent
+        starts = [sim] + close
+        k = len(close)
         shares = [window_budget - half] + [half // k] * k if k else [window_budget]
         for start, share in zip(starts, shares):
-            t, a = _balance(start, share, deadline, pinned_mask, options.seed)
+            settings = _START_WINDOW_SETTINGS if start is sim else _WINDOW_SETTINGS
+            t, a = _balance(start, share, deadline, pinned_mask, options.seed, settings)
             windows_tried += t
             windows_accepted += a
         work = sum(s.work for s in starts)
