@@ -355,15 +355,16 @@ def _window_work(
     k: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(t, most work in [0, t], set) at every breakpoint t of `_energetic_bounds`' A (0, and each
-    op's release, and with an anchor its remote release, and those plus its compute), by set,
-    then t."""
+    op's release, and in an anchored set its remote release, and those plus its compute), by set,
+    then t. A set's points do not depend on the other sets, so neither does its bound."""
     num_sets = anchored.shape[0]
     parts, part_sets = [np.zeros(num_sets), release, release + compute], [np.arange(num_sets), set_of, set_of]
     if anchored.any():
-        parts += [remote, remote + compute]
-        part_sets += [set_of, set_of]
+        mine = anchored[set_of]
+        parts += [remote[mine], remote[mine] + compute[mine]]
+        part_sets += [set_of[mine], set_of[mine]]
     t, sets = np.concatenate(parts), np.concatenate(part_sets)
-    order = np.argsort(t + _lift(t, sets, num_sets)[sets], kind="stable")
+    order = np.argsort(t + _lift(t, sets, num_sets)[1][sets], kind="stable")
     t, sets = t[order], sets[order]
     most = np.minimum(k * t, _released_work(set_of, compute, release, t, sets))
     if anchored.any():
@@ -384,7 +385,7 @@ def _ramps(set_of: np.ndarray, starts: np.ndarray, t: np.ndarray, t_set: np.ndar
     """Sum over the starts s of t's set of (t - s)+, at each t: count * t - sum of the starts at
     or below t, in the set. `set_of` (of the starts) ascending."""
     num = int(max(set_of[-1], t_set.max())) + 1
-    lift = _lift(np.concatenate([starts, t]), np.concatenate([set_of, t_set]), num)
+    _, lift = _lift(np.concatenate([starts, t]), np.concatenate([set_of, t_set]), num)
     order = np.argsort(starts + lift[set_of], kind="stable")
     lifted = (starts + lift[set_of])[order]
     # Running sums of the sorted starts, 0 before each set's first.
@@ -406,18 +407,18 @@ def _segment_cumsum(values: np.ndarray, sets: np.ndarray) -> np.ndarray:
     return np.cumsum(adjusted)
 
 
-def _lift(values: np.ndarray, sets: np.ndarray, num_sets: int) -> np.ndarray:
-    """Per set, an offset that puts the set's `values` (>= 0) above every earlier set's: the sum
-    of the earlier sets' largest values, plus 1 each. A sort or search on the lifted values is
-    one by set, then value."""
+def _lift(values: np.ndarray, sets: np.ndarray, num_sets: int) -> tuple[np.ndarray, np.ndarray]:
+    """(peak, lift) per set: its largest value, and an offset that puts the set's `values`
+    (>= 0) above every earlier set's, the sum of the earlier peaks plus 1 each. A sort or search
+    on the lifted values is one by set, then value."""
     peak = np.zeros(num_sets)
     np.maximum.at(peak, sets, values)
-    return np.concatenate([[0.0], np.cumsum(peak + 1.0)[:-1]])
+    return peak, np.concatenate([[0.0], np.cumsum(peak + 1.0)[:-1]])
 
 
 def _running_max(values: np.ndarray, sets: np.ndarray) -> np.ndarray:
     """Running max of `values` (>= 0) that restarts at each set (`sets` ascending)."""
-    lift = _lift(values, sets, int(sets[-1]) + 1)[sets]
+    lift = _lift(values, sets, int(sets[-1]) + 1)[1][sets]
     return np.maximum.accumulate(values + lift) - lift
 
 
@@ -426,10 +427,7 @@ def _last_below(
 ) -> np.ndarray:
     """For each limit, the last index i of its set with values[i] < limit, or -1; `values`
     (>= 0) rise inside each set, `sets` ascending."""
-    num = int(sets[-1]) + 1
-    peak = np.zeros(num)
-    np.maximum.at(peak, sets, values)
-    lift = _lift(values, sets, num)
+    peak, lift = _lift(values, sets, int(sets[-1]) + 1)
     first = np.searchsorted(sets, limit_set, side="left")
     # A limit above the set's peak stops at its last value, not in the next set.
     query = np.minimum(limit, peak[limit_set] + 0.5) + lift[limit_set]
