@@ -16,7 +16,7 @@ from typing import Optional
 
 from baechi_tf.errors import ConfigError
 
-__all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task"]
+__all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task", "merged_device_name"]
 
 GiB = 1 << 30
 
@@ -42,6 +42,22 @@ def _local_part(name: str) -> str:
     if short:
         return f"device:{short.group(1).upper()}:{int(short.group(2))}"
     return name
+
+
+def merged_device_name(a: str, b: str) -> Optional[str]:
+    """The more specific of two device names if they can name one device, else None.
+
+    They can when their local parts are the same device (``GPU:1``, ``/gpu:1`` and
+    ``/device:GPU:1`` are one spelling) and their tasks are equal or one of them names no task:
+    TF merges a partial device spec such as ``'GPU:1'`` with a full one. Two ops pinned to
+    ``'/device:GPU:0'`` and ``'GPU:0'`` are pinned to the same device, not to two.
+    """
+    if _local_part(a) != _local_part(b):
+        return None
+    ta, tb = device_task(a), device_task(b)
+    if ta and tb and ta != tb:
+        return None
+    return b if tb and not ta else a
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import heapq
+import math
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -32,6 +33,12 @@ __all__ = ["CONTROL", "OpGraph", "OpGraphBuilder"]
 
 CONTROL = -1
 """`src_output` of a control edge."""
+
+MAX_TOTAL_BYTES = 1 << 62
+"""Most bytes a graph may hold in all (outputs, scratch and persistent memory of every op), 4 EiB.
+
+Byte counts are int64; with every op's bytes adding up to less than this, each sum the placers
+form (a group's, a device's, a capacity minus a use) fits with room to spare."""
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
@@ -78,20 +85,35 @@ class OpGraph:
         `OpGraphBuilder.add_edge` does: an op that reads a tensor twice receives it once.
         """
         n = len(names)
-        edge_src, edge_dst, edge_src_output = _unique_edges(edge_src, edge_dst, edge_src_output)
+        names = tuple(names)
+        output_bytes = tuple(
+            tuple(
+                b if type(b) is int and -MAX_TOTAL_BYTES < b < MAX_TOTAL_BYTES  # the usual case, fast
+                else _whole_bytes(b, names, i, "output_bytes")
+                for b in outs
+            )
+            for i, outs in enumerate(output_bytes)
+        )
+        # Edge ids are checked while still exact (int64) and only then narrowed to int32: an
+        # output slot of 2**32 must be an error, not wrap around to slot 0.
+        edges = tuple(_edge_ids(a, what) for a, what in (
+            (edge_src, "edge_src"), (edge_dst, "edge_dst"), (edge_src_output, "edge_src_output")
+        ))
+        _check_edge_ids(*edges, names, output_bytes)
+        edge_src, edge_dst, edge_src_output = _unique_edges(*edges)
         graph = cls(
-            names=tuple(names),
+            names=names,
             compute_us=_frozen(np.asarray(compute_us, dtype=np.float64).reshape(-1)),
-            output_bytes=tuple(tuple(int(b) for b in outs) for outs in output_bytes),
-            temp_bytes=_frozen(_int_array(temp_bytes, n)),
-            persistent_bytes=_frozen(_int_array(persistent_bytes, n)),
+            output_bytes=output_bytes,
+            temp_bytes=_frozen(_int_array(temp_bytes, n, names, "temp_bytes")),
+            persistent_bytes=_frozen(_int_array(persistent_bytes, n, names, "persistent_bytes")),
             pinned_device=tuple(pinned_device) if pinned_device is not None else (None,) * n,
             colocation=(
                 tuple(tuple(c) for c in colocation) if colocation is not None else ((),) * n
             ),
-            edge_src=_frozen(np.asarray(edge_src, dtype=np.int64).astype(np.int32)),
-            edge_dst=_frozen(np.asarray(edge_dst, dtype=np.int64).astype(np.int32)),
-            edge_src_output=_frozen(np.asarray(edge_src_output, dtype=np.int64).astype(np.int32)),
+            edge_src=_frozen(edge_src.astype(np.int32)),
+            edge_dst=_frozen(edge_dst.astype(np.int32)),
+            edge_src_output=_frozen(edge_src_output.astype(np.int32)),
             op_types=tuple(op_types),
         )
         if validate:
@@ -315,28 +337,54 @@ class OpGraph:
                 raise InvalidGraphError(
                     f"op {self.names[i]!r} has output_bytes={list(outs)}; sizes must be >= 0"
                 )
+        # Sums of many costs must stay exact integers and finite floats (module MAX_TOTAL_BYTES).
+        total_bytes = (
+            sum(sum(outs) for outs in self.output_bytes)
+            + sum(self.temp_bytes.tolist())
+            + sum(self.persistent_bytes.tolist())
+        )
+        if total_bytes >= MAX_TOTAL_BYTES:
+            raise InvalidGraphError(
+                f"the ops' outputs, scratch and persistent memory add up to {total_bytes} bytes, "
+                f"more than the 2**62 ({MAX_TOTAL_BYTES}) a graph may hold: check that sizes are "
+                "in bytes"
+            )
+        if not math.isfinite(float(np.sum(self.compute_us))):
+            raise InvalidGraphError(
+                "the ops' compute times add up to more than a float can hold: check that they "
+                "are in microseconds"
+            )
 
     def _check_edges(self) -> None:
-        n = self.num_ops
-        for arr, end in ((self.edge_src, "source"), (self.edge_dst, "destination")):
-            bad = np.flatnonzero((arr < 0) | (arr >= n))
-            if bad.size:
-                e = int(bad[0])
-                raise InvalidGraphError(
-                    f"edge {e} has {end} op id {int(arr[e])}, but the graph has ops 0..{n - 1}: "
-                    "a dangling edge; drop it or add the op"
-                )
+        _check_edge_ids(self.edge_src, self.edge_dst, self.edge_src_output, self.names, self.output_bytes)
         loops = np.flatnonzero(self.edge_src == self.edge_dst)
         if loops.size:
             name = self.names[int(self.edge_src[loops[0]])]
             raise InvalidGraphError(f"op {name!r} has an edge to itself; remove it")
-        for e in np.flatnonzero(~self.is_control):
-            s, o = int(self.edge_src[e]), int(self.edge_src_output[e])
-            if o < 0 or o >= len(self.output_bytes[s]):
-                raise InvalidGraphError(
-                    f"edge {self.names[s]!r} -> {self.names[int(self.edge_dst[e])]!r} reads output "
-                    f"{o} of {self.names[s]!r}, which has {len(self.output_bytes[s])} outputs"
-                )
+
+
+def _check_edge_ids(src, dst, out, names: Sequence[str], output_bytes: Sequence[Sequence[int]]) -> None:
+    """Raises unless every edge joins two ops of the graph and reads an output its source has."""
+    n = len(names)
+    if not (src.shape == dst.shape == out.shape) or len(output_bytes) != n:
+        return  # reported by validate
+    for arr, end in ((src, "source"), (dst, "destination")):
+        bad = np.flatnonzero((arr < 0) | (arr >= n))
+        if bad.size:
+            e = int(bad[0])
+            raise InvalidGraphError(
+                f"edge {e} has {end} op id {int(arr[e])}, but the graph has ops 0..{n - 1}: "
+                "a dangling edge; drop it or add the op"
+            )
+    num_outputs = np.fromiter((len(outs) for outs in output_bytes), dtype=np.int64, count=n)
+    bad = np.flatnonzero((out != CONTROL) & ((out < 0) | (out >= num_outputs[src])))
+    if bad.size:
+        e = int(bad[0])
+        s, o = int(src[e]), int(out[e])
+        raise InvalidGraphError(
+            f"edge {names[s]!r} -> {names[int(dst[e])]!r} reads output "
+            f"{o} of {names[s]!r}, which has {len(output_bytes[s])} outputs"
+        )
 
 
 def _unique_edges(src, dst, out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -356,10 +404,44 @@ def _unique_edges(src, dst, out) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return src[keep], dst[keep], out[keep]
 
 
-def _int_array(values: Optional[Sequence[int]], n: int) -> np.ndarray:
+def _whole_bytes(value, names: Sequence[str], op: int, field: str) -> int:
+    """`value` as an int, or `InvalidGraphError` naming the op when it is not a whole number of
+    bytes or exceeds `MAX_TOTAL_BYTES` (numpy would raise OverflowError or truncate 1.5 to 1)."""
+    if isinstance(value, (int, np.integer)):
+        whole = int(value)
+    elif isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        whole = int(value)
+    else:
+        whole = None
+    if whole is None or abs(whole) >= MAX_TOTAL_BYTES:
+        name = names[op] if op < len(names) else f"#{op}"
+        raise InvalidGraphError(
+            f"op {name!r} has {field}={value!r}; sizes must be whole numbers of bytes below "
+            f"2**62 ({MAX_TOTAL_BYTES})"
+        )
+    return whole
+
+
+def _int_array(values: Optional[Sequence[int]], n: int, names: Sequence[str], field: str) -> np.ndarray:
     if values is None:
         return np.zeros(n, dtype=np.int64)
-    return np.asarray(values, dtype=np.int64).reshape(-1)
+    array = np.asarray(values).reshape(-1)
+    if array.dtype.kind == "i" and (np.abs(array) < MAX_TOTAL_BYTES).all():
+        return array.astype(np.int64)
+    # Floats, ints beyond int64 (numpy keeps them as objects), anything else: one by one.
+    return np.array(
+        [_whole_bytes(v, names, i, field) for i, v in enumerate(array.tolist())], dtype=np.int64
+    )
+
+
+def _edge_ids(values: Sequence[int], field: str) -> np.ndarray:
+    """The edge op ids or output slots as int64 (exact, unlike the int32 they are kept in)."""
+    try:
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    except (OverflowError, TypeError, ValueError):
+        raise InvalidGraphError(
+            f"{field} holds a value that is not an op id or output slot (an integer below 2**63)"
+        ) from None
 
 
 def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -444,7 +526,18 @@ class OpGraphBuilder:
 
     def add_edge(self, src: str, dst: str, src_output: int = 0) -> None:
         """Adds a data edge carrying output `src_output` of `src`; a repeat is ignored."""
-        self._add(self._id(src, src, dst), self._id(dst, src, dst), int(src_output))
+        s, d = self._id(src, src, dst), self._id(dst, src, dst)
+        if (
+            isinstance(src_output, bool)
+            or not isinstance(src_output, (int, np.integer))
+            or not 0 <= src_output < (1 << 31)
+        ):
+            # -1 is how edges store CONTROL: a data edge given it would silently carry no bytes.
+            raise InvalidGraphError(
+                f"edge {src!r} -> {dst!r} reads output {src_output!r} of {src!r}; an output slot "
+                "is an integer from 0 to 2**31 - 1 (use a control edge for ordering only)"
+            )
+        self._add(s, d, int(src_output))
 
     def add_control_edge(self, src: str, dst: str) -> None:
         """Adds a control edge: `dst` runs after `src`, no tensor flows."""

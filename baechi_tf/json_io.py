@@ -51,6 +51,12 @@ def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
         ) from None
     except ValueError as e:
         raise InvalidGraphError(f"{path!r}: {e}") from None
+    except RecursionError:
+        # json's decoder recurses per nesting level: thousands of '[' exhaust the stack.
+        raise InvalidGraphError(
+            f"{path!r} nests arrays or objects too deeply to be a graph file; give a JSON graph "
+            "file (devices, ops, edges)"
+        ) from None
     try:
         return parse_graph_json(doc)
     except BaechiError as e:
@@ -88,7 +94,8 @@ def _number(obj: Mapping[str, Any], key: str, where: str, required: bool = True,
 
 def _bytes(obj: Mapping[str, Any], key: str, where: str, required: bool = False) -> int:
     value = _number(obj, key, where, required, 0)
-    if float(value) != int(value):
+    # Only a float can be fractional; float() of a large int rounds (2**63 - 1 is whole).
+    if isinstance(value, float) and not value.is_integer():
         raise InvalidGraphError(f"{where} has {key}={value!r}; give a whole number of bytes")
     return int(value)
 

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+from baechi_tf.cluster import merged_device_name
 from baechi_tf.errors import ConfigError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 
@@ -108,18 +109,23 @@ def _finish(graph: OpGraph, uf: _UnionFind, candidates: dict[int, set[str]]) -> 
 
 
 def _check_pins(graph: OpGraph, groups: Groups) -> None:
-    pinned: dict[int, int] = {}
+    """Raises unless the pins of each group can all name one device (`merged_device_name`: two
+    spellings of one device, such as '/device:GPU:0' and 'GPU:0', are not a conflict)."""
+    pinned: dict[int, int] = {}  # group -> the op with its most specific pin so far
     for op, device in enumerate(graph.pinned_device):
         if device is None:
             continue
         g = int(groups.group_of[op])
         other = pinned.setdefault(g, op)
-        if graph.pinned_device[other] != device:
+        both = merged_device_name(graph.pinned_device[other], device)
+        if both is None:
             raise InvalidGraphError(
                 f"ops {graph.names[other]!r} and {graph.names[op]!r} must be colocated (group "
                 f"{groups.names[g]!r}) but are pinned to {graph.pinned_device[other]!r} and "
                 f"{device!r}: pin them to one device or drop one pin"
             )
+        if both is device:  # merged_device_name returns one of its arguments, the more specific
+            pinned[g] = op
 
 
 def colocation_groups(graph: OpGraph) -> Groups:
@@ -158,16 +164,34 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
     group_of = base.group_of.tolist()
     uf = _UnionFind(ng)
     names: dict[int, str] = dict(enumerate(base.names))
+    # The device each group is pinned to, its pins merged (the base groups passed `_check_pins`).
+    # Coplacing is a preference, a pin a hard constraint: two groups pinned to different devices
+    # are never merged, or a valid graph would fail `_check_pins` below.
+    pin: dict[int, str] = {}
+    for op, device in enumerate(graph.pinned_device):
+        if device is not None:
+            g = group_of[op]
+            pin[g] = merged_device_name(pin[g], device) if g in pin else device
     comps = _ComponentDag(graph, group_of, ng)
     for u in range(graph.num_ops):
         succ = graph.successors[u]
         if len(succ) != 1:
             continue
         gu, gv = uf.find(group_of[u]), uf.find(group_of[succ[0]])
-        if gu == gv or not comps.merge(gu, gv):
+        if gu == gv:
+            continue
+        pu, pv = pin.get(gu), pin.get(gv)
+        both = merged_device_name(pu, pv) if pu is not None and pv is not None else pu or pv
+        if pu is not None and pv is not None and both is None:
+            continue  # pinned to two devices
+        if not comps.merge(gu, gv):
             continue
         root = uf.union(gu, gv)
         names[root] = _shortest((names.pop(gu), names.pop(gv)))
+        pin.pop(gu, None)
+        pin.pop(gv, None)
+        if both is not None:
+            pin[root] = both
     op_uf = _UnionFind(graph.num_ops)
     first_op: dict[int, int] = {}
     for op, g in enumerate(group_of):

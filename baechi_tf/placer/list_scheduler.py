@@ -301,7 +301,12 @@ class SchedulerState:
                 s = self._slot(pd, dev, self.end[p], w, extra)
                 arrived = s + w
                 new_bytes += nbytes
-                if w > 0:
+                # Only a booking that moves the clock: a transfer shorter than the float spacing
+                # at `s` (s + w == s: a few bytes on a free link late in a long step) occupies
+                # nothing, and a zero-length booking inserted before another of the same start
+                # would leave `ends` unsorted for `_slot`'s bisect, which then missed bookings
+                # and let two transfers share a channel.
+                if arrived > s:
                     for d in (pd, dev):
                         starts, ends = extra.setdefault(d, ([], []))
                         i = bisect.bisect_left(starts, s)

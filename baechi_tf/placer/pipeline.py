@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import time
 from typing import Callable, Mapping, Optional
 
@@ -16,6 +18,7 @@ from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.fusion import FusedGraph, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
 from baechi_tf.placer.layers import find_layers, place_layers
@@ -70,18 +73,43 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     return Placement(device_of, "expert")
 
 
-def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions"):
+def _run_auto(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    options: "PlacementOptions",
+    fused: Optional[FusedGraph] = None,
+):
+    """auto's portfolio on `graph`. With `fused` (``--placer_type=fusion``) the placers run on
+    the fused graph, which is smaller, and each placement is expanded to `graph`'s ops before
+    auto simulates, compares and refines it: the fused graph understates memory and times its
+    ops differently (see `fusion`), so judging placements there kept ones slower than another
+    candidate on the real graph, or ones that did not fit at all (and auto then failed where
+    every other method, falling back to a packing, placed the graph)."""
     from baechi_tf.placer.auto import AutoOptions, place_auto
     from baechi_tf.placer.grouping import coplace
     from baechi_tf.placer.refine import RefineOptions
 
+    # The graph and groups the placers see, and the way back to `graph`'s ops.
+    pgraph, pgroups = (fused.graph, fused.groups) if fused is not None else (graph, groups)
+
+    def lifted(thunk: Callable[[], Placement]) -> Callable[[], Placement]:
+        return thunk if fused is None else (lambda: fused.expand(thunk()))
+
     names = [m for m in _PORTFOLIO if m in _METHODS]
-    thunks = [(m, (lambda m=m: _METHODS[m](graph, cluster, groups, options))) for m in names]
-    stems = find_layers(graph, cluster.num_devices)  # found once, not again inside the placer
+    thunks = [(m, lifted(lambda m=m: _METHODS[m](pgraph, cluster, pgroups, options))) for m in names]
+    stems = find_layers(pgraph, cluster.num_devices)  # found once, not again inside the placer
     if stems:
-        thunks.append(("layers", lambda: place_layers(graph, cluster, groups, stems=stems)))
+        thunks.append(("layers", lifted(lambda: place_layers(pgraph, cluster, pgroups, stems=stems))))
     if options.expert:
-        thunks.append(("expert", lambda: _expert(graph, cluster, groups, options)))
+        thunks.append(("expert", lifted(lambda: _expert(pgraph, cluster, pgroups, options))))
+    if fused is not None:
+        # One device and the memory-first packing, also on the real graph, where their memory
+        # is exact: a packing of the fused graph may not fit the real one, and a placer that
+        # does not fit falls back to this packing when it runs alone (`_checked`), so auto
+        # must have it too to be never worse than any method.
+        for m in ("single", "packed"):
+            thunks.append((f"{m}+unfused", lambda m=m: _METHODS[m](graph, cluster, groups, options)))
     # The same placers on coarser groups (single-consumer ops joined to their consumer): fewer,
     # larger moves, meant for graphs of many short ops where transfers dominate (on
     # bench/quality.py they decide nothing, hence the size limit).
@@ -89,14 +117,14 @@ def _run_auto(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placem
 
     def coarse_groups() -> Groups:
         if not coarse:
-            coarse.append(coplace(graph, groups))
+            coarse.append(coplace(pgraph, pgroups))
         return coarse[0]
 
-    if options.grouper != "coplace" and graph.num_ops <= _AUTO_COARSE_MAX_OPS:
+    if options.grouper != "coplace" and pgraph.num_ops <= _AUTO_COARSE_MAX_OPS:
         for m in ("m_etf", "m_sct", "heft"):
             if m in _METHODS:
                 thunks.append(
-                    (f"{m}+coplace", (lambda m=m: _METHODS[m](graph, cluster, coarse_groups(), options)))
+                    (f"{m}+coplace", lifted(lambda m=m: _METHODS[m](pgraph, cluster, coarse_groups(), options)))
                 )
     return place_auto(
         graph, cluster, groups, thunks,
@@ -175,14 +203,26 @@ class PlacementOptions:
             raise ConfigError(
                 f"unknown placer type {self.placer_type!r}; choose 'default' or 'fusion'"
             )
+        # The comparisons below raise TypeError on a string ('0.5' from a config file).
+        for field in ("memory_fraction", "lp_time_limit", "refine_seconds", "sct_threshold", "seed"):
+            value = getattr(self, field)
+            if field == "lp_time_limit" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(f"{field} {value!r} is not a number")
+        if self.expert is not None and not all(
+            isinstance(op, str) and isinstance(device, str) for op, device in self.expert.items()
+        ):
+            raise ConfigError("the expert layout must map op names to device names (strings)")
         if not (0 < self.memory_fraction <= 1):
             raise ConfigError(
                 f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
             )
         if self.lp_time_limit is not None and not (self.lp_time_limit > 0):
             raise ConfigError(f"lp_time_limit {self.lp_time_limit!r} must be > 0 seconds")
-        if not (self.refine_seconds >= 0):
-            raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be >= 0")
+        # Finite: the refinement's budget is counted in whole units of work (int(seconds * rate)).
+        if not (0 <= self.refine_seconds < math.inf):
+            raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be a finite number >= 0")
         if not (0 <= self.sct_threshold < 1):
             raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
 
@@ -249,21 +289,19 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
     """The placement, and the portfolio's result when the method is ``auto`` (else None)."""
 
     def run(g: OpGraph, gr: Groups):
-        if options.placement_method == "auto":
-            auto = _run_auto(g, cluster, gr, options)
-            return auto.placement, auto
         try:
-            return _METHODS[options.placement_method](g, cluster, gr, options), None
+            return _METHODS[options.placement_method](g, cluster, gr, options)
         except InfeasiblePlacementError as e:
-            return _packed_instead(g, cluster, gr, options.placement_method, e), None
+            return _packed_instead(g, cluster, gr, options.placement_method, e)
 
-    if options.placer_type != "fusion":
-        return run(graph, groups)
-    from baechi_tf.placer.fusion import fuse
-
-    fused = fuse(graph, groups)
-    inner, auto = run(fused.graph, fused.groups)
-    return fused.expand(inner), auto
+    fused = fuse(graph, groups) if options.placer_type == "fusion" else None
+    if options.placement_method == "auto":
+        # auto judges its candidates on the real graph even when they were placed fused.
+        auto = _run_auto(graph, cluster, groups, options, fused)
+        return auto.placement, auto
+    if fused is None:
+        return run(graph, groups), None
+    return fused.expand(run(fused.graph, fused.groups)), None
 
 
 def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = PlacementOptions()) -> PlacementResult:
@@ -278,8 +316,8 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
     placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
-    # auto simulated its placement already (with fusion, a placement of the fused graph).
-    simulated = auto.schedule if auto is not None and options.placer_type != "fusion" else None
+    # auto simulated its placement already (on the real graph, also with fusion).
+    simulated = auto.schedule if auto is not None else None
     placement, schedule = step(
         "check",
         lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method, simulated),

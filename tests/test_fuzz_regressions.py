@@ -1,0 +1,271 @@
+"""Regressions found by fuzzing the placement pipeline and the JSON reader (each case minimised).
+
+A valid graph must be placed wherever a placement exists, and bad input must be a `BaechiError`
+naming the problem, never an internal error (OverflowError, RecursionError, ...) nor a silently
+changed graph.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from baechi_tf.cluster import Cluster, CommCost, Device
+from baechi_tf.errors import InvalidGraphError
+from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.json_io import load_graph_json, parse_graph_json
+from baechi_tf.placer.grouping import coplace, make_groups
+from baechi_tf.placer.pipeline import PlacementOptions, place
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from quality_graphs import rnn  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _doc(ops, edges=(), memory_bytes=1 << 30):
+    return {
+        "devices": [{"name": "/device:GPU:0", "memory_bytes": memory_bytes}],
+        "ops": list(ops),
+        "edges": list(edges),
+    }
+
+
+# ---------------------------------------------------------------- grouping and pins
+
+
+@pytest.mark.parametrize("method", ["m_etf", "auto"])
+def test_coplace_does_not_merge_groups_pinned_to_different_devices(method):
+    # a's only consumer is b, so coplace joined them, and then refused its own group because a
+    # and b are pinned apart ("must be colocated ... pinned to GPU:0 and GPU:1").
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4], device="/device:GPU:0")
+    b.add_op("b", 10, [4], device="/device:GPU:1")
+    b.add_edge("a", "b")
+    graph = b.build()
+    options = PlacementOptions(placement_method=method, grouper="coplace", refine_seconds=0)
+    result = place(graph, Cluster.homogeneous(2, 1 << 30), options)
+    assert result.op_to_device() == {"a": "/device:GPU:0", "b": "/device:GPU:1"}
+
+
+def test_coplace_still_merges_a_pinned_op_into_an_unpinned_consumer():
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4], device="/device:GPU:1")
+    b.add_op("b", 10, [4])
+    b.add_op("c", 10, [4], device="GPU:1")  # another spelling of a's device
+    b.add_edge("a", "b")
+    b.add_edge("b", "c")
+    groups = coplace(b.build())
+    assert groups.num_groups == 1
+
+
+@pytest.mark.parametrize("grouper", ["tf", "coplace"])
+def test_colocated_ops_pinned_to_two_spellings_of_one_device(grouper):
+    # '/device:GPU:0' and 'GPU:0' are one device; the strings differ, which was reported as two
+    # pins that contradict each other.
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4], device="/device:GPU:0", colocation=["g"])
+    b.add_op("b", 10, [4], device="GPU:0", colocation=["g"])
+    b.add_op("c", 10, [4], device="/job:localhost/replica:0/task:0/device:GPU:0", colocation=["g"])
+    b.add_edge("a", "b")
+    graph = b.build()
+    cluster = Cluster.homogeneous(2, 1 << 30, prefix="/job:localhost/replica:0/task:0")
+    result = place(graph, cluster, PlacementOptions(placement_method="m_etf", grouper=grouper))
+    assert set(result.op_to_device().values()) == {"/job:localhost/replica:0/task:0/device:GPU:0"}
+
+
+def test_colocated_ops_pinned_to_different_devices_are_still_an_error():
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4], device="/job:a/replica:0/task:0/device:GPU:0", colocation=["g"])
+    b.add_op("b", 10, [4], device="GPU:0", colocation=["g"])
+    b.add_op("c", 10, [4], device="/job:b/replica:0/task:0/device:GPU:0", colocation=["g"])
+    with pytest.raises(InvalidGraphError, match="must be colocated"):
+        make_groups(b.build(), "tf")
+    from baechi_tf.cluster import merged_device_name
+
+    assert merged_device_name("GPU:1", "/device:GPU:0") is None
+    assert merged_device_name("/gpu:1", "/job:w/task:2/device:GPU:1") == "/job:w/task:2/device:GPU:1"
+
+
+# ---------------------------------------------------------------- auto with fusion
+
+
+def test_auto_with_fusion_judges_memory_on_the_real_graph():
+    # a and b fuse into one op whose internal 4 MiB tensor the fused graph does not count: auto
+    # kept the small device, the check on the real graph refused it, and auto failed although
+    # every single method (falling back to a packing) placed the graph on the large device.
+    b = OpGraphBuilder()
+    b.add_op("a", 0, [4 * MiB], colocation=["g"])
+    b.add_op("b", 0, [8 * MiB], colocation=["g"])
+    b.add_edge("a", "b")
+    graph = b.build()
+    cluster = Cluster((Device("/device:GPU:0", 10 * MiB), Device("/device:GPU:1", 100 * MiB)))
+    for method in ("m_etf", "auto"):
+        options = PlacementOptions(placement_method=method, placer_type="fusion", refine_seconds=0)
+        result = place(graph, cluster, options)
+        assert set(result.op_to_device().values()) == {"/device:GPU:1"}, method
+
+
+def test_auto_with_fusion_is_never_slower_than_a_single_method():
+    # The fused a+b ends after 700 us, so on the fused graph c (on the other device) waits for
+    # it and splitting gains nothing; on the real graph c starts at once. auto compared fused
+    # makespans and kept 1100 us where `packed` gives 700 us.
+    b = OpGraphBuilder()
+    b.add_op("a", 0, [], colocation=["g"])
+    b.add_op("b", 700, [], colocation=["g"])
+    b.add_op("c", 400, [], persistent_bytes=16 * MiB)
+    b.add_control_edge("a", "b")
+    b.add_control_edge("a", "c")
+    graph = b.build()
+    cluster = Cluster.homogeneous(2, 20 * MiB, comm=CommCost(0, 0))
+    makespan = {
+        method: place(
+            graph, cluster, PlacementOptions(placement_method=method, placer_type="fusion", refine_seconds=0)
+        ).makespan_us
+        for method in ("packed", "m_etf", "auto")
+    }
+    assert makespan["packed"] == pytest.approx(700.0)
+    assert makespan["auto"] <= min(makespan["packed"], makespan["m_etf"]) + 1e-9
+
+
+def test_auto_with_fusion_and_coplace_places_a_tight_rnn():
+    # The README's original-workflow flags (--placer_type=fusion --grouper=coplace) on a small
+    # RNN with 20 MiB devices: every candidate's simulation on the fused graph ran out of memory
+    # and auto failed, while m-ETF and the packing (and auto's candidates, on the real graph) fit.
+    graph, cluster = rnn(2, 4), Cluster.homogeneous(4, 20 * MiB)  # bench/quality_graphs.py's
+    for method in ("m_etf", "packed", "auto"):
+        options = PlacementOptions(
+            placement_method=method, placer_type="fusion", grouper="coplace", refine_seconds=0
+        )
+        place(graph, cluster, options)
+
+
+# ---------------------------------------------------------------- channels
+
+
+def test_a_transfer_too_short_to_move_the_clock_books_no_channel_time():
+    # At t = 1e9 us a 1-byte copy on a link of 1e-8 us/byte ends where it starts (s + w == s).
+    # Booked anyway, it went into a dry run's tentative bookings before a's 100 us copy of the
+    # same start, left their ends unsorted, and p's copy to GPU:2 was put on GPU:2's channel
+    # while a's 100 us copy still used it: the step came out 50 us short.
+    from baechi_tf.placer.schedule import Placement
+    from baechi_tf.placer.simulator import simulate
+
+    b = OpGraphBuilder()
+    b.add_op("a", 1e9, [1, 10**10])  # on GPU:0; its copies to GPU:2 take 1e-8 us and 100 us
+    b.add_op("p", 1e9, [10])  # on GPU:1, another task: its copy to GPU:2 takes 50 us
+    b.add_op("c", 1, [])  # on GPU:2
+    b.add_edge("a", "c", 0)
+    b.add_edge("a", "c", 1)
+    b.add_edge("p", "c")
+    graph = b.build()
+    task = "/job:w/replica:0/task:{}/device:GPU:{}"
+    devices = tuple(Device(task.format(t, i), 1 << 40) for i, t in enumerate((0, 1, 0)))
+    cluster = Cluster(devices, CommCost(1e-8, 0), inter_task_comm=CommCost(0, 50))
+    schedule = simulate(graph, cluster, Placement(np.array([0, 1, 2]), "fixed"))
+    on_gpu2 = sorted((t.start_us, t.end_us) for t in schedule.transfers if t.end_us > t.start_us)
+    assert all(e0 <= s1 for (_, e0), (s1, _) in zip(on_gpu2, on_gpu2[1:])), on_gpu2
+    assert schedule.makespan_us == pytest.approx(1e9 + 151)
+
+
+# ---------------------------------------------------------------- sizes, slots and JSON
+
+
+@pytest.mark.parametrize("field", ["output_bytes", "temp_bytes", "persistent_bytes"])
+def test_sizes_beyond_int64_are_clear_errors(field):
+    op = {"name": "a", "compute_us": 1, "output_bytes": [4]}
+    op[field] = [2**70] if field == "output_bytes" else 2**70  # was OverflowError from numpy
+    with pytest.raises(InvalidGraphError, match=f"op 'a' has {field}="):
+        parse_graph_json(_doc([op]))
+
+
+def test_sizes_whose_sum_overflows_int64_are_a_clear_error():
+    # Each below 2**63, their sum not: was OverflowError in output_total_bytes.
+    op = {"name": "a", "compute_us": 1, "output_bytes": [2**61, 2**61, 2**61]}
+    with pytest.raises(InvalidGraphError, match="add up to"):
+        parse_graph_json(_doc([op]))
+
+
+def test_builder_refuses_fractional_or_nan_sizes():
+    for value in (1.5, float("nan"), float("inf")):
+        b = OpGraphBuilder()
+        b.add_op("a", 1, [4], temp_bytes=value)  # 1.5 was truncated to 1, nan a ValueError
+        with pytest.raises(InvalidGraphError, match="whole numbers of bytes"):
+            b.build()
+
+
+@pytest.mark.parametrize("slot", [2**32, 2**70, -1])
+def test_output_slot_out_of_range_is_an_error_not_another_edge(slot):
+    # 2**32 was narrowed to int32 and read output 0; -1 (CONTROL) made a control edge that
+    # carries no bytes; 2**70 was an OverflowError.
+    ops = [{"name": "a", "compute_us": 1, "output_bytes": [4096]}, {"name": "b", "compute_us": 1}]
+    with pytest.raises(InvalidGraphError, match="reads output"):
+        parse_graph_json(_doc(ops, [{"src": "a", "dst": "b", "src_output": slot}]))
+
+
+def test_from_arrays_checks_edge_ids_before_narrowing_them():
+    with pytest.raises(InvalidGraphError, match="dangling edge"):
+        OpGraph.from_arrays(["a", "b"], [1, 1], [[4], [4]], edge_src=[2**32], edge_dst=[1], edge_src_output=[0])
+
+
+def test_json_memory_of_2_to_the_63_minus_1_is_a_whole_number(tmp_path):
+    # float(2**63 - 1) != 2**63 - 1, which was reported as "give a whole number of bytes".
+    doc = _doc([{"name": "a", "compute_us": 1, "output_bytes": [4]}], memory_bytes=2**63 - 1)
+    graph, cluster = parse_graph_json(doc)
+    assert cluster.devices[0].memory_bytes == 2**63 - 1
+    assert place(graph, cluster, PlacementOptions(placement_method="m_etf")).op_to_device() == {
+        "a": "/device:GPU:0"
+    }
+
+
+def test_json_nested_too_deeply_is_a_clear_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)  # was RecursionError from json
+    with pytest.raises(InvalidGraphError, match="too deeply"):
+        load_graph_json(str(path))
+
+
+def test_cli_gives_one_line_for_an_oversized_output(tmp_path, capsys):
+    from baechi_tf.cli import main
+
+    path, out = tmp_path / "g.json", tmp_path / "p.json"
+    path.write_text(json.dumps(_doc([{"name": "a", "compute_us": 1, "output_bytes": [2**64]}])))
+    assert main(["place-json", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "output_bytes" in err[0]
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_infinite_refine_seconds_is_a_config_error(tmp_path, capsys):
+    # `--refine_seconds inf` passed validation and the refinement's int(seconds * rate) raised
+    # OverflowError.
+    from baechi_tf.cli import main
+    from baechi_tf.errors import ConfigError
+
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    with pytest.raises(ConfigError, match="refine_seconds inf"):
+        place(b.build(), Cluster.homogeneous(2, 1 << 30), PlacementOptions(refine_seconds=float("inf")))
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(_doc([{"name": "a", "compute_us": 1, "output_bytes": [4]}])))
+    assert main(["place-json", str(path), "--refine_seconds", "inf"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(memory_fraction="0.5"), dict(refine_seconds="1"), dict(placement_method="expert", expert={"a": 0})],
+)
+def test_options_of_the_wrong_type_are_config_errors(options):
+    # Were TypeErrors from a comparison with a string, or from matching a device name.
+    from baechi_tf.errors import ConfigError
+
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    with pytest.raises(ConfigError):
+        place(b.build(), Cluster.homogeneous(2, 1 << 30), PlacementOptions(**options))
