@@ -544,6 +544,25 @@ def test_energetic_bounds_of_many_sets_at_once_are_each_sets_alone():
             assert together[i] >= compute[mine].sum() / k - 1e-9
 
 
+@pytest.mark.parametrize("intercept", [1e9, 1e11, 3e11, 1e13])
+@pytest.mark.parametrize("us", [(0.1, 0.2), (100.1, 200.3)])
+def test_energetic_bound_is_not_rounding_when_copies_dwarf_compute(intercept, us):
+    # a (0 us) feeds b and c; a copy costs `intercept`, so one device is best (b + c). The
+    # phase's breakpoints are as large as a copy: rounding their sums must not make the work
+    # look as if it fit nowhere (the bound then jumped by a copy, far above one device).
+    b = OpGraphBuilder()
+    b.add_op("a", 0, [4])
+    b.add_op("b", us[0], [4])
+    b.add_op("c", us[1], [4])
+    b.add_edge("a", "b")
+    b.add_edge("a", "c")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0, intercept))
+    one = simulate(g, c, place(g, [0, 0, 0])).makespan_us
+    assert one == pytest.approx(sum(us))
+    assert us[1] <= lower_bound_us(g, c) <= one + 1e-9
+
+
 def test_critical_path_ends_at_the_last_op():
     g = graphs.chain(4, compute_us=100, nbytes=1000)
     c = graphs.cluster(2, comm=COMM)

@@ -338,7 +338,16 @@ def _energetic_bounds(
     # For each t1, the best t2 with b < W - a (strictly, with room for rounding): b rises with
     # t2 inside a set, so that is a running max of t2 - b / k up to the last t2 below the limit.
     second = _running_max(t2 - b / k, set2)
-    limit = work[set1] - a - 1e-9 * (work[set1] + 1.0)
+    # a and b are differences of sums of up to 2m values as large as the set's breakpoints (a
+    # copy can take 1e9 us beside ops of 0.1 us), taken beside the lifts that keep the sets
+    # apart: the room is many times their rounding, so that W - a - b > 0 is never rounding.
+    size = np.bincount(set_of, minlength=num_sets)
+    reach = np.zeros(num_sets)
+    np.maximum.at(reach, set1, t1)
+    np.maximum.at(reach, set2, t2)
+    lifts = float((reach + work + 1.0).sum())
+    room = 1e-9 * (work + 1.0) + 1e-12 * (size * reach + lifts)
+    limit = work[set1] - a - room[set1]
     last = _last_below(b, set2, limit, set1)
     fits = last >= 0
     gain = np.zeros(num_sets)
