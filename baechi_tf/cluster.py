@@ -207,8 +207,13 @@ class Cluster:
         key = self._key(name)
         if key in index:
             return index[key]
-        if not device_task(name):
-            # '/device:GPU:1' or 'GPU:1' matches the one device with that local part, if unique.
+        task = device_task(name)
+        # '/device:GPU:1' or 'GPU:1' matches the one device with that local part, if unique. So
+        # does TF's in-process spelling, '/job:localhost/replica:0/task:0/device:GPU:1', in a
+        # cluster whose names carry no task (one host: its own devices); a name of any other task
+        # may be another machine's device.
+        local_task = task.startswith("/job:localhost/") and not any(device_task(n) for n in self.names)
+        if not task or local_task:
             local = "/" + _local_part(name)
             hits = [i for k, i in index.items() if k.endswith(local)]
             if len(hits) == 1:

@@ -34,6 +34,18 @@ def test_find_accepts_tf_spellings():
         c.device_index("/device:GPU:7")
 
 
+def test_find_takes_tf_local_names_in_a_cluster_without_tasks():
+    # Graphs built in a tf.compat.v1 session pin ops to '/job:localhost/replica:0/task:0/...':
+    # on a cluster named without tasks, that is the local device of the same local part.
+    c = Cluster.homogeneous(2, GiB)
+    assert c.find("/job:localhost/replica:0/task:0/device:GPU:1") == 1
+    assert c.find("/job:localhost/replica:0/task:0/device:CPU:0") is None
+    # Another task may be another machine: never taken for a local device.
+    assert c.find("/job:worker/replica:0/task:1/device:GPU:1") is None
+    tasks = Cluster.homogeneous(2, GiB, prefix="/job:worker/replica:0/task:0")
+    assert tasks.find("/job:localhost/replica:0/task:0/device:GPU:1") is None
+
+
 def test_device_task():
     assert device_task("/job:w/replica:0/task:3/device:GPU:0") == "/job:w/replica:0/task:3"
     assert device_task("/job:w/task:3/device:GPU:0") == "/job:w/replica:0/task:3"
