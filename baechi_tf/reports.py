@@ -36,6 +36,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from baechi_tf._files import atomic_write
+from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
 
@@ -405,11 +406,12 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
         on_path[list(critical)] = True
         keys, colours = _colour_keys(graph)
         yticks, ylabels = [], []
+        one_task = len({device_task(n) for n in cluster.names}) == 1  # then the task tells nothing
         for d in range(nd):
             y = -d * pitch
             ops = schedule.device_ops(d)
             yticks += [y, y - row_h / 2 - 0.03 - lane_h / 2]
-            ylabels += [_device_label(cluster.names[d]), "channel"]
+            ylabels += [_device_label(cluster.names[d], one_task), "channel"]
             ax.axhspan(y - row_h / 2, y + row_h / 2, color="#f4f4f4", zorder=0, lw=0)
             if merged:
                 s, e = _merge(start[ops], end[ops], px_us)
@@ -522,13 +524,14 @@ def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h,
                                     "shrinkA": 0, "shrinkB": 0, "mutation_scale": 8})
 
 
-def _device_label(name: str) -> str:
-    """'GPU:0' from '/device:GPU:0'; the task too when there is one."""
+def _device_label(name: str, one_task: bool = False) -> str:
+    """'GPU:0' from '/device:GPU:0'; the task too when there is one and the cluster has others
+    (a label as long as 'localhost/r0/t0 CPU:1' does not fit the margin)."""
     head, _, local = name.rpartition("/device:")
     if not local:
         return name
     task = head.replace("/job:", "").replace("/replica:", "/r").replace("/task:", "/t")
-    return f"{task} {local}" if task else local
+    return f"{task} {local}" if task and not one_task else local
 
 
 def _us(us: float) -> str:

@@ -391,3 +391,13 @@ def test_tensorflow_graph_and_step_stats(tmp_path):
     assert records[0].file_version == "brain.Event:2"
     written = tf.compat.v1.GraphDef.FromString(records[1].graph_def)
     assert written == graph_def
+
+
+def test_device_labels_drop_a_task_that_every_device_shares():
+    from baechi_tf.reports import _device_label
+
+    # A session's devices all live in '/job:localhost/replica:0/task:0': the Gantt rows say only
+    # 'CPU:1' (the whole name did not fit the margin); devices of several tasks keep theirs.
+    assert _device_label("/job:localhost/replica:0/task:0/device:CPU:1", one_task=True) == "CPU:1"
+    assert _device_label("/job:w/replica:0/task:1/device:GPU:0", one_task=False) == "w/r0/t1 GPU:0"
+    assert _device_label("/device:GPU:2") == "GPU:2"
