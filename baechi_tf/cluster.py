@@ -195,6 +195,16 @@ class Cluster:
             return self.inter_task_comm
         return self.comm
 
+    def link_tables(self) -> tuple[list[list[float]], list[list[float]]]:
+        """(slope, intercept) of each ordered pair of devices as nested lists, 0 from a device to
+        itself, so that a copy from a to b takes slope[a][b] * bytes + intercept[a][b] us (the
+        form the schedulers' inner loops read)."""
+        nd = self.num_devices
+        links = [[self.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
+        slope = [[link.slope_us_per_byte if link else 0.0 for link in row] for row in links]
+        intercept = [[link.intercept_us if link else 0.0 for link in row] for row in links]
+        return slope, intercept
+
     def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
         """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""
         if src == dst:

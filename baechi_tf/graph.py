@@ -29,7 +29,7 @@ import numpy as np
 
 from baechi_tf.errors import InvalidGraphError
 
-__all__ = ["CONTROL", "OpGraph", "OpGraphBuilder"]
+__all__ = ["CONTROL", "OpGraph", "OpGraphBuilder", "csr"]
 
 CONTROL = -1
 """`src_output` of a control edge."""
@@ -216,11 +216,11 @@ class OpGraph:
 
     @functools.cached_property
     def _out_csr(self) -> tuple[np.ndarray, np.ndarray]:
-        return _csr(self.edge_src, self.num_ops)
+        return csr(self.edge_src, self.num_ops)
 
     @functools.cached_property
     def _in_csr(self) -> tuple[np.ndarray, np.ndarray]:
-        return _csr(self.edge_dst, self.num_ops)
+        return csr(self.edge_dst, self.num_ops)
 
     def out_edges(self, op: int) -> np.ndarray:
         """Edge ids leaving `op`, in edge-id order."""
@@ -444,7 +444,9 @@ def _edge_ids(values: Sequence[int], field: str) -> np.ndarray:
         ) from None
 
 
-def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr, order), read-only: order sorts the entries by `keys` (0..n-1, stable), and those of
+    key k are order[ptr[k]:ptr[k + 1]]."""
     order = np.argsort(keys, kind="stable").astype(np.int32)
     counts = np.bincount(keys, minlength=n) if keys.size else np.zeros(n, dtype=np.int64)
     ptr = np.zeros(n + 1, dtype=np.int64)

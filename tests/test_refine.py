@@ -174,7 +174,8 @@ def _balanced_starts(monkeypatch, graph, cluster, start, alternatives, seconds):
 
     monkeypatch.setattr(refine_module, "balance_windows", recording)
     groups = colocation_groups(graph)
-    refine(graph, cluster, groups, start, options=RefineOptions(seconds), alternatives=alternatives)
+    schedules = [simulate(graph, cluster, a) for a in alternatives]
+    refine(graph, cluster, groups, start, options=RefineOptions(seconds), alternatives=schedules)
     return calls
 
 

@@ -57,7 +57,7 @@ def place_auto(
 ) -> AutoResult:
     """Runs `placers` (name, thunk) in order, keeps the best simulated one, refines it."""
     best: Optional[tuple[float, str, Placement, Schedule]] = None
-    made: list[tuple[float, int, Placement]] = []  # (makespan, order, placement) of every success
+    made: list[tuple[float, int, Schedule]] = []  # (makespan, order, schedule) of every success
     candidates: dict[str, Optional[float]] = {}
     first_error: Optional[BaechiError] = None
     for name, thunk in placers:
@@ -72,7 +72,7 @@ def place_auto(
             first_error = first_error or e
             continue
         candidates[name] = schedule.makespan_us
-        made.append((schedule.makespan_us, len(made), placement))
+        made.append((schedule.makespan_us, len(made), schedule))
         log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
         if best is None or schedule.makespan_us < best[0]:
             best = (schedule.makespan_us, name, placement, schedule)
@@ -92,10 +92,11 @@ def place_auto(
             math.ceil(2 * graph.num_ops / ops_per_second),
         )
     elif options.refine.seconds > 0:
-        others: list[Placement] = []  # distinct runners-up, best first
-        for _, _, p in sorted(made, key=lambda m: m[:2]):
-            if not p.same_as(placement) and not any(p.same_as(q) for q in others):
-                others.append(p)
+        others: list[Schedule] = []  # distinct runners-up, best first
+        for _, _, s in sorted(made, key=lambda m: m[:2]):
+            p = s.placement
+            if not p.same_as(placement) and not any(p.same_as(q.placement) for q in others):
+                others.append(s)
         placement, schedule, stats = refine(
             graph, cluster, groups, placement, options=options.refine, alternatives=others[:_ALTERNATIVES]
         )

@@ -185,8 +185,7 @@ class SchedulerState:
         # Groups are placed only while persistent memory leaves this share of a device free for
         # tensors (m-ETF retries with more headroom when it runs out of memory).
         self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
-        self.slope = [[cluster.link(a, b).slope_us_per_byte if a != b else 0.0 for b in range(nd)] for a in range(nd)]
-        self.intercept = [[cluster.link(a, b).intercept_us if a != b else 0.0 for b in range(nd)] for a in range(nd)]
+        self.slope, self.intercept = cluster.link_tables()
         self.inputs = tables.inputs
         self.tensor_bytes = tables.tensor_bytes
         self.tensor_consumers_left = list(tables.consumers)

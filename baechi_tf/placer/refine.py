@@ -355,12 +355,13 @@ def refine(
     placement: Placement,
     *,
     options: RefineOptions = RefineOptions(),
-    alternatives: Sequence[Placement] = (),
+    alternatives: Sequence[Schedule] = (),
 ) -> tuple[Placement, Schedule, RefineStats]:
     """Improves `placement` by moving groups; never returns a worse one.
 
-    `alternatives` (other placers' placements, best first, none better than `placement`) are
-    further starting points of window balancing when the budget allows.
+    `alternatives` (the simulated schedules of other placers' placements, best first, none
+    better than `placement`) are further starting points of window balancing when the budget
+    allows.
     """
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
@@ -399,11 +400,13 @@ def refine(
         window_budget = budget // 2
         half = window_budget // 2
         k = min(len(alternatives), half // (3 * max(1, simulation_work(graph))))
-        others = [_Simulation(graph, cluster, groups, a.device_of) for a in alternatives[:k]]
         rounds = half // k / (3 * max(1, simulation_work(graph))) if k else 0
         reach = (1 + _GAP_PER_ROUND * rounds) * initial
-        close = [o for o in others if o.schedule.makespan_us <= reach]
-        sim.work += sum(o.work for o in others if o not in close)  # their simulation was spent
+        close = [
+            _Simulation(graph, cluster, groups, a.placement.device_of)
+            for a in alternatives[:k]
+            if a.makespan_us <= reach
+        ]
         starts = [sim] + close
         k = len(close)
         shares = [window_budget - half] + [half // k] * k if k else [window_budget]

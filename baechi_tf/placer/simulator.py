@@ -30,7 +30,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
-from baechi_tf.graph import OpGraph
+from baechi_tf.graph import OpGraph, csr
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import FixedPolicy, run_list_scheduler
 from baechi_tf.placer.schedule import Placement, Schedule
@@ -89,12 +89,14 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
     predecessor in v's group is always in L (a successor, for tail), so the bound can only rise.
     """
     compute = graph.compute_us.astype(np.float64)
+    # Nothing is remote on one device or without edges: no pairs, only the critical path counts.
+    pairs = _pair_comm(graph, cluster) if cluster.num_devices > 1 and graph.num_edges else None
     bounds = [
         critical_path_us(graph),
         float(compute.sum()) / cluster.num_devices,
-        _phase_bound_us(graph, cluster),
+        _phase_bound_us(graph, cluster.num_devices, pairs),
     ]
-    heads_tails = _comm_heads_tails(graph, cluster, groups=groups)
+    heads_tails = _comm_heads_tails(graph, pairs, groups=groups)
     if heads_tails is not None:
         head, tail = heads_tails
         bounds.append(float((head + compute + tail).max()))
@@ -118,7 +120,9 @@ def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray
     return pair // n, pair % n, comm
 
 
-def _phase_bound_us(graph: OpGraph, cluster: Cluster) -> float:
+def _phase_bound_us(
+    graph: OpGraph, num_devices: int, pairs: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> float:
     """Sum over the graph's phases of max(critical path, energetic bound) (`_PhaseSpans`).
 
     A *cut op* is one that every other op reaches or is reached from: all ops before it in a
@@ -128,7 +132,8 @@ def _phase_bound_us(graph: OpGraph, cluster: Cluster) -> float:
     cut op before it to the start of the cut op after it. In a topological order an op at position
     p is a cut op when no op's span to its earliest successor, or from its latest predecessor,
     strictly contains p (a sink spans to the end, a source from the start): such an op would be
-    neither before nor after the op at p. Time O(V + E) plus O(V log V) for the energetic bounds.
+    neither before nor after the op at p. `pairs` is `_pair_comm`'s, None when nothing is remote.
+    Time O(V + E) plus O(V log V) for the energetic bounds.
     """
     n = graph.num_ops
     if n == 0:
@@ -147,7 +152,7 @@ def _phase_bound_us(graph: OpGraph, cluster: Cluster) -> float:
         np.add.at(covered, a[wide] + 1, 1)
         np.add.at(covered, b[wide], -1)
     is_cut = np.cumsum(covered[:n]) == 0
-    spans = _PhaseSpans(graph, cluster)
+    spans = _PhaseSpans(graph, num_devices, pairs)
     order_l = order.tolist()
     cut_us, start, before = 0.0, 0, None
     for p in range(n + 1):
@@ -177,18 +182,20 @@ class _PhaseSpans:
     the bound only falls). The remote tail towards `after` is the same on the reversed phase.
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster):
+    def __init__(
+        self, graph: OpGraph, num_devices: int, pairs: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    ):
         n = graph.num_ops
-        self.num_devices = cluster.num_devices
+        self.num_devices = num_devices
         self.compute = graph.compute_us.astype(np.float64).tolist()
         # Pair tables as CSR lists: (pair ops, pair comm) per consumer and per producer.
-        if self.num_devices > 1 and graph.num_edges:
-            src, dst, comm = _pair_comm(graph, cluster)
+        if pairs is not None:
+            src, dst, comm = pairs
         else:  # nothing is remote: pairs with no cost, which only the critical path uses
             src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
             comm = np.zeros(src.shape[0])
-        self.preds = _csr(dst, src, comm, n)
-        self.succs = _csr(src, dst, comm, n)
+        self.preds = _csr(dst, n, src, comm)
+        self.succs = _csr(src, n, dst, comm)
         self.stamp = [-1] * n  # the phase an op is in (ops of earlier phases keep old stamps)
         self.head, self.tail = [0.0] * n, [0.0] * n
         self.phase = 0
@@ -282,12 +289,11 @@ class _PhaseSpans:
         return out
 
 
-def _csr(key: np.ndarray, other: np.ndarray, comm: np.ndarray, n: int) -> tuple[list, list, list]:
-    """(ptr, other, comm) as lists: the entries of op v are ptr[v]:ptr[v + 1], grouped by `key`."""
-    by_key = np.argsort(key, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(key, minlength=n), out=ptr[1:])
-    return ptr.tolist(), other[by_key].tolist(), comm[by_key].tolist()
+def _csr(key: np.ndarray, n: int, *columns: np.ndarray) -> tuple[list, ...]:
+    """(ptr, *columns) as lists, the columns grouped by `key` (`graph.csr`): the entries of op v
+    are ptr[v]:ptr[v + 1]."""
+    ptr, order = csr(key, n)
+    return (ptr.tolist(), *(column[order].tolist() for column in columns))
 
 
 def _energetic_us(compute: np.ndarray, head: np.ndarray, tail: np.ndarray, num_devices: int) -> float:
@@ -445,10 +451,13 @@ def _last_below(
 
 
 def _comm_heads_tails(
-    graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups] = None
+    graph: OpGraph,
+    pairs: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    groups: Optional[Groups] = None,
 ) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """head(v) and tail(v) of every op, communication paid where unavoidable; None on one device
-    or without edges (nothing is remote: they are the critical path's).
+    """head(v) and tail(v) of every op, communication paid where unavoidable, from `_pair_comm`'s
+    `pairs`; None without them (nothing is remote: they are the critical path's).
 
     A remote predecessor u delays v by comm(u, v) (`_pair_comm`). head(v) bounds v's start in any
     placement, in topological order. A predecessor u on another device gives v >= a_u = head(u) +
@@ -471,9 +480,9 @@ def _comm_heads_tails(
     Time O(E log E) plus O(min(deg, _EXACT_PREFIXES)^2 + deg log deg) per op, or
     O(min(deg, _EXACT_PREFIXES) * deg) for an op with a pair in its own group; memory O(V + E).
     """
-    if cluster.num_devices < 2 or graph.num_edges == 0:
+    if pairs is None:
         return None
-    src, dst, comm = _pair_comm(graph, cluster)
+    src, dst, comm = pairs
     # Pairs inside one group: the producer is always local to the consumer (and vice versa).
     same = None if groups is None else groups.group_of[src] == groups.group_of[dst]
     if same is not None and not same.any():
@@ -496,14 +505,11 @@ def _head_us(
     """head(v) of `_comm_heads_tails` for pairs src -> dst, visited in `order`; the pairs
     where `same` is true keep src local to dst."""
     n = compute.shape[0]
-    by_dst = np.argsort(dst, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
-    ptr_l, pred, comm_l = ptr.tolist(), src[by_dst].tolist(), comm[by_dst].tolist()
     if same is None:
+        ptr_l, pred, comm_l = _csr(dst, n, src, comm)
         forced_l, num_forced = [], [0] * n
     else:
-        forced_l = same[by_dst].tolist()
+        ptr_l, pred, comm_l, forced_l = _csr(dst, n, src, comm, same)
         num_forced = np.bincount(dst[same], minlength=n).tolist()
     c = compute.tolist()
     head = [0.0] * n

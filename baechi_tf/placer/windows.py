@@ -60,9 +60,7 @@ class _Loads:
         self.dev = device_of
         self.win = window
         self.compute = graph.compute_us.tolist()
-        links = [[cluster.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
-        self.slope = [[link.slope_us_per_byte if link else 0.0 for link in row] for row in links]
-        self.intercept = [[link.intercept_us if link else 0.0 for link in row] for row in links]
+        self.slope, self.intercept = cluster.link_tables()
         self.tbytes = graph.tensor_bytes.tolist()
         self.tsrc = graph.tensor_src.tolist()
         self.ins = graph.input_tensors  # cached on the graph: built once for every call
