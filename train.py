@@ -80,6 +80,7 @@ def _import_tensorflow_quietly() -> None:
 
 from absl import app, flags  # noqa: E402
 
+from baechi_tf import _interrupt  # noqa: E402
 from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 
@@ -694,24 +695,27 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs
         logging.set_verbosity(logging.WARNING)
     try:
-        options = PlacementOptions(
-            placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
-            placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
-            lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
-            memory_fraction=FLAGS.placer_memory_fraction,
-            refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
-        options.validate()
-        config = _config_from_flags()
-        setup, session_config, target = _devices()
-        if FLAGS.costgen:
-            return costgen(config, setup, session_config, target)
-        return place_and_run(config, options, setup, session_config, target)
-    except BaechiError as e:
-        print(f"train: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # every file is written whole or not at all (atomic_write)
-        print("train: interrupted; no partial file was written", file=sys.stderr)
-        return 130
+        with _interrupt.recording():
+            options = PlacementOptions(
+                placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
+                placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
+                lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
+                memory_fraction=FLAGS.placer_memory_fraction,
+                refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
+            options.validate()
+            config = _config_from_flags()
+            setup, session_config, target = _devices()
+            if FLAGS.costgen:
+                return costgen(config, setup, session_config, target)
+            return place_and_run(config, options, setup, session_config, target)
+    except BaseException as e:  # every file is written whole or not at all (atomic_write)
+        if _interrupt.was_interrupted(e):
+            print("train: interrupted; no partial file was written", file=sys.stderr)
+            return 130
+        if isinstance(e, BaechiError):
+            print(f"train: error: {e}", file=sys.stderr)
+            return 2
+        raise
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

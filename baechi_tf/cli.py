@@ -17,6 +17,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from baechi_tf import _interrupt
 from baechi_tf.errors import BaechiError
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
@@ -171,13 +172,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        return importlib.import_module(args._module).run(args)
-    except BaechiError as e:
-        print(f"baechi {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"baechi {args.command}: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        with _interrupt.recording():
+            return importlib.import_module(args._module).run(args)
+    except BaseException as e:
+        if _interrupt.was_interrupted(e):
+            print(f"baechi {args.command}: interrupted; nothing was written", file=sys.stderr)
+            return 130
+        if isinstance(e, BaechiError):
+            print(f"baechi {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

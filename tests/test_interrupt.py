@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
@@ -38,3 +40,62 @@ def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     assert err.strip().splitlines()[-1] == "baechi place-json: interrupted; nothing was written"
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
+
+
+def _press_ctrl_c_inside_a_bare_except() -> None:
+    """What TF's Session.run does when Ctrl-C lands while it parses a feed name."""
+    try:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0)  # give the handler its turn; it runs between bytecodes
+            raise AssertionError("SIGINT did not raise")
+        except:  # noqa: E722  (the point: a library's bare except)
+            raise ValueError("The name 'inputs/src:0' looks a like a Tensor name") from None
+    except ValueError:
+        raise TypeError("Cannot interpret feed_dict key as Tensor") from None
+
+
+def test_ctrl_c_is_still_recognised_after_a_library_converts_it():
+    from baechi_tf import _interrupt
+
+    with _interrupt.recording():
+        try:
+            _press_ctrl_c_inside_a_bare_except()
+        except TypeError as e:
+            converted = e
+    assert _interrupt.was_interrupted(converted)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with _interrupt.recording():  # the next run starts with no Ctrl-C on record
+        assert not _interrupt.was_interrupted(TypeError("a real bug"))
+        assert _interrupt.was_interrupted(KeyboardInterrupt())
+
+
+def test_an_ignored_sigint_stays_ignored():
+    from baechi_tf import _interrupt
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _interrupt.recording():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)  # nohup: nothing happens
+        assert not _interrupt.was_interrupted(TypeError("a real bug"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_cli_exits_130_when_ctrl_c_comes_out_as_another_exception(monkeypatch, capsys, tmp_path):
+    from baechi_tf import cli
+
+    def run(args):
+        _press_ctrl_c_inside_a_bare_except()
+
+    monkeypatch.setattr(cli, "run", run)
+    assert cli.main(["place-json", str(tmp_path / "g.json")]) == 130
+    assert capsys.readouterr().err == "baechi place-json: interrupted; nothing was written\n"
+
+    def bug(args):
+        raise TypeError("a real bug")
+
+    monkeypatch.setattr(cli, "run", bug)
+    with pytest.raises(TypeError, match="a real bug"):  # a bug is not reported as Ctrl-C
+        cli.main(["place-json", str(tmp_path / "g.json")])

@@ -1,0 +1,44 @@
+"""Ctrl-C that is still recognised after a library has turned it into another exception.
+
+TensorFlow's `Session.run` parses feed and fetch names under a bare `except:`; a Ctrl-C that
+lands there comes out as a `TypeError` ("Cannot interpret feed_dict key as Tensor"), and the
+command would report a bug and exit 1 instead of 130. Inside `recording()`, SIGINT still raises
+`KeyboardInterrupt` and is also remembered, so the command's top level can ask `was_interrupted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+__all__ = ["recording", "was_interrupted"]
+
+_pressed = threading.Event()
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _pressed.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Remember a Ctrl-C for the duration. A SIGINT that is ignored (a job started with nohup) or
+    handled by someone else stays so; off the main thread nothing changes."""
+    _pressed.clear()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def was_interrupted(error: BaseException) -> bool:
+    """Whether `error` is, or came out of, a Ctrl-C pressed inside `recording()`."""
+    return isinstance(error, KeyboardInterrupt) or _pressed.is_set()
