@@ -80,7 +80,7 @@ def _import_tensorflow_quietly() -> None:
 
 from absl import app, flags  # noqa: E402
 
-from baechi_tf import _interrupt  # noqa: E402
+from baechi_tf import interrupts  # noqa: E402
 from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 
@@ -695,7 +695,7 @@ def main(argv: list[str]) -> int:
     if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs
         logging.set_verbosity(logging.WARNING)
     try:
-        with _interrupt.recording():
+        with interrupts.recording():
             options = PlacementOptions(
                 placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
                 placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
@@ -709,7 +709,7 @@ def main(argv: list[str]) -> int:
                 return costgen(config, setup, session_config, target)
             return place_and_run(config, options, setup, session_config, target)
     except BaseException as e:  # every file is written whole or not at all (atomic_write)
-        if _interrupt.was_interrupted(e):
+        if interrupts.was_interrupted(e):
             print("train: interrupted; no partial file was written", file=sys.stderr)
             return 130
         if isinstance(e, BaechiError):

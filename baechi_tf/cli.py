@@ -17,7 +17,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
-from baechi_tf import _interrupt
+from baechi_tf import interrupts
 from baechi_tf.errors import BaechiError
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
@@ -172,10 +172,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
-        with _interrupt.recording():
+        with interrupts.recording():
             return importlib.import_module(args._module).run(args)
     except BaseException as e:
-        if _interrupt.was_interrupted(e):
+        if interrupts.was_interrupted(e):
             print(f"baechi {args.command}: interrupted; nothing was written", file=sys.stderr)
             return 130
         if isinstance(e, BaechiError):

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from baechi_tf import BaechiError, BaechiSession, CommCost  # noqa: E402
+from baechi_tf import BaechiError, BaechiSession, CommCost, interrupts  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.rewriter.distributed import placement_by_host, start_local_workers  # noqa: E402
@@ -91,19 +91,23 @@ def main(argv=None) -> int:
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        with start_local_workers(num_workers=2, num_devices_per_worker=2) as workers:
+        # TensorFlow can turn a Ctrl-C into another exception; `interrupts` still knows it was one.
+        with interrupts.recording(), start_local_workers(
+                num_workers=2, num_devices_per_worker=2) as workers:
             tasks = ", ".join(f"{t.name} at {t.address} (pid {pid})"
                               for t, pid in zip(workers.spec.tasks, workers.pids))
             print(f"workers started: {tasks}", flush=True)
             _train(args, workers.target)
         print("workers stopped", flush=True)
         return 0
-    except KeyboardInterrupt:
-        print("interrupted: workers stopped", file=sys.stderr, flush=True)
-        return 130
-    except BaechiError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+    except BaseException as e:
+        if interrupts.was_interrupted(e):
+            print("interrupted: workers stopped", file=sys.stderr, flush=True)
+            return 130
+        if isinstance(e, BaechiError):
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -56,29 +56,29 @@ def _press_ctrl_c_inside_a_bare_except() -> None:
 
 
 def test_ctrl_c_is_still_recognised_after_a_library_converts_it():
-    from baechi_tf import _interrupt
+    from baechi_tf import interrupts
 
-    with _interrupt.recording():
+    with interrupts.recording():
         try:
             _press_ctrl_c_inside_a_bare_except()
         except TypeError as e:
             converted = e
-    assert _interrupt.was_interrupted(converted)
+    assert interrupts.was_interrupted(converted)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with _interrupt.recording():  # the next run starts with no Ctrl-C on record
-        assert not _interrupt.was_interrupted(TypeError("a real bug"))
-        assert _interrupt.was_interrupted(KeyboardInterrupt())
+    with interrupts.recording():  # the next run starts with no Ctrl-C on record
+        assert not interrupts.was_interrupted(TypeError("a real bug"))
+        assert interrupts.was_interrupted(KeyboardInterrupt())
 
 
 def test_an_ignored_sigint_stays_ignored():
-    from baechi_tf import _interrupt
+    from baechi_tf import interrupts
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with _interrupt.recording():
+        with interrupts.recording():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGINT)  # nohup: nothing happens
-        assert not _interrupt.was_interrupted(TypeError("a real bug"))
+        assert not interrupts.was_interrupted(TypeError("a real bug"))
     finally:
         signal.signal(signal.SIGINT, previous)
 
