@@ -405,6 +405,7 @@ def run_steps(
         progress = Progress(f"{label} warm-up", warmup)
         for i in range(warmup):
             session.run(target, feed_dict=feeds)
+            interrupts.check()
             progress.step(i + 1)
     options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
     timed = []
@@ -418,6 +419,7 @@ def run_steps(
             t0 = time.perf_counter()
             session.run(target, feed_dict=feeds)
             timed.append(time.perf_counter() - t0)
+        interrupts.check()
         progress.step(step)
     return timed
 

@@ -2,8 +2,10 @@
 
 TensorFlow's `Session.run` parses feed and fetch names under a bare `except:`; a Ctrl-C that
 lands there comes out as a `TypeError` ("Cannot interpret feed_dict key as Tensor"), and the
-command would report a bug and exit 1 instead of 130. Inside `recording()`, SIGINT still raises
-`KeyboardInterrupt` and is also remembered, so the command's top level can ask `was_interrupted`.
+command would report a bug and exit 1 instead of 130; one that lands in its C++ code can be
+printed as a `SystemError` and dropped, and a step loop would go on. Inside `recording()`, SIGINT
+still raises `KeyboardInterrupt` and is also remembered: the command's top level asks
+`was_interrupted`, and loops call `check()` between steps.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["recording", "was_interrupted"]
+__all__ = ["check", "recording", "was_interrupted"]
 
 _pressed = threading.Event()
 
@@ -42,3 +44,10 @@ def recording() -> Iterator[None]:
 def was_interrupted(error: BaseException) -> bool:
     """Whether `error` is, or came out of, a Ctrl-C pressed inside `recording()`."""
     return isinstance(error, KeyboardInterrupt) or _pressed.is_set()
+
+
+def check() -> None:
+    """Raise `KeyboardInterrupt` if Ctrl-C was pressed inside `recording()`: between the steps of
+    a loop, so that a press that a library swallowed still stops it."""
+    if _pressed.is_set():
+        raise KeyboardInterrupt

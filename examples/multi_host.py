@@ -71,6 +71,7 @@ def _train(args: argparse.Namespace, target: str) -> None:
         for step in range(args.steps):
             started = time.perf_counter()
             loss, _ = sess.run([model.loss, train_op], feed_dict=model.feeds)
+            interrupts.check()  # a Ctrl-C that TensorFlow printed and dropped still stops the loop
             seconds.append(time.perf_counter() - started)
             print(f"step {step}: loss {loss:.4f}, {1000 * seconds[-1]:.1f} ms"
                   + (" (profiled and placed first)" if step == 0 else ""), flush=True)

@@ -99,3 +99,22 @@ def test_cli_exits_130_when_ctrl_c_comes_out_as_another_exception(monkeypatch, c
     monkeypatch.setattr(cli, "run", bug)
     with pytest.raises(TypeError, match="a real bug"):  # a bug is not reported as Ctrl-C
         cli.main(["place-json", str(tmp_path / "g.json")])
+
+
+def test_a_swallowed_ctrl_c_stops_the_loop_at_the_next_check():
+    from baechi_tf import interrupts
+
+    steps = 0
+    with interrupts.recording():
+        interrupts.check()  # nothing pressed: no effect
+        with pytest.raises(KeyboardInterrupt):
+            for steps in range(1, 10):
+                try:  # what TF's C++ code does to a Ctrl-C: print it as a SystemError, go on
+                    os.kill(os.getpid(), signal.SIGINT)
+                    signal.sigtimedwait([], 0)
+                except KeyboardInterrupt:
+                    pass
+                interrupts.check()
+    assert steps == 1
+    with interrupts.recording():
+        interrupts.check()  # a new run starts clean

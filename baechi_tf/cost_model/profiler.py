@@ -32,6 +32,7 @@ import logging
 import re
 from typing import Any, Optional, Sequence
 
+from baechi_tf import interrupts
 from baechi_tf.cost_model.profile import (
     CostProfile,
     OpCost,
@@ -202,11 +203,13 @@ def profile_fetch(
         graph_def = session.graph.as_graph_def()
     for _ in range(warmup_steps):
         session.run(fetches, feed_dict=feed_dict)
+        interrupts.check()
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     traces = []
     for _ in range(traced_steps):
         metadata = tf.compat.v1.RunMetadata()
         session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
+        interrupts.check()
         traces.append(metadata.step_stats)
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, graph_def, tf_version=tf.__version__), session.graph
