@@ -104,13 +104,14 @@ def _finish(graph: OpGraph, uf: _UnionFind, candidates: dict[int, set[str]]) -> 
     names = tuple(_shortest(n) for n in names_of)
     group_of.setflags(write=False)
     groups = Groups(group_of, names)
-    _check_pins(graph, groups)
+    _group_pins(graph, groups)  # raises on a group pinned to two devices
     return groups
 
 
-def _check_pins(graph: OpGraph, groups: Groups) -> None:
-    """Raises unless the pins of each group can all name one device (`merged_device_name`: two
-    spellings of one device, such as '/device:GPU:0' and 'GPU:0', are not a conflict)."""
+def _group_pins(graph: OpGraph, groups: Groups) -> dict[int, str]:
+    """The device each pinned group is pinned to, its pins merged (`merged_device_name`: two
+    spellings of one device, such as '/device:GPU:0' and 'GPU:0', are one pin, the more specific
+    kept); `InvalidGraphError` when a group's pins name two devices."""
     pinned: dict[int, int] = {}  # group -> the op with its most specific pin so far
     for op, device in enumerate(graph.pinned_device):
         if device is None:
@@ -126,6 +127,7 @@ def _check_pins(graph: OpGraph, groups: Groups) -> None:
             )
         if both is device:  # merged_device_name returns one of its arguments, the more specific
             pinned[g] = op
+    return {g: graph.pinned_device[op] for g, op in pinned.items()}
 
 
 def colocation_groups(graph: OpGraph) -> Groups:
@@ -164,14 +166,9 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
     group_of = base.group_of.tolist()
     uf = _UnionFind(ng)
     names: dict[int, str] = dict(enumerate(base.names))
-    # The device each group is pinned to, its pins merged (the base groups passed `_check_pins`).
     # Coplacing is a preference, a pin a hard constraint: two groups pinned to different devices
-    # are never merged, or a valid graph would fail `_check_pins` below.
-    pin: dict[int, str] = {}
-    for op, device in enumerate(graph.pinned_device):
-        if device is not None:
-            g = group_of[op]
-            pin[g] = merged_device_name(pin[g], device) if g in pin else device
+    # are never merged, or a valid graph would fail the check of the merged groups below.
+    pin = _group_pins(graph, base)
     comps = _ComponentDag(graph, group_of, ng)
     for u in range(graph.num_ops):
         succ = graph.successors[u]

@@ -251,8 +251,9 @@ def _tails(graph: OpGraph) -> list[float]:
     return tail
 
 
-def _candidates(sim: _Simulation, pinned: set[int]) -> list[Move]:
-    """Moves worth trying first, from the critical path of the current schedule."""
+def _candidates(sim: _Simulation, pinned: Sequence[bool]) -> list[Move]:
+    """Moves worth trying first, from the critical path of the current schedule; none moves a
+    `pinned` group."""
     graph, cluster, groups = sim.graph, sim.cluster, sim.groups
     schedule = sim.schedule
     device_of = sim.device_of
@@ -267,7 +268,7 @@ def _candidates(sim: _Simulation, pinned: set[int]) -> list[Move]:
     seen: set[Move] = set()
 
     def add(move: Move) -> None:
-        if move not in seen and all(g not in pinned and a != b for g, a, b in move):
+        if move not in seen and all(not pinned[g] and a != b for g, a, b in move):
             seen.add(move)
             moves.append(move)
 
@@ -370,8 +371,7 @@ def refine(
     deadline = t0 + 10 * options.seconds + 5
     rng = random.Random(options.seed)
     is_pinned = pinned_group_devices(graph, cluster, groups) >= 0
-    pinned = set(np.flatnonzero(is_pinned).tolist())
-    pinned_mask = is_pinned.tolist()
+    pinned = is_pinned.tolist()
     tried = accepted = 0
     failed: set[Move] = set()  # moves that did not help since the last accepted one
     misses = 0  # random draws in a row that were already in `failed`
@@ -412,7 +412,7 @@ def refine(
         shares = [window_budget - half] + [half // k] * k if k else [window_budget]
         for start, share in zip(starts, shares):
             settings = _START_WINDOW_SETTINGS if start is sim else _WINDOW_SETTINGS
-            t, a = _balance(start, share, deadline, pinned_mask, options.seed, settings)
+            t, a = _balance(start, share, deadline, pinned, options.seed, settings)
             windows_tried += t
             windows_accepted += a
         work = sum(s.work for s in starts)
