@@ -135,11 +135,15 @@ def test_auto_with_fusion_and_coplace_places_a_tight_rnn():
     # RNN with 20 MiB devices: every candidate's simulation on the fused graph ran out of memory
     # and auto failed, while m-ETF and the packing (and auto's candidates, on the real graph) fit.
     graph, cluster = rnn(2, 4), Cluster.homogeneous(4, 20 * MiB)  # bench/quality_graphs.py's
+    makespan = {}
     for method in ("m_etf", "packed", "auto"):
         options = PlacementOptions(
             placement_method=method, placer_type="fusion", grouper="coplace", refine_seconds=0
         )
-        place(graph, cluster, options)
+        result = place(graph, cluster, options)  # raised InfeasiblePlacementError for auto
+        assert max(result.schedule.peak_memory_bytes) <= 20 * MiB
+        makespan[method] = result.makespan_us
+    assert makespan["auto"] <= min(makespan["m_etf"], makespan["packed"]) + 1e-6, makespan
 
 
 # ---------------------------------------------------------------- channels
