@@ -81,7 +81,7 @@ def _import_tensorflow_quietly() -> None:
 from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
-from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
+from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 
 # baechi_tf.models.MODEL_NAMES, without importing TensorFlow before the flags are parsed (so
@@ -711,13 +711,8 @@ def main(argv: list[str]) -> int:
                 return costgen(config, setup, session_config, target)
             return place_and_run(config, options, setup, session_config, target)
     except BaseException as e:  # every file is written whole or not at all (atomic_write)
-        if interrupts.was_interrupted(e):
-            print("train: interrupted; no partial file was written", file=sys.stderr)
-            return 130
-        if isinstance(e, BaechiError):
-            print(f"train: error: {e}", file=sys.stderr)
-            return 2
-        raise
+        return interrupts.exit_status(e, interrupted="train: interrupted; no partial file was written",
+                                      failed="train: error: ")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from baechi_tf import interrupts
-from baechi_tf.errors import BaechiError
+
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
 
@@ -175,13 +175,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with interrupts.recording():
             return importlib.import_module(args._module).run(args)
     except BaseException as e:
-        if interrupts.was_interrupted(e):
-            print(f"baechi {args.command}: interrupted; nothing was written", file=sys.stderr)
-            return 130
-        if isinstance(e, BaechiError):
-            print(f"baechi {args.command}: error: {e}", file=sys.stderr)
-            return 2
-        raise
+        prog = f"baechi {args.command}"
+        return interrupts.exit_status(e, interrupted=f"{prog}: interrupted; nothing was written",
+                                      failed=f"{prog}: error: ")
 
 
 if __name__ == "__main__":

@@ -5,17 +5,21 @@ lands there comes out as a `TypeError` ("Cannot interpret feed_dict key as Tenso
 command would report a bug and exit 1 instead of 130; one that lands in its C++ code can be
 printed as a `SystemError` and dropped, and a step loop would go on. Inside `recording()`, SIGINT
 still raises `KeyboardInterrupt` and is also remembered: the command's top level asks
-`was_interrupted`, and loops call `check()` between steps.
+`was_interrupted` (or `exit_status`, which also reports errors), and loops call `check()`
+between steps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Iterator
 
-__all__ = ["check", "recording", "was_interrupted"]
+from baechi_tf.errors import BaechiError
+
+__all__ = ["check", "exit_status", "recording", "was_interrupted"]
 
 _pressed = threading.Event()
 
@@ -51,3 +55,20 @@ def check() -> None:
     a loop, so that a press that a library swallowed still stops it."""
     if _pressed.is_set():
         raise KeyboardInterrupt
+
+
+def exit_status(error: BaseException, *, interrupted: str, failed: str) -> int:
+    """A command's exit status for what stopped it, its one line on stderr: 130 and `interrupted`
+    for a Ctrl-C (`was_interrupted`), 2 and `failed` followed by the message for a
+    `BaechiError`. Anything else is a bug and is raised again. For the top level::
+
+        except BaseException as e:
+            return interrupts.exit_status(e, interrupted="...", failed="prog: error: ")
+    """
+    if was_interrupted(error):
+        print(interrupted, file=sys.stderr, flush=True)
+        return 130
+    if isinstance(error, BaechiError):
+        print(f"{failed}{error}", file=sys.stderr, flush=True)
+        return 2
+    raise error

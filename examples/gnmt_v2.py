@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from baechi_tf import BaechiError, BaechiSession, PlacementOptions  # noqa: E402
+from baechi_tf import BaechiSession, PlacementOptions, interrupts  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 
 tf1 = tf.compat.v1
@@ -87,6 +87,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             loss, _ = sess.run([spec.loss, train_op], feed_dict=spec.feeds)
             times.append(time.perf_counter() - t0)
+            interrupts.check()  # a Ctrl-C that TensorFlow printed and dropped still stops here
             print(f"step {step}: loss {loss:.3f}, {1e3 * times[-1]:.1f} ms", flush=True)
     if times:
         print(f"average step time {1e3 * sum(times) / len(times):.1f} ms over {len(times)} "
@@ -94,9 +95,14 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def _main() -> int:
     try:
-        sys.exit(main())
-    except BaechiError as e:
-        print(f"gnmt_v2: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        # TensorFlow can turn a Ctrl-C into another exception; `interrupts` still knows it was one.
+        with interrupts.recording():
+            return main()
+    except BaseException as e:
+        return interrupts.exit_status(e, interrupted="gnmt_v2: interrupted", failed="gnmt_v2: error: ")
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

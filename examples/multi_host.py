@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from baechi_tf import BaechiError, BaechiSession, CommCost, interrupts  # noqa: E402
+from baechi_tf import BaechiSession, CommCost, interrupts  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.rewriter.distributed import placement_by_host, start_local_workers  # noqa: E402
@@ -102,13 +102,7 @@ def main(argv=None) -> int:
         print("workers stopped", flush=True)
         return 0
     except BaseException as e:
-        if interrupts.was_interrupted(e):
-            print("interrupted: workers stopped", file=sys.stderr, flush=True)
-            return 130
-        if isinstance(e, BaechiError):
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return 2
-        raise
+        return interrupts.exit_status(e, interrupted="interrupted: workers stopped", failed="error: ")
 
 
 if __name__ == "__main__":

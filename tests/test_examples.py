@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -9,11 +10,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "/job:localhost/replica:0/task:0"
 
 
+TINY = ["--batch_size=4", "--vocab_size=40", "--max_seq_length=3", "--rnn_units=8",
+        "--num_layers=2", "--num_devices=4", "--profile_steps=1", "--learning_rate=0.01"]
+
+
 def test_gnmt_v2_example_places_and_trains():
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), "--batch_size=4",
-         "--vocab_size=40", "--max_seq_length=3", "--rnn_units=8", "--num_layers=2",
-         "--num_devices=4", "--steps=4", "--profile_steps=1", "--learning_rate=0.01"],
+        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, "--steps=4"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
@@ -31,3 +34,28 @@ def test_gnmt_v2_example_places_and_trains():
     assert losses[-1] < float(first.group(1))  # it trains
     assert re.search(r"^average step time [0-9.]+ ms over 4 steps; simulated [0-9.]+ ms$", out,
                      re.M), out
+
+
+def test_gnmt_v2_example_stops_on_ctrl_c_with_one_line():
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, "--steps=100000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        # A shell running the tests in the background may ignore SIGINT, which children inherit.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        seen = ""
+        while not re.search(r"^step 1: ", seen, re.M):  # placed, and training
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, seen + err
+    assert err.strip().splitlines()[-1] == "gnmt_v2: interrupted", err
+    assert "Traceback" not in err, err

@@ -118,3 +118,18 @@ def test_a_swallowed_ctrl_c_stops_the_loop_at_the_next_check():
     assert steps == 1
     with interrupts.recording():
         interrupts.check()  # a new run starts clean
+
+
+def test_exit_status_gives_one_line_per_outcome_and_raises_a_bug(capsys):
+    from baechi_tf import interrupts
+    from baechi_tf.errors import ConfigError
+
+    lines = dict(interrupted="prog: interrupted", failed="prog: error: ")
+    with interrupts.recording():  # starts clean: no Ctrl-C of an earlier test is remembered
+        assert interrupts.exit_status(ConfigError("--steps must be positive"), **lines) == 2
+        assert capsys.readouterr().err == "prog: error: --steps must be positive\n"
+        with pytest.raises(ValueError, match="a bug"):
+            interrupts.exit_status(ValueError("a bug"), **lines)
+        assert capsys.readouterr().err == ""
+        assert interrupts.exit_status(KeyboardInterrupt(), **lines) == 130
+        assert capsys.readouterr().err == "prog: interrupted\n"
