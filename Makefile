@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-optimality clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -23,5 +23,15 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/placement_scaling.py
 
+# OR-Tools pins an older protobuf than TensorFlow's: CP-SAT gets an environment of its own.
+CP_VENV := .venv-cp
+$(CP_VENV)/.installed:
+	$(PYTHON) -m venv $(CP_VENV)
+	$(CP_VENV)/bin/pip install --quiet --disable-pip-version-check ortools==9.11.4210 numpy scipy
+	touch $@
+
+bench-optimality: $(CP_VENV)/.installed
+	$(CP_VENV)/bin/python bench/optimality.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CP_VENV) build *.egg-info
