@@ -40,9 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 try:
     from ortools.sat.python import cp_model
-except ImportError:
-    sys.exit("bench/optimality.py needs OR-Tools: run it with `make bench-optimality`, which "
-             "installs it into .venv-cp (beside TensorFlow's protobuf it cannot install)")
+except ImportError:  # reported by main, after --help
+    cp_model = None
 
 from baechi_tf.cluster import Cluster  # noqa: E402
 from baechi_tf.errors import InfeasiblePlacementError  # noqa: E402
@@ -160,6 +159,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="CP-SAT threads (default: %(default)s)")
     parser.add_argument("--refine_seconds", type=float, default=3.0, help="auto's refinement (default: %(default)s)")
     args = parser.parse_args()
+    if cp_model is None:
+        parser.exit(2, "bench/optimality.py needs OR-Tools: run it with `make bench-optimality`, which "
+                       "installs it into .venv-cp (beside TensorFlow's protobuf it cannot install)\n")
     wanted = [g for g in args.graphs.split(",") if g]
     known = {name: (graph, cluster) for name, graph, cluster in cases()}
     unknown = [g for g in wanted if g not in known]
