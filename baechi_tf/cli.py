@@ -19,7 +19,6 @@ from typing import Optional, Sequence
 
 from baechi_tf import interrupts
 
-
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
 
 # name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int,
