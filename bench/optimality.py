@@ -22,6 +22,7 @@ OR-Tools pins an older protobuf than TensorFlow's, so it runs in its own environ
 
     make bench-optimality            # makes .venv-cp, then runs this with its defaults
     .venv-cp/bin/python bench/optimality.py [--graphs rnn-4x20,...] [--seconds 60]
+    .venv-cp/bin/python bench/optimality.py --check_model --seconds 60   # the claim above
 """
 
 from __future__ import annotations
@@ -135,6 +136,16 @@ class RelaxedModel:
                 self.model.AddHint(self.on[v][rename[e]], int(d == e))
             self.model.AddHint(self.start[v], _ticks(float(schedule.start_us[v])))
 
+    def fix(self, schedule: Schedule) -> None:
+        """Pins the placement and the starts to `schedule`'s (for --check_model)."""
+        device = schedule.placement.device_of.tolist()
+        rename = {device[self.first]: 0}
+        for d in range(self.num_devices):
+            rename.setdefault(d, len(rename))
+        for v, d in enumerate(device):
+            self.model.Add(self.on[v][rename[d]] == 1)
+            self.model.Add(self.start[v] == _ticks(float(schedule.start_us[v])))
+
     def solve(self, seconds: float, workers: int):
         """(status name, best makespan us, proven bound us, best placement or None, seconds)."""
         solver = cp_model.CpSolver()
@@ -151,6 +162,33 @@ class RelaxedModel:
                 solver.BestObjectiveBound() / TICKS_PER_US, placement, took)
 
 
+def check_model(wanted: list[str], known: dict, seconds: float, workers: int) -> int:
+    """Pins the model to simulated schedules (all on one device, a seeded random placement, ops
+    striped over the devices): each must be a solution, or the proven bounds mean nothing."""
+    rng = np.random.default_rng(0)
+    infeasible = 0
+    print("simulated schedules pinned in the model (each must be a solution):")
+    for name in wanted:
+        graph, cluster = known[name]
+        n, k = graph.num_ops, cluster.num_devices
+        tries = {"one device": np.zeros(n), "random": rng.integers(0, k, n), "striped": np.arange(n) // 3 % k}
+        for label, device in tries.items():
+            try:
+                schedule = simulate(graph, cluster, Placement(device_of=device.astype(np.int32), method=label))
+            except InfeasiblePlacementError:
+                print(f"  {name:<18}{label:<12}does not fit")
+                continue
+            model = RelaxedModel(graph, cluster)
+            model.fix(schedule)
+            status, best, _, _, took = model.solve(seconds, workers)
+            infeasible += status == "INFEASIBLE"
+            print(f"  {name:<18}{label:<12}{status:<11}simulated {schedule.makespan_us:.1f} us, "
+                  f"model {best:.1f} us ({took:.1f} s)", flush=True)
+    if infeasible:
+        print(f"CHECK FAILED: {infeasible} simulated schedule(s) are not solutions of the model")
+    return 1 if infeasible else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--graphs", default=",".join(SMALL),
@@ -158,6 +196,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=180.0, help="CP-SAT time per graph (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2, help="CP-SAT threads (default: %(default)s)")
     parser.add_argument("--refine_seconds", type=float, default=3.0, help="auto's refinement (default: %(default)s)")
+    parser.add_argument("--check_model", action="store_true",
+                        help="instead of solving, check that simulated schedules are solutions of the model "
+                             "(--seconds each; UNKNOWN: ran out of time, not a failure)")
     args = parser.parse_args()
     if cp_model is None:
         parser.exit(2, "bench/optimality.py needs OR-Tools: run it with `make bench-optimality`, which "
@@ -167,6 +208,8 @@ def main() -> int:
     unknown = [g for g in wanted if g not in known]
     if unknown:
         parser.error(f"unknown graph(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    if args.check_model:
+        return check_model(wanted, known, args.seconds, args.workers)
     print(f"CP-SAT {args.seconds:g} s per graph on {args.workers} threads; all figures are makespan / "
           "lower bound (bench/quality.py's)")
     header = (f"{'graph':<18}{'ops':>5}{'m_etf':>8}{'auto':>8}{'cp best':>9}{'cp placed':>11}"
