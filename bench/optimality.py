@@ -125,26 +125,28 @@ class RelaxedModel:
         m.Add(self.on[self.first][0] == 1)
         m.Minimize(self.makespan)
 
-    def hint(self, schedule: Schedule) -> None:
-        """Starts the search from a simulated schedule (devices renamed so the first op is on 0)."""
+    def _each_op(self, schedule: Schedule):
+        """(op, its device, its start in ticks) of `schedule`, devices renamed so that the first
+        op is on 0, as the model has it."""
         device = schedule.placement.device_of.tolist()
         rename = {device[self.first]: 0}
         for d in range(self.num_devices):
             rename.setdefault(d, len(rename))
         for v, d in enumerate(device):
+            yield v, rename[d], _ticks(float(schedule.start_us[v]))
+
+    def hint(self, schedule: Schedule) -> None:
+        """Starts the search from a simulated schedule."""
+        for v, d, start in self._each_op(schedule):
             for e in range(self.num_devices):
-                self.model.AddHint(self.on[v][rename[e]], int(d == e))
-            self.model.AddHint(self.start[v], _ticks(float(schedule.start_us[v])))
+                self.model.AddHint(self.on[v][e], int(d == e))
+            self.model.AddHint(self.start[v], start)
 
     def fix(self, schedule: Schedule) -> None:
         """Pins the placement and the starts to `schedule`'s (for --check_model)."""
-        device = schedule.placement.device_of.tolist()
-        rename = {device[self.first]: 0}
-        for d in range(self.num_devices):
-            rename.setdefault(d, len(rename))
-        for v, d in enumerate(device):
-            self.model.Add(self.on[v][rename[d]] == 1)
-            self.model.Add(self.start[v] == _ticks(float(schedule.start_us[v])))
+        for v, d, start in self._each_op(schedule):
+            self.model.Add(self.on[v][d] == 1)
+            self.model.Add(self.start[v] == start)
 
     def solve(self, seconds: float, workers: int):
         """(status name, best makespan us, proven bound us, best placement or None, seconds)."""
