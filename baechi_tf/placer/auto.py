@@ -56,8 +56,8 @@ def place_auto(
     options: AutoOptions = AutoOptions(),
 ) -> AutoResult:
     """Runs `placers` (name, thunk) in order, keeps the best simulated one, refines it."""
-    best: Optional[tuple[float, str, Placement, Schedule]] = None
-    made: list[tuple[float, int, Schedule]] = []  # (makespan, order, schedule) of every success
+    best: Optional[tuple[str, Schedule]] = None  # (placer, its simulated schedule)
+    made: list[Schedule] = []  # every success, in the placers' order
     candidates: dict[str, Optional[float]] = {}
     first_error: Optional[BaechiError] = None
     for name, thunk in placers:
@@ -72,14 +72,15 @@ def place_auto(
             first_error = first_error or e
             continue
         candidates[name] = schedule.makespan_us
-        made.append((schedule.makespan_us, len(made), schedule))
+        made.append(schedule)
         log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
-        if best is None or schedule.makespan_us < best[0]:
-            best = (schedule.makespan_us, name, placement, schedule)
+        if best is None or schedule.makespan_us < best[1].makespan_us:
+            best = (name, schedule)
     if best is None:
         assert first_error is not None
         raise first_error
-    _, winner, placement, schedule = best
+    winner, schedule = best
+    placement = schedule.placement
     stats = None
     if options.refine.seconds > 0 and simulation_work(graph) > work_budget(options.refine.seconds):
         # Refinement starts with a full simulation; one that alone overruns the budget would
@@ -93,7 +94,7 @@ def place_auto(
         )
     elif options.refine.seconds > 0:
         others: list[Schedule] = []  # distinct runners-up, best first
-        for _, _, s in sorted(made, key=lambda m: m[:2]):
+        for s in sorted(made, key=lambda m: m.makespan_us):  # stable: ties in the placers' order
             p = s.placement
             if not p.same_as(placement) and not any(p.same_as(q.placement) for q in others):
                 others.append(s)
