@@ -5,7 +5,8 @@ bench/profiles/*.json when present) every method places it; the table prints mak
 the lower bound (`simulator.lower_bound_us`: max(critical path, total compute / devices), summed
 phase by phase where cut ops split the graph, or a longest path that pays for the copies no
 placement that keeps TF colocation groups together avoids, or the energetic bounds of the graph
-and of its phases, whichever is more), the single-device makespan over the same bound
+and of its phases, or the lesser of one device per connected part and the cheapest split,
+whichever is more), the single-device makespan over the same bound
 ("-" when the graph does not fit one device, as under a method that does not apply to a graph),
 and checks that auto is no worse than the best single method and than one device when the graph
 fits there.

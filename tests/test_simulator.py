@@ -251,6 +251,53 @@ def test_lower_bound_pays_for_unavoidable_communication():
     assert lower_bound_us(g, graphs.cluster(1, comm=CommCost(0.5, 20))) == 210
 
 
+def _square(extra_us=0.0):
+    """a, b (100 us) each feed c and d (10 us) 1 MiB: no op is a cut op, and at the default cost
+    a copy (318 us) takes longer than the 100 us a second device saves; with `extra_us`, a lone
+    op x apart from them."""
+    b = OpGraphBuilder()
+    for name, us in [("a", 100), ("b", 100), ("c", 10), ("d", 10)]:
+        b.add_op(name, us, [1 << 20])
+    for u in "ab":
+        for v in "cd":
+            b.add_edge(u, v)
+    if extra_us:
+        b.add_op("x", extra_us, [4], colocation=("a",))
+    return b.build()
+
+
+def test_lower_bound_is_one_device_where_every_split_costs_more():
+    # Kept whole, the square runs its 220 us on one device. Split, some copy a|b -> c|d of
+    # 318 us lies between 100 and 10 us of compute: 428 us. The bound is the lesser, 220 (the
+    # heads alone give 210: c waits for a and b run one after the other).
+    g = _square()
+    for k in (2, 4):
+        c = graphs.cluster(k)
+        assert lower_bound_us(g, c) == 220 == single_device_schedule(g, c).makespan_us
+        assert _best_makespan(g, c) == 220
+    # x apart is a second part: kept parts take at least the largest part's 220 us, which
+    # x on another device reaches; x colocated with a joins a's part, and only 270 is left.
+    g = _square(extra_us=50)
+    c = graphs.cluster(2)
+    assert lower_bound_us(g, c) == 220 == _best_makespan(g, c)
+    groups = colocation_groups(g)
+    assert lower_bound_us(g, c, groups=groups) == 270 == _best_makespan(g, c, groups)
+    assert simulate(g, c, place(g, [0, 0, 0, 0, 1])).makespan_us == 220
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lower_bound_never_beats_a_placement_that_pays_for_copies(seed):
+    # Copies of 1 kB to 3 MB at 0, 20 or 134 us a message: splitting a pair may or may not pay.
+    g = graphs.random_dag(
+        seed, 3 + seed % 4, edge_prob=0.1 + 0.1 * (seed % 5), max_bytes=[1000, 100_000, 3_000_000][seed % 3],
+        group_prob=0.3 if seed % 2 else 0.0,
+    )
+    c = graphs.cluster(2 + seed % 2, comm=CommCost(0.0001754, [0, 20, 134][seed % 3]))
+    groups = colocation_groups(g)
+    assert _best_makespan(g, c) >= lower_bound_us(g, c) - 1e-6
+    assert _best_makespan(g, c, groups) >= lower_bound_us(g, c, groups=groups) - 1e-6
+
+
 def test_lower_bound_past_the_exact_local_sets():
     # 200 sources of 1 us into v (1 us); source i sends 2 * (200 - i) bytes, 300 - i us at
     # CommCost(0.5, 100). With the k sources that arrive last (sorted by 1 + comm, descending)

@@ -31,7 +31,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph, csr
-from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.grouping import Groups, _UnionFind
 from baechi_tf.placer.list_scheduler import FixedPolicy, run_list_scheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 
@@ -81,7 +81,11 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
       J(L) is the end of L run one at a time, none before its head, and comm(u, v) the least
       intercept plus the least slope times the bytes, summed over the edges u -> v; tail is the
       same on the reversed graph;
-    - on more than one device, the energetic bound of the whole graph with those heads and tails.
+    - on more than one device, the energetic bound of the whole graph with those heads and tails;
+    - on more than one device, the lesser of keeping and splitting (`_keep_or_split_us`): a
+      placement that keeps each connected part of the graph on one device takes at least the
+      compute of the largest part, one that splits a pair u -> v takes at least head(u) +
+      compute(u) + comm(u, v) + compute(v) + tail(v).
 
     Without `groups` it bounds every placement. With `groups` (TF's colocation groups,
     `colocation_groups`, are the ones every accepted placement keeps; heuristic groupings such as
@@ -101,7 +105,43 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
         head, tail = heads_tails
         bounds.append(float((head + compute + tail).max()))
         bounds.append(_energetic_us(compute, head, tail, cluster.num_devices))
+        bounds.append(_keep_or_split_us(graph, pairs, head, tail, groups))
     return max(bounds)
+
+
+def _keep_or_split_us(
+    graph: OpGraph,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    head: np.ndarray,
+    tail: np.ndarray,
+    groups: Optional[Groups],
+) -> float:
+    """min(the compute of the largest part, the least split pair's path), a bound of every
+    placement (with `groups`, of those that keep each group on one device).
+
+    Either no pair (`_pair_comm`) has its ends on two devices: then each part (a weakly connected
+    component of the graph, parts joined by a group counting as one) is on one device, which
+    runs all of its ops one after the other. Or some pair u -> v has: v starts no earlier than u
+    ends plus comm(u, v), so the step takes at least head(u) + compute(u) + comm(u, v) +
+    compute(v) + tail(v) (`_comm_heads_tails`). A pair inside a group is never split. On graphs
+    whose copies cost more than the parallelism saves, this is where the bound meets the one-device
+    makespan.
+    """
+    src, dst, comm = pairs
+    compute = graph.compute_us.astype(np.float64)
+    n = graph.num_ops
+    through = head[src] + compute[src] + comm + compute[dst] + tail[dst]
+    parts = _UnionFind(n + (groups.num_groups if groups is not None else 0))
+    for u, v in zip(src.tolist(), dst.tolist()):
+        parts.union(u, v)
+    if groups is not None:
+        through = through[groups.group_of[src] != groups.group_of[dst]]
+        for op, group in enumerate(groups.group_of.tolist()):  # a group's ops are in one part
+            parts.union(op, n + group)
+    split_us = float(through.min()) if through.size else math.inf
+    part = np.array([parts.find(op) for op in range(n)])
+    keep_us = float(np.bincount(part, weights=compute).max())
+    return min(keep_us, split_us)
 
 
 def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
