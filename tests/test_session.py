@@ -125,6 +125,27 @@ def test_reference_variables_train_the_same():
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("use_resource", [True, False])
+def test_variables_are_fetched_like_a_session_does(use_resource):
+    # A variable stands for its value, alone or inside a structure; it once crashed on
+    # `element() or x`, which asks a graph tensor for a truth value.
+    g = tf.Graph()
+    with g.as_default():
+        v = tf.compat.v1.get_variable(
+            "v", [2], initializer=tf.compat.v1.constant_initializer([1.0, 2.0]), use_resource=use_resource
+        )
+        bump = tf.compat.v1.assign_add(v, [10.0, 20.0])
+        init = tf.compat.v1.global_variables_initializer()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(init)
+        np.testing.assert_array_equal(sess.run(v), [1.0, 2.0])
+        sess.run(bump)
+        got = sess.run({"value": v, "pair": (v, [v])})
+    np.testing.assert_array_equal(got["value"], [11.0, 22.0])
+    np.testing.assert_array_equal(got["pair"][0], [11.0, 22.0])
+    np.testing.assert_array_equal(got["pair"][1][0], [11.0, 22.0])
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

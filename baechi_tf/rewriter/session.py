@@ -383,8 +383,10 @@ class BaechiSession:
         if isinstance(x, str):
             return x
         element = getattr(x, "_as_graph_element", None)
-        if callable(element):
-            x = element() or x
+        if callable(element):  # a variable stands for its value
+            found = element()
+            if found is not None:  # not `element() or x`: a graph tensor has no truth value
+                x = found
         if isinstance(x, (tf.Tensor, tf.Operation)):
             if x.graph is not self._graph:
                 raise ValueError(f"{x.name!r} is not an element of this session's graph")
