@@ -146,6 +146,36 @@ def test_variables_are_fetched_like_a_session_does(use_resource):
     np.testing.assert_array_equal(got["pair"][1][0], [11.0, 22.0])
 
 
+def test_with_block_makes_it_the_default_session_as_a_session_does():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        v = tf.compat.v1.get_variable("v", [2], initializer=tf.compat.v1.ones_initializer())
+        y = v * x
+        bump = tf.group(tf.compat.v1.assign_add(v, [1.0, 1.0]))
+        init = tf.compat.v1.global_variables_initializer()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        # tensor.eval() and op.run() find it, and ops built in the block join its graph.
+        assert tf.compat.v1.get_default_session() is sess
+        assert tf.compat.v1.get_default_graph() is g
+        init.run()
+        np.testing.assert_array_equal(y.eval(feed_dict={x: [2.0, 3.0]}), [2.0, 3.0])
+        bump.run()
+        z = tf.identity(y, name="z")
+        np.testing.assert_array_equal(sess.run(z, {x: [2.0, 3.0]}), [4.0, 6.0])
+        with pytest.raises(RuntimeError, match="not re-entrant"):
+            sess.__enter__()
+    assert tf.compat.v1.get_default_session() is None
+    assert tf.compat.v1.get_default_graph() is not g
+    other = BaechiSession(graph=g, num_devices=2, **fast())
+    try:
+        with g.as_default(), other.as_default():  # as_default leaves the graph alone, as TF's
+            init.run()  # a new session: its own variables
+            np.testing.assert_array_equal(v.eval(), [1.0, 1.0])
+    finally:
+        other.close()
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

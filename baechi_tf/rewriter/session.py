@@ -38,6 +38,7 @@ queues and random number generators starts afresh in each placed session.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Optional
 
@@ -281,6 +282,7 @@ class BaechiSession:
         self._covered: set[str] = set()
         self._ready: set[tuple] = set()
         self._closed = False
+        self._defaults: Optional[contextlib.ExitStack] = None  # what `with` made the defaults
         self.placement: Optional[PlacementReport] = None
 
     # ------------------------------------------------------------------ Session look-alike
@@ -365,11 +367,33 @@ class BaechiSession:
         if self._user_session is not None:
             self._user_session.close()
 
+    def as_default(self) -> Any:
+        """A context manager that makes this object the thread's default session, as
+        `Session.as_default` does: ``tensor.eval()`` and ``op.run()`` inside it run placed."""
+        from tensorflow.python.framework import stack  # what Session.as_default returns
+
+        return stack.default_session(self)
+
     def __enter__(self) -> "BaechiSession":
+        # As with a Session, the graph and this object are the defaults inside the block.
+        if self._defaults is not None:
+            raise RuntimeError(
+                "BaechiSession context managers are not re-entrant; use as_default() to make it "
+                "the default session again"
+            )
+        with contextlib.ExitStack() as defaults:
+            defaults.enter_context(self._graph.as_default())
+            defaults.enter_context(self.as_default())
+            self._defaults = defaults.pop_all()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        defaults, self._defaults = self._defaults, None
+        try:
+            if defaults is not None:
+                defaults.__exit__(*exc)
+        finally:
+            self.close()
 
     # ------------------------------------------------------------------ internals
 
