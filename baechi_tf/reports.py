@@ -109,7 +109,8 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     single_device_makespan_us (None when the graph does not fit one device), placement_seconds,
     step_seconds, devices (per device: name, ops, compute_us, peak_memory_bytes, capacity_bytes),
     num_transfers, transfer_bytes, critical_path (op names, first to last), critical_path_us
-    (compute time of its ops), candidates (``auto``: makespan per placer it ran, else None).
+    (compute time of its ops), candidates (``auto``: makespan per placer it ran, null for one
+    that failed or that auto stopped as too slow to be of use; else None).
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     if critical is None:

@@ -1,10 +1,11 @@
-"""Seeded layered graphs, the shape of unrolled models: layers of ops reading the layer before."""
+"""Seeded layered graphs, the shape of unrolled models: layers of ops reading the layer before;
+and fan-out graphs, thousands of small ops ready at once."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from baechi_tf.graph import OpGraph
+from baechi_tf.graph import OpGraph, OpGraphBuilder
 
 
 def layered_graph(num_ops: int, seed: int = 0, width: int = 0) -> OpGraph:
@@ -31,3 +32,21 @@ def layered_graph(num_ops: int, seed: int = 0, width: int = 0) -> OpGraph:
         edge_dst=dst,
         edge_src_output=[0] * len(src),
     )
+
+
+def fan_out_graph(num_ops: int) -> OpGraph:
+    """About `num_ops` ops: src (100 us, 4 KiB) and c{k} (1 us) feed m{k} (2 us, 4 KiB), then
+    m{k} -> r{k} (2 us) -> sink, for k < (num_ops - 2) // 3. Spread over devices, the copies
+    (134 us each at the default cost) queue on the channels while one device runs all of it in
+    5 us per k plus 105 us: the ready ops' start estimates go stale at every step.
+    """
+    b = OpGraphBuilder()
+    b.add_op("src", 100, [4096])
+    b.add_op("sink", 5, [4])
+    for k in range(max(1, (num_ops - 2) // 3)):
+        b.add_op(f"c{k}", 1, [4])
+        b.add_op(f"m{k}", 2, [4096])
+        b.add_op(f"r{k}", 2, [4])
+        for u, v in (("src", f"m{k}"), (f"c{k}", f"m{k}"), (f"m{k}", f"r{k}"), (f"r{k}", "sink")):
+            b.add_edge(u, v)
+    return b.build()

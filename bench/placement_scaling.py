@@ -1,10 +1,13 @@
-"""Placement time, peak memory and quality of each placer on seeded layered graphs.
+"""Placement time, peak memory and quality of each placer on seeded layered graphs, or on
+fan-out graphs (`--shape fan_out`: thousands of small ops ready at once, the copies queueing on
+the channels; `layered.fan_out_graph`).
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
 over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB.
 
     .venv/bin/python bench/placement_scaling.py [--sizes 1000,10000,100000] [--methods m_topo,m_etf]
+    .venv/bin/python bench/placement_scaling.py --shape fan_out --sizes 1200,2400,4800 --methods m_etf,auto
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def one(size: int, method: str) -> dict:
+def one(size: int, method: str, shape: str) -> dict:
     from baechi_tf.cluster import Cluster
     from baechi_tf.placer.grouping import make_groups
     from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
     from baechi_tf.placer.simulator import lower_bound_us, simulate
-    from layered import layered_graph
+    from layered import fan_out_graph, layered_graph
 
-    graph = layered_graph(size, seed=size)
+    graph = layered_graph(size, seed=size) if shape == "layered" else fan_out_graph(size)
     graph.validate()
     cluster = Cluster.homogeneous(4, 16 << 30)
     options = PlacementOptions(placement_method=method)
@@ -54,10 +57,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--methods", default="m_topo,m_etf")
+    parser.add_argument("--shape", choices=("layered", "fan_out"), default="layered")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(int(args.one[0]), args.one[1])))
+        print(json.dumps(one(int(args.one[0]), args.one[1], args.shape)))
         return
     header = f"{'ops':>7} {'edges':>7} {'method':>7} {'group s':>8} {'place s':>8} {'sim s':>7} {'RSS MiB':>8} {'makespan/LB':>11}"
     print(header)
@@ -65,7 +69,8 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         for method in args.methods.split(","):
             proc = subprocess.run(
-                [sys.executable, __file__, "--one", str(size), method], capture_output=True, text=True
+                [sys.executable, __file__, "--one", str(size), method, "--shape", args.shape],
+                capture_output=True, text=True,
             )
             if proc.returncode:
                 print(f"{size:>7} {'':>7} {method:>7}  failed: {proc.stderr.strip().splitlines()[-1]}")

@@ -1,6 +1,8 @@
 """Every placer: invariants on the catalogue and random graphs, exact answers, brute force."""
 
 import itertools
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +20,9 @@ from baechi_tf.placer import (
 )
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from invariants import assert_valid_schedule
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from layered import fan_out_graph  # noqa: E402
 
 # expert needs a model's own layout, layers numbered layer scopes (tests/test_layers.py has both)
 METHODS = sorted(set(PLACEMENT_METHODS) - {"expert", "layers"})
@@ -239,6 +244,25 @@ def test_auto_runs_the_coarse_group_placers_on_small_graphs_only(monkeypatch):
     large = place(graph, cluster, PlacementOptions(refine_seconds=0))
     assert not any("+coplace" in name for name in large.candidates)
     assert "m_etf" in large.candidates
+
+
+def test_auto_stops_only_placements_that_could_not_be_of_use():
+    # The placements of m-ETF, m-TOPO and the others end far later than one device's: auto stops
+    # them once their schedules pass what refinement could still use (and m-ETF's quadratic run
+    # with them). Each stopped method, run alone, is indeed that slow.
+    from baechi_tf.placer.refine import alternative_reach
+
+    graph, cluster = fan_out_graph(302), graphs.cluster(4)  # 100 fans
+    result = place(graph, cluster, PlacementOptions(refine_seconds=0.5))
+    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+    stopped = {m for m, us in result.candidates.items() if us is None}
+    assert {"m_topo", "m_etf", "m_sct"} <= stopped
+    best = min(us for us in result.candidates.values() if us is not None)
+    assert result.makespan_us <= best <= result.single_device_makespan_us == 5 * 100 + 105
+    reach = alternative_reach(graph, 0.5)
+    for m in stopped & set(PLACEMENT_METHODS):
+        alone = place(graph, cluster, PlacementOptions(placement_method=m))
+        assert alone.makespan_us > reach * best, m
 
 
 @pytest.mark.parametrize("seed", range(6))

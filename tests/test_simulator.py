@@ -51,6 +51,17 @@ def test_chain_on_one_device_is_the_sum():
     assert_valid_schedule(g, c, Groups.singletons(g), s)
 
 
+def test_a_cutoff_stops_a_simulation_only_once_an_op_would_start_after_it():
+    from baechi_tf.placer.list_scheduler import ScheduleCutOff
+
+    g = graphs.chain(4, compute_us=100, nbytes=1000)
+    c = graphs.cluster(2, comm=COMM)
+    placement = place(g, [0, 0, 1, 1])  # starts 0, 100, 310, 410
+    assert simulate(g, c, placement, cutoff_us=410).makespan_us == 510
+    with pytest.raises(ScheduleCutOff, match="start at 410.0 us, after the cutoff 409.0 us"):
+        simulate(g, c, placement, cutoff_us=409)
+
+
 def test_chain_split_pays_one_transfer():
     #  op0 op1 | op2 op3 ; 1000 bytes cross: 110 us
     g = graphs.chain(4, compute_us=100, nbytes=1000)

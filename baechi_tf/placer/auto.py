@@ -7,7 +7,9 @@ one with the lowest makespan (ties: the order above), and improves it with `refi
 also start its window balancing from the two best distinct runners-up) unless one simulation
 alone takes more than the refinement budget (then it warns and skips refinement). A placer that
 fails (no room, a solver error) is logged and skipped; when every placer failed, the first
-failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once.
+failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once. One device
+and the packing run first; a placement that is sure to end too late to win or to be balanced is
+stopped as soon as its schedule shows it (`place_auto`).
 
 Time: the sum of the placers' times plus the refinement budget.
 """
@@ -23,7 +25,16 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.refine import RefineOptions, RefineStats, refine, simulation_work, work_budget
+from baechi_tf.placer.list_scheduler import ScheduleCutOff
+from baechi_tf.placer.refine import (
+    MAX_ALTERNATIVES,
+    RefineOptions,
+    RefineStats,
+    alternative_reach,
+    refine,
+    simulation_work,
+    work_budget,
+)
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 
@@ -31,7 +42,10 @@ __all__ = ["AutoOptions", "AutoResult", "place_auto"]
 
 log = logging.getLogger(__name__)
 
-_ALTERNATIVES = 2  # runners-up that refinement may also start from
+# A placer's own list-scheduler run stops at twice the cutoff its simulation gets: m-ETF's run is
+# its placement's simulated schedule, m-SCT's holds devices for favourite children that the
+# simulation does not, so its simulation may end sooner than its run.
+_PLACER_SLACK = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +57,8 @@ class AutoOptions:
 class AutoResult:
     placement: Placement  # method: 'auto(<winner>)'
     schedule: Schedule
-    candidates: dict[str, Optional[float]]  # method -> simulated makespan, None when it failed
+    # method -> simulated makespan; None when it failed or was stopped (`place_auto`)
+    candidates: dict[str, Optional[float]]
     refine_stats: Optional[RefineStats]
 
 
@@ -51,35 +66,56 @@ def place_auto(
     graph: OpGraph,
     cluster: Cluster,
     groups: Groups,
-    placers: Sequence[tuple[str, Callable[[], Placement]]],
+    placers: Sequence[tuple[str, Callable[[float], Placement]]],
     *,
     options: AutoOptions = AutoOptions(),
+    run_first: Sequence[str] = (),
 ) -> AutoResult:
-    """Runs `placers` (name, thunk) in order, keeps the best simulated one, refines it."""
-    best: Optional[tuple[str, Schedule]] = None  # (placer, its simulated schedule)
-    made: list[Schedule] = []  # every success, in the placers' order
-    candidates: dict[str, Optional[float]] = {}
-    first_error: Optional[BaechiError] = None
-    for name, thunk in placers:
+    """Runs `placers` (name, thunk), keeps the best simulated one (ties: the first in `placers`),
+    refines it.
+
+    The placers named in `run_first` run first (cheap ones, whose makespan then bounds the
+    rest). Each thunk gets a cutoff for its own list-scheduler runs (twice the simulation's, see
+    `_PLACER_SLACK`; it may ignore it); a placement whose simulation passes `cutoff` times the
+    best makespan so far is stopped (`ScheduleCutOff`) and recorded as None: it could neither win
+    nor be a runner-up that refinement balances (`refine.alternative_reach`). On wide graphs
+    whose ready ops wait for copies over busy channels, a hopeless m-ETF run otherwise costs
+    time quadratic in the graph (`list_scheduler`).
+    """
+    refines = (
+        options.refine.seconds > 0
+        and cluster.num_devices > 1
+        and simulation_work(graph) <= work_budget(options.refine.seconds)
+    )
+    reach = alternative_reach(graph, options.refine.seconds) if refines else 1.0
+    best: Optional[tuple[int, Schedule]] = None  # (index in placers, its simulated schedule)
+    made: list[tuple[int, Schedule]] = []  # every success
+    candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
+    errors: dict[int, BaechiError] = {}  # failures by index in placers
+    order = sorted(range(len(placers)), key=lambda i: placers[i][0] not in run_first)
+    for i in order:
+        name, thunk = placers[i]
+        cutoff = reach * best[1].makespan_us if best is not None else math.inf
         try:
-            placement = thunk()
-            schedule = simulate(graph, cluster, placement)
+            placement = thunk(_PLACER_SLACK * cutoff)
+            schedule = simulate(graph, cluster, placement, cutoff_us=cutoff)
         except ConfigError:
             raise  # the input is wrong for every placer alike
+        except ScheduleCutOff as e:
+            log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, e, best[1].makespan_us)
+            continue
         except BaechiError as e:
             log.info("auto: %s failed: %s", name, e)
-            candidates[name] = None
-            first_error = first_error or e
+            errors[i] = e
             continue
         candidates[name] = schedule.makespan_us
-        made.append(schedule)
+        made.append((i, schedule))
         log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
-        if best is None or schedule.makespan_us < best[1].makespan_us:
-            best = (name, schedule)
+        if best is None or (schedule.makespan_us, i) < (best[1].makespan_us, best[0]):
+            best = (i, schedule)
     if best is None:
-        assert first_error is not None
-        raise first_error
-    winner, schedule = best
+        raise errors[min(errors)]  # the first placer's, whatever ran first
+    winner, schedule = placers[best[0]][0], best[1]
     placement = schedule.placement
     stats = None
     if options.refine.seconds > 0 and simulation_work(graph) > work_budget(options.refine.seconds):
@@ -94,12 +130,12 @@ def place_auto(
         )
     elif options.refine.seconds > 0:
         others: list[Schedule] = []  # distinct runners-up, best first
-        for s in sorted(made, key=lambda m: m.makespan_us):  # stable: ties in the placers' order
-            p = s.placement
+        for _, m in sorted(made, key=lambda m: (m[1].makespan_us, m[0])):  # ties: placers' order
+            p = m.placement
             if not p.same_as(placement) and not any(p.same_as(q.placement) for q in others):
-                others.append(s)
+                others.append(m)
         placement, schedule, stats = refine(
-            graph, cluster, groups, placement, options=options.refine, alternatives=others[:_ALTERNATIVES]
+            graph, cluster, groups, placement, options=options.refine, alternatives=others[:MAX_ALTERNATIVES]
         )
     final = Placement(placement.device_of, f"auto({winner})")
     return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats)

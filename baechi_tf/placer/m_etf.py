@@ -10,12 +10,15 @@ room for tensors later; m-ETF then runs again with part of each device kept free
 memory (25%, 50%, 75%) before it gives up. It runs on the shared list scheduler, so the placement's simulated
 schedule is exactly the schedule m-ETF built.
 
-Time: O((V + E) * D * log(V * D)) for V ops, E edges, D devices; memory O(V * D + E).
+Time: O((V + E) * D * log(V * D)) for V ops, E edges, D devices, plus the re-evaluations of the
+list scheduler's stale keys (see `list_scheduler`: up to quadratic on wide graphs whose ready ops
+all wait for copies over busy channels); memory O(V * D + E).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
@@ -31,6 +34,7 @@ class METFOptions:
     # Shares of each device that placing groups' persistent memory must leave free, tried in
     # turn when a run runs out of memory (greedy placement can fill devices with weights early).
     headrooms: tuple[float, ...] = HEADROOMS
+    cutoff_us: float = math.inf  # give up (ScheduleCutOff) once an op would start after this
 
 
 def place_m_etf(
@@ -39,5 +43,6 @@ def place_m_etf(
     """Places `graph` on `cluster` by m-ETF; `InfeasiblePlacementError` if every run runs out
     of memory (the first run's error is raised)."""
     return run_with_headroom(
-        graph, cluster, groups, EarliestStartPolicy, method="m_etf", headrooms=options.headrooms
+        graph, cluster, groups, EarliestStartPolicy, method="m_etf", headrooms=options.headrooms,
+        cutoff_us=options.cutoff_us,
     ).placement

@@ -27,6 +27,7 @@ every device when a reserved device considers it); memory O(V * D + E).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
@@ -53,6 +54,7 @@ class MSCTOptions:
     reduce_lp: bool = True  # solve the LP in exact pieces; False hands one LP to the solver
     max_lp_arcs: Optional[int] = None  # refuse (SolverError) an LP piece of more arcs; None: any
     lp_time_limit_s: Optional[float] = None  # per LP solve; 'auto' then falls back to the next solver
+    cutoff_us: float = math.inf  # give up (ScheduleCutOff) once an op would start after this
 
     def validate(self) -> None:
         if self.lp_solver not in SOLVERS:
@@ -185,7 +187,7 @@ def schedule_m_sct(
     child = favourite_children_of(graph, cluster, options).tolist()
     return run_with_headroom(
         graph, cluster, groups, lambda: FavouriteChildPolicy(child, cluster.num_devices),
-        method="m_sct",
+        method="m_sct", cutoff_us=options.cutoff_us,
     )
 
 

@@ -22,7 +22,7 @@ from baechi_tf.placer.fusion import FusedGraph, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
 from baechi_tf.placer.layers import find_layers, place_layers
-from baechi_tf.placer.m_etf import place_m_etf
+from baechi_tf.placer.m_etf import METFOptions, place_m_etf
 from baechi_tf.placer.m_topo import place_m_topo
 from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
@@ -93,23 +93,32 @@ def _run_auto(
     # The graph and groups the placers see, and the way back to `graph`'s ops.
     pgraph, pgroups = (fused.graph, fused.groups) if fused is not None else (graph, groups)
 
-    def lifted(thunk: Callable[[], Placement]) -> Callable[[], Placement]:
-        return thunk if fused is None else (lambda: fused.expand(thunk()))
+    def lifted(place: Callable[[Groups, float], Placement]) -> Callable[[float], Placement]:
+        """A thunk of auto's: a cutoff in, `place(pgroups, cutoff)` expanded to `graph`'s ops.
+        On the fused graph, whose times differ from the real graph's, nothing is cut off."""
+        if fused is None:
+            return lambda cutoff: place(pgroups, cutoff)
+        return lambda cutoff: fused.expand(place(pgroups, math.inf))
+
+    def method(m: str) -> Callable[[Groups, float], Placement]:
+        if m in _CUT_OFF:
+            return lambda g, cutoff: _METHODS[m](pgraph, cluster, g, options, cutoff)
+        return lambda g, cutoff: _METHODS[m](pgraph, cluster, g, options)
 
     names = [m for m in _PORTFOLIO if m in _METHODS]
-    thunks = [(m, lifted(lambda m=m: _METHODS[m](pgraph, cluster, pgroups, options))) for m in names]
+    thunks = [(m, lifted(method(m))) for m in names]
     stems = find_layers(pgraph, cluster.num_devices)  # found once, not again inside the placer
     if stems:
-        thunks.append(("layers", lifted(lambda: place_layers(pgraph, cluster, pgroups, stems=stems))))
+        thunks.append(("layers", lifted(lambda g, cutoff: place_layers(pgraph, cluster, g, stems=stems))))
     if options.expert:
-        thunks.append(("expert", lifted(lambda: _expert(pgraph, cluster, pgroups, options))))
+        thunks.append(("expert", lifted(lambda g, cutoff: _expert(pgraph, cluster, g, options))))
     if fused is not None:
         # One device and the memory-first packing, also on the real graph, where their memory
         # is exact: a packing of the fused graph may not fit the real one, and a placer that
         # does not fit falls back to this packing when it runs alone (`_checked`), so auto
         # must have it too to be never worse than any method.
         for m in ("single", "packed"):
-            thunks.append((f"{m}+unfused", lambda m=m: _METHODS[m](graph, cluster, groups, options)))
+            thunks.append((f"{m}+unfused", lambda cutoff, m=m: _METHODS[m](graph, cluster, groups, options)))
     # The same placers on coarser groups (single-consumer ops joined to their consumer): fewer,
     # larger moves, meant for graphs of many short ops where transfers dominate (on
     # bench/quality.py they decide nothing, hence the size limit).
@@ -123,16 +132,26 @@ def _run_auto(
     if options.grouper != "coplace" and pgraph.num_ops <= _AUTO_COARSE_MAX_OPS:
         for m in ("m_etf", "m_sct", "heft"):
             if m in _METHODS:
+                place_coarse = method(m)
                 thunks.append(
-                    (f"{m}+coplace", lifted(lambda m=m: _METHODS[m](pgraph, cluster, coarse_groups(), options)))
+                    (f"{m}+coplace", lifted(lambda g, cutoff, p=place_coarse: p(coarse_groups(), cutoff)))
                 )
     return place_auto(
         graph, cluster, groups, thunks,
         options=AutoOptions(RefineOptions(options.refine_seconds, options.seed)),
+        run_first=("single", "packed", "single+unfused", "packed+unfused"),
     )
 
 
-def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+def _m_etf(
+    graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions", cutoff_us: float = math.inf
+) -> Placement:
+    return place_m_etf(graph, cluster, groups, options=METFOptions(cutoff_us=cutoff_us))
+
+
+def _m_sct(
+    graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions", cutoff_us: float = math.inf
+) -> Placement:
     from baechi_tf.placer.m_sct import MSCTOptions, place_m_sct  # scipy loads when m-SCT runs
 
     # In auto's portfolio m-SCT gives up (SolverError, skipped) on an LP piece of more than
@@ -142,7 +161,7 @@ def _m_sct(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placement
     limit = _AUTO_MAX_LP_ARCS if options.placement_method == "auto" else None
     sct = MSCTOptions(
         threshold=options.sct_threshold, lp_solver=options.lp_solver, max_lp_arcs=limit,
-        lp_time_limit_s=options.lp_time_limit,
+        lp_time_limit_s=options.lp_time_limit, cutoff_us=cutoff_us,
     )
     return place_m_sct(graph, cluster, groups, options=sct)
 
@@ -157,7 +176,7 @@ _PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
-    "m_etf": lambda g, c, gr, o: place_m_etf(g, c, gr),
+    "m_etf": _m_etf,
     "m_sct": _m_sct,
     "heft": lambda g, c, gr, o: place_heft(g, c, gr),
     "packed": lambda g, c, gr, o: place_packed(g, c, gr),
@@ -167,11 +186,14 @@ _METHODS: dict[str, Method] = {
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
+# The methods that also take a cutoff_us, after the options, which auto passes to stop them early.
+_CUT_OFF = {"m_etf", "m_sct"}
 
 
 def register_method(name: str, method: Method) -> None:
-    """Adds a placement method (m-SCT and the portfolio register themselves here)."""
+    """Adds a placement method, or replaces one (auto then runs it without a cutoff)."""
     _METHODS[name] = method
+    _CUT_OFF.discard(name)
 
 
 @dataclasses.dataclass(frozen=True)

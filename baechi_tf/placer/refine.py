@@ -47,7 +47,10 @@ from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListSchedu
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 
-__all__ = ["RefineOptions", "RefineStats", "refine", "work_budget", "simulation_work", "WORK_PER_SECOND"]
+__all__ = [
+    "MAX_ALTERNATIVES", "RefineOptions", "RefineStats", "WORK_PER_SECOND", "alternative_reach", "refine",
+    "simulation_work", "work_budget",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ _WINDOW_ROUNDS = 3  # re-balances on the new schedule's windows per setting
 # layered-2000 -1.4%, the others the same), while at 30 s a runner-up 8% behind won on
 # layered-2000 after ten rounds.
 _GAP_PER_ROUND = 0.03
+MAX_ALTERNATIVES = 2  # runners-up that window balancing may also start from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +107,25 @@ def work_budget(seconds: float) -> int:
 def simulation_work(graph: OpGraph) -> int:
     """About the units of work one simulation of `graph` takes."""
     return _WORK_PER_OP * graph.num_ops
+
+
+def _alternatives_share(graph: OpGraph, seconds: float) -> tuple[int, float]:
+    """(k, reach): window balancing splits a quarter of the budget among up to k alternatives
+    (as many as get about three simulations each, at most MAX_ALTERNATIVES) and balances those
+    within reach times the start placement's makespan: 1 + _GAP_PER_ROUND per round each gets
+    (a round costs about three simulations). k and reach do not depend on the alternatives
+    given, so that a runner-up beyond reach, or its absence, changes nothing."""
+    half = work_budget(seconds) // 2 // 2
+    three = 3 * max(1, simulation_work(graph))
+    k = min(MAX_ALTERNATIVES, half // three)
+    rounds = half // k / three if k else 0
+    return k, 1 + _GAP_PER_ROUND * rounds
+
+
+def alternative_reach(graph: OpGraph, seconds: float) -> float:
+    """How many times the best makespan a runner-up may take and still be of use to `refine`
+    within `seconds` (`place_auto` stops placers and simulations that pass it)."""
+    return _alternatives_share(graph, seconds)[1]
 
 
 Move = tuple[tuple[int, int, int], ...]  # (group, from device, to device) per moved group
@@ -399,13 +422,11 @@ def refine(
         # the start placement gets the whole phase.
         window_budget = budget // 2
         half = window_budget // 2
-        k = min(len(alternatives), half // (3 * max(1, simulation_work(graph))))
-        rounds = half // k / (3 * max(1, simulation_work(graph))) if k else 0
-        reach = (1 + _GAP_PER_ROUND * rounds) * initial
+        k, reach = _alternatives_share(graph, options.seconds)
         close = [
             _Simulation(graph, cluster, groups, a.placement.device_of)
             for a in alternatives[:k]
-            if a.makespan_us <= reach
+            if a.makespan_us <= reach * initial
         ]
         starts = [sim] + close
         k = len(close)

@@ -40,8 +40,11 @@ __all__ = ["critical_path_us", "lower_bound_us", "simulate", "single_device_sche
 _EXACT_PREFIXES = 64  # local sets tried exactly per op; longer ones get a smaller bound of J
 
 
-def simulate(graph: OpGraph, cluster: Cluster, placement: Placement) -> Schedule:
-    """The schedule of `placement`; `InfeasiblePlacementError` if its memory cannot fit."""
+def simulate(
+    graph: OpGraph, cluster: Cluster, placement: Placement, *, cutoff_us: float = math.inf
+) -> Schedule:
+    """The schedule of `placement`; `InfeasiblePlacementError` if its memory cannot fit,
+    `ScheduleCutOff` as soon as it is sure to end after `cutoff_us`."""
     device_of = placement.device_of
     if device_of.shape != (graph.num_ops,):
         raise ValueError(f"placement has {device_of.shape[0]} ops, the graph {graph.num_ops}")
@@ -53,6 +56,7 @@ def simulate(graph: OpGraph, cluster: Cluster, placement: Placement) -> Schedule
         FixedPolicy(device_of.tolist()),
         method=placement.method,
         initial_group_device=device_of.tolist(),
+        cutoff_us=cutoff_us,
     )
     return dataclasses.replace(schedule, placement=placement)
 
