@@ -176,6 +176,41 @@ def test_with_block_makes_it_the_default_session_as_a_session_does():
         other.close()
 
 
+def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
+    # Each new fetch below would once have been profiled and placed again, in a new session with
+    # fresh iterators and queues: get_next failed (not initialised), the dequeue hung, and the
+    # one-shot iterator read its dataset again from the start.
+    g = tf.Graph()
+    with g.as_default():
+        data = tf.compat.v1.placeholder(tf.float32, [None], name="data")
+        it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(data).batch(2))
+        batch = it.get_next()
+        one_shot = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(100).batch(2)).get_next()
+        doubled = one_shot * 2
+        q = tf.queue.FIFOQueue(10, tf.float32, shapes=[3])
+        enqueue = q.enqueue_many(tf.ones([2, 3]))
+        dequeue = q.dequeue()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(it.initializer, {data: np.arange(6, dtype=np.float32)})
+        np.testing.assert_array_equal(sess.run(batch), [0.0, 1.0])
+        np.testing.assert_array_equal(sess.run(batch), [2.0, 3.0])
+        np.testing.assert_array_equal(sess.run(one_shot), [0, 1])
+        got = sess.run([one_shot, doubled])
+        np.testing.assert_array_equal(got[0], [2, 3])
+        np.testing.assert_array_equal(got[1], [4, 6])
+        np.testing.assert_array_equal(sess.run(one_shot), [4, 5])
+        sess.run(enqueue)
+        np.testing.assert_array_equal(sess.run(dequeue), [1.0, 1.0, 1.0])
+        np.testing.assert_array_equal(sess.run(batch), [4.0, 5.0])
+        # An op made after the runs is not in the placed graph: placing again restarts the
+        # iterators, and says so.
+        with g.as_default():
+            tripled = one_shot * 3
+        with caplog.at_level("WARNING", logger="baechi_tf.rewriter.session"):
+            np.testing.assert_array_equal(sess.run(tripled), [0, 3])
+        assert "restarts the iterators, queues and tables" in caplog.text
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

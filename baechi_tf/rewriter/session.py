@@ -33,7 +33,12 @@ classic graph optimizer are off in the sessions this class makes, so ops run whe
 placed and keep their names.
 
 Only variables carry over from one session to the next: the state of iterators, lookup tables,
-queues and random number generators starts afresh in each placed session.
+queues and random number generators starts afresh in each placed session. So once a run has used
+an iterator, queue, table, reader or accumulator in the placed session, a new fetch whose ops the
+placed graph already holds runs there as placed (those of its ops no run had profiled were placed
+by estimated costs) rather than being profiled and placed again, which would restart that
+state: a dataset would be read again from its start. Only a fetch of ops added to the graph
+since forces a new placement then, with a warning.
 """
 
 from __future__ import annotations
@@ -280,7 +285,8 @@ class BaechiSession:
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
-        self._ready: set[tuple] = set()
+        self._ready: dict[tuple, bool] = {}  # fetch keys placed for -> whether they touch state
+        self._state_in_use = False  # a run used an iterator, queue, ... in the placed session
         self._closed = False
         self._defaults: Optional[contextlib.ExitStack] = None  # what `with` made the defaults
         self.placement: Optional[PlacementReport] = None
@@ -338,13 +344,23 @@ class BaechiSession:
         key = (leaves, tuple(sorted(feeds)))
         if key not in self._ready:
             closure = self._closure(leaves, feeds)
-            if (
-                self._placed is None
-                or not closure <= self._covered
-                or not closure <= self._placed.names
-            ):
+            placed = self._placed is not None and closure <= self._placed.names
+            if placed and self._state_in_use and not closure <= self._covered:
+                log.info(
+                    "running a new fetch on the placement as it is: a new one would restart the "
+                    "iterators, queues or tables that earlier runs used"
+                )
+            elif not placed or not closure <= self._covered:
+                if self._state_in_use:
+                    log.warning(
+                        "the fetch runs ops added to the graph since it was placed: placing it "
+                        "again restarts the iterators, queues and tables that earlier runs used "
+                        "(a dataset is read again from its start); create every op before the "
+                        "first run to keep them"
+                    )
                 self._profile_and_place(named, feeds, closure)
-            self._ready.add(key)
+            self._ready[key] = any(_holds_state(self._graph.get_operation_by_name(n).type) for n in closure)
+        self._state_in_use = self._state_in_use or self._ready[key]
         assert self._placed is not None
         try:
             return self._placed.session.run(
@@ -485,6 +501,7 @@ class BaechiSession:
         if self._placed is not None:
             self._placed.session.close()
         self._placed = placed
+        self._state_in_use = False  # a fresh session: its iterators, queues, ... are new
         self._covered |= closure
         self.placement = report
         if self._report_dir:
@@ -497,3 +514,15 @@ class BaechiSession:
             len(report.devices_used),
             report.coverage.describe(),
         )
+
+
+def _holds_state(op_type: str) -> bool:
+    """Whether ops of `op_type` keep state from run to run that is not a variable's (and so is
+    not carried into a new placed session): iterators, queues, lookup tables, readers,
+    accumulators and barriers."""
+    return (
+        "Iterator" in op_type
+        or "HashTable" in op_type
+        or op_type.endswith(("Queue", "QueueV2", "Reader", "ReaderV2", "Barrier"))
+        or "Accumulator" in op_type
+    )
