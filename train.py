@@ -572,6 +572,7 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     """Profiles the model under its expert layout and writes the profile to --cost_path."""
     import tensorflow as tf
 
+    from baechi_tf._files import check_writable
     from baechi_tf.cost_model.profile import save_profile
     from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.rewriter.apply import apply_placement
@@ -580,6 +581,7 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
         raise ConfigError(
             f"--profile_every_n_steps={FLAGS.profile_every_n_steps} > --profile_steps="
             f"{FLAGS.profile_steps}: no step would be traced")
+    check_writable(FLAGS.cost_path, "--cost_path")
     built = build_graph(config)
     print(_describe_graph(config, built))
     layout = built.spec.expert_placement(setup.cluster.names, built.graph_def)

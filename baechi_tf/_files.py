@@ -5,7 +5,21 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "check_writable"]
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Raises `ConfigError` unless `atomic_write` can write `path` (given as `flag`): run it
+    before long work, so that a bad output path does not cost the work and end in a traceback."""
+    from baechi_tf.errors import ConfigError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a folder; give the name of a file in it")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} is not writable; write elsewhere")
 
 
 def atomic_write(path: str, data: bytes | str) -> None:

@@ -128,12 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``place-json``: read, place, print the summary, write ``--out``."""
-    from baechi_tf._files import atomic_write
+    from baechi_tf._files import atomic_write, check_writable
     from baechi_tf.json_io import load_graph_json, result_to_json
     from baechi_tf.placer.pipeline import place
     from baechi_tf.report import summary_table
 
     options = options_from_args(args)
+    if args.out:
+        check_writable(args.out, "--out")
     graph, cluster = load_graph_json(args.graph)
     result = place(graph, cluster, options)
     print(summary_table(result))

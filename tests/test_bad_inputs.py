@@ -122,6 +122,32 @@ def test_place_command(files, tmp_path, capsys, case):
     assert not p["marker"].exists(), "the pickle was unpickled"
 
 
+@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+@pytest.mark.parametrize("command", ["place", "place-json"])
+def test_an_output_that_cannot_be_written_is_refused_before_placing(files, tmp_path, capsys, command, where):
+    _, p = files
+    out = tmp_path / "missing" / "placed.out" if where == "missing folder" else tmp_path
+    if command == "place":
+        args = ["place", "--graph", str(p["graph.pb"]), "--cost_path", str(p["cost.pb"])]
+    else:
+        args = ["place-json", str(pathlib.Path(__file__).parents[1] / "examples" / "fork_join.json")]
+    status = main([*args, "--out", str(out)])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert status == 2
+    assert err[-1].startswith(f"baechi {command}: error: --out "), err
+    assert ("does not exist; create it first" if where == "missing folder" else "is a folder") in err[-1]
+    assert "Traceback" not in captured.err
+    assert captured.out == ""  # refused before placing: no summary
+    assert sorted(x.name for x in tmp_path.iterdir()) == []
+
+
+def test_session_refuses_a_cost_path_it_cannot_write(tmp_path):
+    model = build_lstm()
+    with pytest.raises(ConfigError, match="cost_path .*does not exist; create it first"):
+        BaechiSession(graph=model.graph, num_devices=2, cost_path=str(tmp_path / "no" / "cost.pb"))
+
+
 def test_place_command_flag_errors_exit_2(files, capsys):
     _, p = files
     with pytest.raises(SystemExit) as e:

@@ -178,6 +178,7 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--bogus_flag=1"], "bogus_flag"),
         (["--only_forward"], "--colocate_grads_with_ops"),
         (["--placement_method=magic"], "unknown placement method 'magic'"),
+        (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args, message):

@@ -157,7 +157,7 @@ def read_graph_file(path: str) -> tuple[Any, bool, bool]:
 def run(args: argparse.Namespace) -> int:
     from google.protobuf import text_format
 
-    from baechi_tf._files import atomic_write
+    from baechi_tf._files import atomic_write, check_writable
     from baechi_tf.cli import options_from_args
     from baechi_tf.cluster import CommCost
     from baechi_tf.cost_model.profile import load_profile
@@ -175,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if os.path.abspath(args.out) in (os.path.abspath(args.graph), os.path.abspath(args.cost_path)):
         raise ConfigError(f"--out {args.out!r} would overwrite an input; write elsewhere")
+    check_writable(args.out, "--out")
     remote = cluster_from_flags(
         args.cluster_spec,
         num_devices=args.num_devices,

@@ -280,6 +280,10 @@ class BaechiSession:
         self._target = target
         self._warmup_steps = warmup_steps
         self._profile_steps = profile_steps
+        if cost_path:
+            from baechi_tf._files import check_writable
+
+            check_writable(cost_path, "cost_path")
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
         self._placed: Optional[_Placed] = None
