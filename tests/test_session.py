@@ -211,6 +211,32 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         assert "restarts the iterators, queues and tables" in caplog.text
 
 
+def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
+    g = tf.Graph()
+    with g.as_default():
+        sp = tf.compat.v1.sparse_placeholder(tf.float32, name="sp")
+        w = tf.compat.v1.get_variable("w", [5, 2], initializer=tf.compat.v1.ones_initializer())
+        y = tf.sparse.sparse_dense_matmul(sp, w)
+        doubled = sp * 2.0  # a SparseTensor
+        init = tf.compat.v1.global_variables_initializer()
+    value = tf.compat.v1.SparseTensorValue(indices=[[0, 1], [2, 4]], values=[1.0, 2.0], dense_shape=[3, 5])
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected_y, expected_doubled = plain.run([y, doubled], {sp: value})
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(init)
+        got_y, got_doubled = sess.run([y, doubled], {sp: value})
+        as_tuple = sess.run({"d": doubled}, {sp: (value.indices, value.values, value.dense_shape)})
+        with pytest.raises(TypeError, match="a SparseTensorValue or \\(indices, values, dense_shape\\)"):
+            sess.run(y, {sp: [1.0, 2.0]})
+    np.testing.assert_array_equal(got_y, expected_y)
+    for got in (got_doubled, as_tuple["d"]):
+        assert isinstance(got, tf.compat.v1.SparseTensorValue)
+        np.testing.assert_array_equal(got.indices, expected_doubled.indices)
+        np.testing.assert_array_equal(got.values, expected_doubled.values)
+        np.testing.assert_array_equal(got.dense_shape, expected_doubled.dense_shape)
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

@@ -342,8 +342,20 @@ class BaechiSession:
         import tensorflow as tf
 
         self._check_open()
-        named = tf.nest.map_structure(self._name_of, fetches)
-        feeds = {self._name_of(k): v for k, v in (feed_dict or {}).items()}
+        named = tf.nest.map_structure(self._fetch_of, fetches)
+        feeds: dict[str, Any] = {}
+        for k, v in (feed_dict or {}).items():
+            if isinstance(k, tf.sparse.SparseTensor):  # a sparse placeholder: its three tensors
+                try:
+                    indices, values, dense_shape = v
+                except (TypeError, ValueError):
+                    raise TypeError(
+                        f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
+                    ) from None
+                for part, value in zip((k.indices, k.values, k.dense_shape), (indices, values, dense_shape)):
+                    feeds[self._name_of(part)] = value
+            else:
+                feeds[self._name_of(k)] = v
         leaves = tuple(sorted(set(tf.nest.flatten(named))))
         key = (leaves, tuple(sorted(feeds)))
         if key not in self._ready:
@@ -421,6 +433,17 @@ class BaechiSession:
         if self._closed:
             raise RuntimeError("Attempted to use a closed BaechiSession.")
 
+    def _fetch_of(self, x: Any) -> Any:
+        """The name of a fetch; a SparseTensor's is a SparseTensorValue of its three tensors'
+        names, which ``Session.run`` returns as a SparseTensorValue of their values."""
+        import tensorflow as tf
+
+        if isinstance(x, tf.sparse.SparseTensor):
+            return tf.compat.v1.SparseTensorValue(
+                self._name_of(x.indices), self._name_of(x.values), self._name_of(x.dense_shape)
+            )
+        return self._name_of(x)
+
     def _name_of(self, x: Any) -> str:
         import tensorflow as tf
 
@@ -436,7 +459,8 @@ class BaechiSession:
                 raise ValueError(f"{x.name!r} is not an element of this session's graph")
             return x.name
         raise TypeError(
-            f"cannot fetch or feed {x!r}: give tensors, operations, variables or their names"
+            f"cannot fetch or feed {x!r}: give tensors, sparse tensors, operations, variables or "
+            "their names"
         )
 
     def _closure(self, fetch_names: tuple[str, ...], feeds: dict[str, Any]) -> set[str]:
