@@ -362,9 +362,11 @@ class BaechiSession:
             closure = self._closure(leaves, feeds)
             placed = self._placed is not None and closure <= self._placed.names
             if placed and self._state_in_use and not closure <= self._covered:
-                log.info(
-                    "running a new fetch on the placement as it is: a new one would restart the "
-                    "iterators, queues or tables that earlier runs used"
+                log.warning(
+                    "running a new fetch on the placement as it is, where %d of its ops were "
+                    "placed by estimated costs: placing it again would restart the iterators, "
+                    "queues or tables that earlier runs used",
+                    len(closure - self._covered),
                 )
             elif not placed or not closure <= self._covered:
                 if self._state_in_use:
