@@ -237,6 +237,64 @@ def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
         np.testing.assert_array_equal(got.dense_shape, expected_doubled.dense_shape)
 
 
+def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
+    import threading
+
+    hold = threading.Event()  # while set, a run of `slow` waits for `release` in the placed graph
+    entered, release = threading.Event(), threading.Event()
+
+    def wait(x):
+        if hold.is_set():
+            entered.set()
+            assert release.wait(60)
+        return x
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.compat.v1.get_variable("w", [8, 8], initializer=tf.compat.v1.ones_initializer())
+        h = tf.tanh(tf.matmul(x, w))
+        slow = tf.py_function(wait, [tf.reduce_sum(h)], tf.float32)
+        fetches = [tf.reduce_mean(h), tf.reduce_max(h), tf.reduce_min(h), tf.reduce_sum(h * h)]
+        later = tf.reduce_prod(h)
+        init = tf.compat.v1.global_variables_initializer()
+    feed = {x: np.ones((4, 8), np.float32)}
+    errors = []
+
+    def worker(fetch):
+        try:
+            for _ in range(5):
+                sess.run(fetch, feed)
+        except Exception as e:  # noqa: BLE001 - any error of any thread fails the test below
+            errors.append(repr(e))
+
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(init)
+        # Four threads, each with a new fetch: their placements take turns (two profiles at once
+        # once failed in TF: "Another profiling session active").
+        threads = [threading.Thread(target=worker, args=(f,)) for f in fetches]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        # A run in flight on a placement that a new fetch replaces ends normally; the replaced
+        # session closes after it.
+        assert sess.run(slow, feed) == pytest.approx(32 * np.tanh(8.0))
+        first = sess._placed
+        hold.set()
+        result = []
+        runner = threading.Thread(target=lambda: result.append(sess.run(slow, feed)))
+        runner.start()
+        assert entered.wait(60)
+        sess.run(later, feed)  # a new fetch: profiled and placed again
+        assert sess._placed is not first and not first.session._closed
+        release.set()
+        runner.join()
+        assert result == [pytest.approx(32 * np.tanh(8.0))]
+        assert first.session._closed
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

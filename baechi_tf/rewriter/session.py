@@ -18,6 +18,8 @@ The first `run` of a fetch whose ops were never profiled:
 
 Later runs of fetches whose ops were all profiled go straight to the placed session. A training
 loop through a `BaechiSession` therefore computes what a plain session computes, step for step.
+Runs from several threads go side by side, as on a Session, but one profiles and places at a
+time; a placed session that a new placement replaces is closed once its last run has ended.
 `sess.placement` is the `PlacementReport` of the last placement (``op_to_device``,
 ``makespan_us``, ``lower_bound_us``, ``coverage``).
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Any, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
@@ -174,6 +177,8 @@ class _Placed:
         self.names = {n.name for n in graph_def.node}
         self.io = _VariableIO(self.graph)
         self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
+        self.runs = 0  # runs in flight on `session`
+        self.retired = False  # replaced by a new placement: closed once no run is in flight
 
 
 class BaechiSession:
@@ -292,6 +297,7 @@ class BaechiSession:
         self._ready: dict[tuple, bool] = {}  # fetch keys placed for -> whether they touch state
         self._state_in_use = False  # a run used an iterator, queue, ... in the placed session
         self._closed = False
+        self._lock = threading.RLock()  # held while a run profiles and places
         self._defaults: Optional[contextlib.ExitStack] = None  # what `with` made the defaults
         self.placement: Optional[PlacementReport] = None
 
@@ -343,63 +349,35 @@ class BaechiSession:
 
         self._check_open()
         named = tf.nest.map_structure(self._fetch_of, fetches)
-        feeds: dict[str, Any] = {}
-        for k, v in (feed_dict or {}).items():
-            if isinstance(k, tf.sparse.SparseTensor):  # a sparse placeholder: its three tensors
-                try:
-                    indices, values, dense_shape = v
-                except (TypeError, ValueError):
-                    raise TypeError(
-                        f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
-                    ) from None
-                for part, value in zip((k.indices, k.values, k.dense_shape), (indices, values, dense_shape)):
-                    feeds[self._name_of(part)] = value
-            else:
-                feeds[self._name_of(k)] = v
-        leaves = tuple(sorted(set(tf.nest.flatten(named))))
-        key = (leaves, tuple(sorted(feeds)))
-        if key not in self._ready:
-            closure = self._closure(leaves, feeds)
-            placed = self._placed is not None and closure <= self._placed.names
-            if placed and self._state_in_use and not closure <= self._covered:
-                log.warning(
-                    "running a new fetch on the placement as it is, where %d of its ops were "
-                    "placed by estimated costs: placing it again would restart the iterators, "
-                    "queues or tables that earlier runs used",
-                    len(closure - self._covered),
-                )
-            elif not placed or not closure <= self._covered:
-                if self._state_in_use:
-                    log.warning(
-                        "the fetch runs ops added to the graph since it was placed: placing it "
-                        "again restarts the iterators, queues and tables that earlier runs used "
-                        "(a dataset is read again from its start); create every op before the "
-                        "first run to keep them"
-                    )
-                self._profile_and_place(named, feeds, closure)
-            self._ready[key] = any(_holds_state(self._graph.get_operation_by_name(n).type) for n in closure)
-        self._state_in_use = self._state_in_use or self._ready[key]
-        assert self._placed is not None
+        feeds = self._feeds_of(feed_dict)
+        with self._lock:  # one thread profiles and places at a time; runs go side by side
+            placed = self._prepared(named, feeds)
+            placed.runs += 1
         try:
-            return self._placed.session.run(
-                named, feed_dict=feeds, options=options, run_metadata=run_metadata
-            )
+            return placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
 
             result = self.placement.result if self.placement is not None else None
             raise out_of_memory_error(e, result) from None
+        finally:
+            with self._lock:
+                placed.runs -= 1
+                if placed.retired and not placed.runs:
+                    placed.session.close()
 
     def close(self) -> None:
-        """Closes the placed session and the session this object was given."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._placed is not None:
-            self._placed.session.close()
-            self._placed = None
-        if self._user_session is not None:
-            self._user_session.close()
+        """Closes the placed session and the session this object was given (after a placement
+        that another thread is making; runs in flight end with TF's error, as on a Session)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._placed is not None:
+                self._placed.session.close()
+                self._placed = None
+            if self._user_session is not None:
+                self._user_session.close()
 
     def as_default(self) -> Any:
         """A context manager that makes this object the thread's default session, as
@@ -445,6 +423,57 @@ class BaechiSession:
                 self._name_of(x.indices), self._name_of(x.values), self._name_of(x.dense_shape)
             )
         return self._name_of(x)
+
+    def _feeds_of(self, feed_dict: Optional[dict]) -> dict[str, Any]:
+        """Feeds by tensor name; a sparse placeholder's value goes to its three tensors."""
+        import tensorflow as tf
+
+        feeds: dict[str, Any] = {}
+        for k, v in (feed_dict or {}).items():
+            if isinstance(k, tf.sparse.SparseTensor):
+                try:
+                    indices, values, dense_shape = v
+                except (TypeError, ValueError):
+                    raise TypeError(
+                        f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
+                    ) from None
+                for part, value in zip((k.indices, k.values, k.dense_shape), (indices, values, dense_shape)):
+                    feeds[self._name_of(part)] = value
+            else:
+                feeds[self._name_of(k)] = v
+        return feeds
+
+    def _prepared(self, named: Any, feeds: dict[str, Any]) -> "_Placed":
+        """The placed session to run `named` in: placed (again) first when it is a new fetch
+        that needs it (see the module docstring). Called with `_lock` held."""
+        import tensorflow as tf
+
+        self._check_open()  # another thread may have closed it while this one waited
+        leaves = tuple(sorted(set(tf.nest.flatten(named))))
+        key = (leaves, tuple(sorted(feeds)))
+        if key not in self._ready:
+            closure = self._closure(leaves, feeds)
+            placed = self._placed is not None and closure <= self._placed.names
+            if placed and self._state_in_use and not closure <= self._covered:
+                log.warning(
+                    "running a new fetch on the placement as it is, where %d of its ops were "
+                    "placed by estimated costs: placing it again would restart the iterators, "
+                    "queues or tables that earlier runs used",
+                    len(closure - self._covered),
+                )
+            elif not placed or not closure <= self._covered:
+                if self._state_in_use:
+                    log.warning(
+                        "the fetch runs ops added to the graph since it was placed: placing it "
+                        "again restarts the iterators, queues and tables that earlier runs used "
+                        "(a dataset is read again from its start); create every op before the "
+                        "first run to keep them"
+                    )
+                self._profile_and_place(named, feeds, closure)
+            self._ready[key] = any(_holds_state(self._graph.get_operation_by_name(n).type) for n in closure)
+        self._state_in_use = self._state_in_use or self._ready[key]
+        assert self._placed is not None
+        return self._placed
 
     def _name_of(self, x: Any) -> str:
         import tensorflow as tf
@@ -528,8 +557,11 @@ class BaechiSession:
         except BaseException:
             placed.session.close()
             raise
-        if self._placed is not None:
-            self._placed.session.close()
+        old = self._placed
+        if old is not None:  # closed now, or by the last run still in flight on it
+            old.retired = True
+            if not old.runs:
+                old.session.close()
         self._placed = placed
         self._state_in_use = False  # a fresh session: its iterators, queues, ... are new
         self._covered |= closure
