@@ -229,6 +229,12 @@ def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
         as_tuple = sess.run({"d": doubled}, {sp: (value.indices, value.values, value.dense_shape)})
         with pytest.raises(TypeError, match="a SparseTensorValue or \\(indices, values, dense_shape\\)"):
             sess.run(y, {sp: [1.0, 2.0]})
+        # A RaggedTensor's graph element is its flat values: fetched as such, its rows were lost.
+        with g.as_default():
+            ragged = tf.RaggedTensor.from_row_splits([1.0, 2.0, 3.0], [0, 1, 3])
+        with pytest.raises(TypeError, match="RaggedTensor .* whole: fetch .*flat_values and nested_row_splits"):
+            sess.run(ragged)
+        np.testing.assert_array_equal(sess.run(ragged.nested_row_splits[0]), [0, 1, 3])
     np.testing.assert_array_equal(got_y, expected_y)
     for got in (got_doubled, as_tuple["d"]):
         assert isinstance(got, tf.compat.v1.SparseTensorValue)
@@ -293,6 +299,45 @@ def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
         runner.join()
         assert result == [pytest.approx(32 * np.tanh(8.0))]
         assert first.session._closed
+
+
+def test_a_dequeue_is_not_profiled_and_keeps_the_callers_time_limit():
+    # A dequeue profiled on the scratch copy of the graph, whose queue nobody fills, once waited
+    # for ever: with a time limit that TF would have kept, and with a producer in another thread
+    # (which then waited for the lock that the profiling consumer held).
+    import logging
+    import threading
+
+    g = tf.Graph()
+    with g.as_default():
+        q = tf.queue.FIFOQueue(4, tf.float32, shapes=[])
+        enqueue = q.enqueue(42.0)
+        dequeue = q.dequeue()
+    limit = tf.compat.v1.RunOptions(timeout_in_ms=300)
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        with pytest.raises(tf.errors.DeadlineExceededError):
+            sess.run(dequeue, options=limit)
+    placed_unprofiled = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            if "without profiling a fetch that takes from a queue" in record.getMessage():
+                placed_unprofiled.set()
+
+    seen = Seen()
+    logging.getLogger("baechi_tf.rewriter.session").addHandler(seen)
+    got = []
+    try:
+        with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+            consumer = threading.Thread(target=lambda: got.append(sess.run(dequeue)))
+            consumer.start()
+            assert placed_unprofiled.wait(60)
+            sess.run(enqueue)
+            consumer.join(60)
+            assert not consumer.is_alive()
+    finally:
+        logging.getLogger("baechi_tf.rewriter.session").removeHandler(seen)
+    assert got == [42.0]
 
 
 def test_arguments_are_checked():

@@ -185,12 +185,14 @@ def profile_fetch(
     warmup_steps: int = 2,
     traced_steps: int = 5,
     graph_def: Any = None,
+    timeout_ms: int = 0,
 ) -> CostProfile:
     """Runs `fetches` in `session` and profiles it.
 
     `warmup_steps` untraced steps, then `traced_steps` with full tracing. The profile describes
     `graph_def` (default: the session's graph now). Every run executes the fetch, with all its
-    side effects (a training fetch trains).
+    side effects (a training fetch trains). `timeout_ms` > 0 limits each run, as
+    ``RunOptions.timeout_in_ms`` does (TF's DeadlineExceededError past it).
     """
     import tensorflow as tf
 
@@ -201,10 +203,11 @@ def profile_fetch(
         )
     if graph_def is None:
         graph_def = session.graph.as_graph_def()
+    warmup = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
     for _ in range(warmup_steps):
-        session.run(fetches, feed_dict=feed_dict)
+        session.run(fetches, feed_dict=feed_dict, options=warmup)
         interrupts.check()
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=timeout_ms)
     traces = []
     for _ in range(traced_steps):
         metadata = tf.compat.v1.RunMetadata()

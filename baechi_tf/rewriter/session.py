@@ -40,7 +40,8 @@ an iterator, queue, table, reader or accumulator in the placed session, a new fe
 placed graph already holds runs there as placed (those of its ops no run had profiled were placed
 by estimated costs) rather than being profiled and placed again, which would restart that
 state: a dataset would be read again from its start. Only a fetch of ops added to the graph
-since forces a new placement then, with a warning.
+since forces a new placement then, with a warning. A fetch that takes from a queue (a dequeue, a
+reader, an accumulator) is placed without profiling, since the scratch copy's queues are empty.
 """
 
 from __future__ import annotations
@@ -51,7 +52,13 @@ import threading
 from typing import Any, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
-from baechi_tf.cost_model.profile import CostProfile, merge_profiles, save_profile
+from baechi_tf.cost_model.profile import (
+    CostProfile,
+    graph_fingerprint,
+    graph_nodes,
+    merge_profiles,
+    save_profile,
+)
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import (
@@ -351,7 +358,8 @@ class BaechiSession:
         named = tf.nest.map_structure(self._fetch_of, fetches)
         feeds = self._feeds_of(feed_dict)
         with self._lock:  # one thread profiles and places at a time; runs go side by side
-            placed = self._prepared(named, feeds)
+            # The caller's time limit holds for each profiling run as for the run itself.
+            placed = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
             placed.runs += 1
         try:
             return placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
@@ -443,7 +451,7 @@ class BaechiSession:
                 feeds[self._name_of(k)] = v
         return feeds
 
-    def _prepared(self, named: Any, feeds: dict[str, Any]) -> "_Placed":
+    def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> "_Placed":
         """The placed session to run `named` in: placed (again) first when it is a new fetch
         that needs it (see the module docstring). Called with `_lock` held."""
         import tensorflow as tf
@@ -469,7 +477,7 @@ class BaechiSession:
                         "(a dataset is read again from its start); create every op before the "
                         "first run to keep them"
                     )
-                self._profile_and_place(named, feeds, closure)
+                self._profile_and_place(named, feeds, closure, timeout_ms)
             self._ready[key] = any(_holds_state(self._graph.get_operation_by_name(n).type) for n in closure)
         self._state_in_use = self._state_in_use or self._ready[key]
         assert self._placed is not None
@@ -480,6 +488,11 @@ class BaechiSession:
 
         if isinstance(x, str):
             return x
+        if isinstance(x, tf.RaggedTensor):  # its graph element is its flat values alone
+            raise TypeError(
+                f"cannot fetch or feed the RaggedTensor {x!r} whole: fetch (or feed) its "
+                "flat_values and nested_row_splits"
+            )
         element = getattr(x, "_as_graph_element", None)
         if callable(element):  # a variable stands for its value
             found = element()
@@ -519,27 +532,40 @@ class BaechiSession:
             return _read_user_variables(self._user_session)
         return {}
 
-    def _profile_and_place(self, fetches: Any, feeds: dict[str, Any], closure: set[str]) -> None:
+    def _profile_and_place(
+        self, fetches: Any, feeds: dict[str, Any], closure: set[str], timeout_ms: int = 0
+    ) -> None:
         import tensorflow as tf
 
         from baechi_tf.cost_model.profiler import profile_fetch
 
         graph_def = self._graph.as_graph_def()
         values = self._read_values()
-        scratch = tf.Graph()
-        with scratch.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
-        io = _VariableIO(scratch)
-        with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
-            io.load(s, values)
-            profile = profile_fetch(
-                s,
-                fetches,
-                feeds,
-                warmup_steps=self._warmup_steps,
-                traced_steps=self._profile_steps,
-                graph_def=graph_def,
+        blocking = sorted(n for n in closure if _blocks_on_state(self._graph.get_operation_by_name(n).type))
+        if blocking:
+            # The scratch copy's queues are empty: a dequeue there would wait for ever.
+            log.warning(
+                "placing without profiling a fetch that takes from a queue (%s): its ops that no "
+                "run profiled are placed by estimated costs",
+                blocking[0],
             )
+            profile = CostProfile({}, graph_fingerprint(graph_def), graph_nodes(graph_def))
+        else:
+            scratch = tf.Graph()
+            with scratch.as_default():
+                tf.graph_util.import_graph_def(graph_def, name="")
+            io = _VariableIO(scratch)
+            with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
+                io.load(s, values)
+                profile = profile_fetch(
+                    s,
+                    fetches,
+                    feeds,
+                    warmup_steps=self._warmup_steps,
+                    traced_steps=self._profile_steps,
+                    graph_def=graph_def,
+                    timeout_ms=timeout_ms,
+                )
         self._profile = profile if self._profile is None else merge_profiles(self._profile, profile)
         if self._cost_path:
             save_profile(self._profile, self._cost_path)
@@ -587,4 +613,14 @@ def _holds_state(op_type: str) -> bool:
         or "HashTable" in op_type
         or op_type.endswith(("Queue", "QueueV2", "Reader", "ReaderV2", "Barrier"))
         or "Accumulator" in op_type
+    )
+
+
+def _blocks_on_state(op_type: str) -> bool:
+    """Whether ops of `op_type` wait for state that earlier runs build up (a dequeue waits for
+    an enqueue): run in a fresh copy of the graph, they may never return."""
+    return (
+        "QueueDequeue" in op_type
+        or op_type.startswith("ReaderRead")
+        or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
     )
