@@ -476,7 +476,7 @@ def run_graph(run: Runnable, session_config: Any, *, target: str = "", tag: str,
     except tf.errors.ResourceExhaustedError as e:
         from baechi_tf.rewriter.oom import out_of_memory_error
 
-        raise out_of_memory_error(e, result, when=f" while {label}") from None
+        raise out_of_memory_error(e, result, when=f" while {label}") from e
     finally:
         logdir.close()
     return timed, traces

@@ -405,5 +405,7 @@ def test_out_of_memory_at_run_time_says_where_and_what_to_change():
             sess.run(total, feed_dict={n: 1 << 42})  # 16 TiB of ones
     message = str(e.value)
     assert "ran out of memory on /job:localhost/replica:0/task:0/device:CPU:" in message
+    assert "OOM when allocating tensor with shape[4398046511104]" in message  # TF's own line
+    assert isinstance(e.value.__cause__, tf.errors.ResourceExhaustedError)  # and all of TF's error
     assert "the placer expected a peak of" in message
     assert "--placer_memory_fraction" in message

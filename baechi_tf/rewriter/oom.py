@@ -10,17 +10,25 @@ from baechi_tf.placer.list_scheduler import format_bytes
 
 __all__ = ["out_of_memory_error"]
 
+_OOM = re.compile(r"\bOOM\b|out of memory|exhausted", re.IGNORECASE)
 _DEVICE = re.compile(r"\bon (/job:[^\s]+?/device:[A-Za-z_]+:\d+|/device:[A-Za-z_]+:\d+)")
 
 
 def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str = "") -> InfeasiblePlacementError:
     """An `InfeasiblePlacementError` for TF's ``ResourceExhaustedError`` `error`.
 
-    It names the device TF ran out of memory on, the simulated peak and capacity of that device
-    in `result` (a `PlacementResult`, when the graph was placed), and the flags to change.
+    It names the device TF ran out of memory on, TF's line on the allocation, the simulated peak
+    and capacity of that device in `result` (a `PlacementResult`, when the graph was placed), and
+    the flags to change. Raise it ``from error``: TF's whole message stays its ``__cause__``.
     """
     text = str(getattr(error, "message", None) or error)
-    first = text.strip().splitlines()[0] if text.strip() else "ResourceExhaustedError"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # TF's own words: its line on the allocation ("OOM when allocating tensor with shape[...]"),
+    # not the "Graph execution error:" that heads its message.
+    first = next(
+        (line for line in lines if _OOM.search(line)),
+        next((line for line in lines if line != "Graph execution error:"), "ResourceExhaustedError"),
+    )
     m = _DEVICE.search(text)
     device = m.group(1) if m else None
     where = f" on {device}" if device else ""

@@ -367,7 +367,7 @@ class BaechiSession:
             from baechi_tf.rewriter.oom import out_of_memory_error
 
             result = self.placement.result if self.placement is not None else None
-            raise out_of_memory_error(e, result) from None
+            raise out_of_memory_error(e, result) from e
         finally:
             with self._lock:
                 placed.runs -= 1
