@@ -340,6 +340,27 @@ def test_a_dequeue_is_not_profiled_and_keeps_the_callers_time_limit():
     assert got == [42.0]
 
 
+def test_a_saver_saves_and_restores_through_it(tmp_path):
+    # Saver.save once refused it: "'sess' must be a Session" (TF checks for SessionInterface).
+    g = tf.Graph()
+    with g.as_default():
+        w = tf.compat.v1.get_variable("w", [3, 2], initializer=tf.compat.v1.ones_initializer())
+        step = tf.compat.v1.assign_add(w, tf.ones([3, 2]))
+        init = tf.compat.v1.global_variables_initializer()
+        saver = tf.compat.v1.train.Saver()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        assert isinstance(sess, BaechiSession)
+        sess.run(init)
+        sess.run(step)
+        path = saver.save(sess, str(tmp_path / "ckpt"))
+        sess.run(step)
+        saver.restore(sess, path)
+        np.testing.assert_array_equal(sess.run(w), np.full([3, 2], 2.0))
+    with tf.compat.v1.Session(graph=g) as plain:
+        saver.restore(plain, path)
+        np.testing.assert_array_equal(plain.run(w), np.full([3, 2], 2.0))
+
+
 def test_arguments_are_checked():
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):

@@ -47,6 +47,7 @@ reader, an accumulator) is placed without profiling, since the scratch copy's qu
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from typing import Any, Optional
@@ -190,6 +191,12 @@ class _Placed:
 
 class BaechiSession:
     """Runs a ``tf.compat.v1`` graph placed by Baechi; see the module docstring."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "BaechiSession":
+        # TF's Saver.save (and others) require isinstance(sess, SessionInterface): the instance's
+        # class also derives from it, made here, where TF is imported anyway (importing
+        # baechi_tf does not import it).
+        return super().__new__(_session_class(cls))
 
     def __init__(
         self,
@@ -624,3 +631,13 @@ def _blocks_on_state(op_type: str) -> bool:
         or op_type.startswith("ReaderRead")
         or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _session_class(cls: type) -> type:
+    """`cls` (BaechiSession or a subclass) also deriving from TF's ``SessionInterface``."""
+    from tensorflow.python.client.session import SessionInterface
+
+    if issubclass(cls, SessionInterface):
+        return cls
+    return type(cls.__name__, (cls, SessionInterface), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
