@@ -109,23 +109,23 @@ def simulation_work(graph: OpGraph) -> int:
     return _WORK_PER_OP * graph.num_ops
 
 
-def _alternatives_share(graph: OpGraph, seconds: float) -> tuple[int, float]:
-    """(k, reach): window balancing splits a quarter of the budget among up to k alternatives
-    (as many as get about three simulations each, at most MAX_ALTERNATIVES) and balances those
-    within reach times the start placement's makespan: 1 + _GAP_PER_ROUND per round each gets
-    (a round costs about three simulations). k and reach do not depend on the alternatives
-    given, so that a runner-up beyond reach, or its absence, changes nothing."""
+def _alternatives_share(graph: OpGraph, seconds: float) -> tuple[int, int, float]:
+    """(share, k, reach): window balancing splits `share`, a quarter of the budget, among up to k
+    alternatives (as many as get about three simulations each, at most MAX_ALTERNATIVES) and
+    balances those within reach times the start placement's makespan: 1 + _GAP_PER_ROUND per
+    round each gets (a round costs about three simulations). None of it depends on the
+    alternatives given, so that a runner-up beyond reach, or its absence, changes nothing."""
     half = work_budget(seconds) // 2 // 2
     three = 3 * max(1, simulation_work(graph))
     k = min(MAX_ALTERNATIVES, half // three)
     rounds = half // k / three if k else 0
-    return k, 1 + _GAP_PER_ROUND * rounds
+    return half, k, 1 + _GAP_PER_ROUND * rounds
 
 
 def alternative_reach(graph: OpGraph, seconds: float) -> float:
     """How many times the best makespan a runner-up may take and still be of use to `refine`
     within `seconds` (`place_auto` stops placers and simulations that pass it)."""
-    return _alternatives_share(graph, seconds)[1]
+    return _alternatives_share(graph, seconds)[2]
 
 
 Move = tuple[tuple[int, int, int], ...]  # (group, from device, to device) per moved group
@@ -421,8 +421,7 @@ def refine(
         # close enough to catch up; the best result goes on. When no alternative qualifies,
         # the start placement gets the whole phase.
         window_budget = budget // 2
-        half = window_budget // 2
-        k, reach = _alternatives_share(graph, options.seconds)
+        half, k, reach = _alternatives_share(graph, options.seconds)
         close = [
             _Simulation(graph, cluster, groups, a.placement.device_of)
             for a in alternatives[:k]

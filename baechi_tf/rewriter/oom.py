@@ -25,7 +25,7 @@ def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str =
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # TF's own words: its line on the allocation ("OOM when allocating tensor with shape[...]"),
     # not the "Graph execution error:" that heads its message.
-    first = next(
+    quoted = next(
         (line for line in lines if _OOM.search(line)),
         next((line for line in lines if line != "Graph execution error:"), "ResourceExhaustedError"),
     )
@@ -41,7 +41,7 @@ def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str =
                 f"of the {format_bytes(result.cluster.devices[d].memory_bytes)} it assumed there"
             )
     return InfeasiblePlacementError(
-        f"the graph ran out of memory{where}{when} ({first[:200]}){expected}: give the placer less "
+        f"the graph ran out of memory{where}{when} ({quoted[:200]}){expected}: give the placer less "
         "memory per device to plan with (--placer_memory_fraction or memory_fraction below 1, or a "
         "smaller --memory_per_device), use more devices, or a smaller batch"
     )
