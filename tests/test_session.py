@@ -1,8 +1,10 @@
 """BaechiSession: both forms, training losses equal a plain session's, re-placement, the API."""
 
+import collections
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -430,3 +432,126 @@ def test_out_of_memory_at_run_time_says_where_and_what_to_change():
     assert isinstance(e.value.__cause__, tf.errors.ResourceExhaustedError)  # and all of TF's error
     assert "the placer expected a peak of" in message
     assert "--placer_memory_fraction" in message
+
+
+class _AttrsLike:
+    """What TF's Session and attrs classes agree on: fields listed in `__attrs_attrs__`."""
+
+    __attrs_attrs__ = (types.SimpleNamespace(name="first"), types.SimpleNamespace(name="rest"))
+
+    def __init__(self, first, rest):
+        self.first, self.rest = first, rest
+
+
+Pair = collections.namedtuple("Pair", "left right")
+
+
+def _fetch_graph():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        y = tf.compat.v1.placeholder(tf.float32, [2], name="y")
+        v = tf.compat.v1.get_variable("v", [2], initializer=tf.compat.v1.constant_initializer([1.0, 2.0]))
+        s = x * v + y
+        init = tf.compat.v1.global_variables_initializer()
+    return g, x, y, v, s, init
+
+
+def test_fetch_structures_and_feed_keys_as_a_session_reads_them():
+    # Mappings with keys of mixed types once failed in tf.nest ("'<' not supported between
+    # instances"): a MonitoredSession's hooks are such keys.
+    g, x, y, v, s, init = _fetch_graph()
+    key = object()
+    ordered = collections.OrderedDict([("z", s), ("a", v)])
+    counted = collections.defaultdict(list, {3: [s, x]})
+    fetches = {key: Pair(s, [v, init]), 1: ordered, "c": counted, "d": _AttrsLike(s, (v,))}
+    # A nested tuple of keys, as TF allows (its values' lists would be structure: arrays).
+    feeds = {(x, (y,)): (np.ones(2, np.float32), (np.asarray([10.0, 20.0], np.float32),))}
+
+    def check(got):
+        assert list(got) == [key, 1, "c", "d"]
+        assert isinstance(got[key], Pair) and got[key].right[1] is None
+        np.testing.assert_array_equal(got[key].left, [11.0, 22.0])
+        assert type(got[1]) is collections.OrderedDict and list(got[1]) == ["z", "a"]
+        np.testing.assert_array_equal(got[1]["a"], [1.0, 2.0])
+        assert type(got["c"]) is collections.defaultdict and got["c"].default_factory is list
+        np.testing.assert_array_equal(got["c"][3][1], [1.0, 1.0])
+        assert isinstance(got["d"], _AttrsLike) and isinstance(got["d"].rest, tuple)
+        np.testing.assert_array_equal(got["d"].first, [11.0, 22.0])
+
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        check(plain.run(fetches, feeds))
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(init)
+        check(sess.run(fetches, feeds))
+        with pytest.raises(TypeError, match="cannot fetch None"):
+            sess.run([s, None], feeds)
+
+
+def test_make_callable_runs_placed_as_a_session_does():
+    g, x, y, v, s, init = _fetch_graph()
+    with BaechiSession(graph=g, num_devices=2, placement_method="m_etf", **fast()) as sess:
+        assert sess.sess_str == ""
+        sess.make_callable(init)()
+        step = sess.make_callable({"s": s, "v": v}, [y, x], accept_options=True)
+        assert sess.placement is not None
+        first = sess.placement
+        got = step([10.0, 20.0], [1.0, 1.0])
+        np.testing.assert_array_equal(got["s"], [11.0, 22.0])
+        assert sess.placement is not first  # its first call profiled and placed the fetch
+        metadata = tf.compat.v1.RunMetadata()
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        got = step([0.0, 0.0], [2.0, 2.0], options=options, run_metadata=metadata)
+        np.testing.assert_array_equal(got["s"], [2.0, 4.0])
+        assert metadata.step_stats.dev_stats  # the caller's options reached the placed run
+        with pytest.raises(ValueError, match="expected 2 feed values, got 1"):
+            step([0.0, 0.0])
+        with pytest.raises(TypeError, match="unexpected keyword arguments: \\['options'\\]"):
+            sess.make_callable(s, [x, y])([1.0, 1.0], [0.0, 0.0], options=options)
+        with pytest.raises(TypeError, match="cannot fetch or feed 3"):
+            sess.make_callable(s, [3])  # refused when made, as by a Session
+        with pytest.raises(NotImplementedError, match="does not make partial runs.*placed_graph_def"):
+            sess.partial_run_setup([s], [x, y])
+
+
+def test_a_monitored_session_with_hooks_trains_through_it_as_through_a_session():
+    g = tf.Graph()
+    with g.as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        x = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")
+        w = tf.compat.v1.get_variable("w", [16, 4], initializer=tf.compat.v1.constant_initializer(0.01))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=step)
+    inputs = [np.random.default_rng(i).normal(size=(8, 16)).astype(np.float32) for i in range(4)]
+
+    class Seen(tf.compat.v1.train.SessionRunHook):  # asks for more fetches at every run
+        def __init__(self):
+            self.losses = []
+
+        def before_run(self, run_context):
+            return tf.compat.v1.train.SessionRunArgs({"loss": loss})
+
+        def after_run(self, run_context, run_values):
+            self.losses.append(run_values.results["loss"])
+
+    def train_with(make_session):
+        class Creator(tf.compat.v1.train.SessionCreator):
+            def create_session(self):
+                sess = make_session()
+                sess.run(tf.compat.v1.global_variables_initializer())
+                return sess
+
+        seen = Seen()
+        hooks = [tf.compat.v1.train.StopAtStepHook(last_step=len(inputs)), seen]
+        losses = []
+        with g.as_default(), tf.compat.v1.train.MonitoredSession(session_creator=Creator(), hooks=hooks) as ms:
+            while not ms.should_stop():
+                losses.append(ms.run([train, loss], {x: inputs[len(losses)]})[1])
+        assert seen.losses == losses  # the hook's fetch and the caller's, in the same runs
+        return losses
+
+    expected = train_with(lambda: tf.compat.v1.Session(graph=g))
+    got = train_with(lambda: BaechiSession(graph=g, num_devices=2, **fast()))
+    assert len(got) == len(inputs)  # StopAtStepHook read the global step through it
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

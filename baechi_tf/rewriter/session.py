@@ -46,6 +46,7 @@ reader, an accumulator) is placed without profiling, since the scratch copy's qu
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import logging
@@ -362,7 +363,7 @@ class BaechiSession:
         import tensorflow as tf
 
         self._check_open()
-        named = tf.nest.map_structure(self._fetch_of, fetches)
+        named = _map_fetches(self._fetch_of, fetches)
         feeds = self._feeds_of(feed_dict)
         with self._lock:  # one thread profiles and places at a time; runs go side by side
             # The caller's time limit holds for each profiling run as for the run itself.
@@ -380,6 +381,43 @@ class BaechiSession:
                 placed.runs -= 1
                 if placed.retired and not placed.runs:
                     placed.session.close()
+
+    def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
+        """Like ``Session.make_callable``: a function of the values of `feed_list`, in that
+        order, that runs `fetches` (with ``options=`` and ``run_metadata=`` keywords when
+        `accept_options`). Each call is a `run`: the first profiles and places."""
+        self._check_open()
+        _map_fetches(self._fetch_of, fetches)  # a bad fetch or feed fails here, as on a Session
+        feed_list = list(feed_list or ())
+        self._feeds_of({k: None for k in feed_list})
+
+        def call(*feed_args: Any, **kwargs: Any) -> Any:
+            if len(feed_args) != len(feed_list):
+                raise ValueError(f"expected {len(feed_list)} feed values, got {len(feed_args)}")
+            options = run_metadata = None
+            if accept_options:
+                options = kwargs.pop("options", None)
+                run_metadata = kwargs.pop("run_metadata", None)
+            if kwargs:
+                raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
+            return self.run(fetches, dict(zip(feed_list, feed_args)), options, run_metadata)
+
+        return call
+
+    @property
+    def sess_str(self) -> str:
+        """The target of the sessions this object runs graphs in ('' in this process)."""
+        return self._target
+
+    def partial_run_setup(self, fetches: Any, feeds: Any = None) -> Any:
+        raise NotImplementedError(
+            "BaechiSession does not make partial runs: it profiles whole steps before it places. "
+            "Run the fetches with run(), or make partial runs in a tf.compat.v1.Session of the "
+            "graph placed so far (its placed_graph_def)"
+        )
+
+    def partial_run(self, handle: Any, fetches: Any, feed_dict: Optional[dict] = None) -> Any:
+        return self.partial_run_setup(fetches)
 
     def close(self) -> None:
         """Closes the placed session and the session this object was given (after a placement
@@ -443,8 +481,11 @@ class BaechiSession:
         """Feeds by tensor name; a sparse placeholder's value goes to its three tensors."""
         import tensorflow as tf
 
+        from tensorflow.python.util import nest  # what Session.run reads feed_dict with
+
         feeds: dict[str, Any] = {}
-        for k, v in (feed_dict or {}).items():
+        # A key may be a nested tuple of tensors, its value a tuple of the same structure.
+        for k, v in nest.flatten_dict_items(feed_dict or {}).items():
             if isinstance(k, tf.sparse.SparseTensor):
                 try:
                     indices, values, dense_shape = v
@@ -461,10 +502,8 @@ class BaechiSession:
     def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> "_Placed":
         """The placed session to run `named` in: placed (again) first when it is a new fetch
         that needs it (see the module docstring). Called with `_lock` held."""
-        import tensorflow as tf
-
         self._check_open()  # another thread may have closed it while this one waited
-        leaves = tuple(sorted(set(tf.nest.flatten(named))))
+        leaves = tuple(sorted(set(_fetch_names(named))))
         key = (leaves, tuple(sorted(feeds)))
         if key not in self._ready:
             closure = self._closure(leaves, feeds)
@@ -631,6 +670,42 @@ def _blocks_on_state(op_type: str) -> bool:
         or op_type.startswith("ReaderRead")
         or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
     )
+
+
+def _map_fetches(fn: Any, fetch: Any) -> Any:
+    """`fetch` with `fn` applied to each of its elements, nested as ``Session.run`` nests them:
+    in lists, tuples, namedtuples, mappings (of any keys, kept in their order) and attrs classes,
+    each rebuilt as its own type, so that ``Session.run`` returns the values in the same one."""
+    if fetch is None:
+        raise TypeError("cannot fetch None: give tensors, operations, variables or their names")
+    if isinstance(fetch, (list, tuple)):
+        items = [_map_fetches(fn, f) for f in fetch]
+        if isinstance(fetch, list):
+            return items
+        return tuple(items) if type(fetch) is tuple else type(fetch)(*items)  # a namedtuple
+    if isinstance(fetch, collections.abc.Mapping):
+        if isinstance(fetch, collections.defaultdict):
+            mapped = collections.defaultdict(fetch.default_factory)
+        else:
+            mapped = type(fetch)()
+        for key, value in fetch.items():
+            mapped[key] = _map_fetches(fn, value)
+        return mapped
+    fields = getattr(type(fetch), "__attrs_attrs__", None)
+    if fields is not None:
+        return type(fetch)(*(_map_fetches(fn, getattr(fetch, a.name)) for a in fields))
+    return fn(fetch)
+
+
+def _fetch_names(named: Any) -> list[str]:
+    """The names in a structure that `_map_fetches` made of names."""
+    if isinstance(named, str):
+        return [named]
+    if isinstance(named, collections.abc.Mapping):
+        named = list(named.values())
+    elif getattr(type(named), "__attrs_attrs__", None) is not None:
+        named = [getattr(named, a.name) for a in type(named).__attrs_attrs__]
+    return [name for item in named for name in _fetch_names(item)]
 
 
 @functools.lru_cache(maxsize=None)
