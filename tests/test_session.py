@@ -323,7 +323,7 @@ def test_a_dequeue_is_not_profiled_and_keeps_the_callers_time_limit():
 
     class Seen(logging.Handler):
         def emit(self, record):
-            if "without profiling a fetch that takes from a queue" in record.getMessage():
+            if "without profiling a fetch that takes from or puts into a queue" in record.getMessage():
                 placed_unprofiled.set()
 
     seen = Seen()
@@ -340,6 +340,42 @@ def test_a_dequeue_is_not_profiled_and_keeps_the_callers_time_limit():
     finally:
         logging.getLogger("baechi_tf.rewriter.session").removeHandler(seen)
     assert got == [42.0]
+
+
+def test_queue_runners_feed_it_as_they_feed_a_session():
+    # A QueueRunner's thread enqueues more than the queue holds: profiled on the scratch copy,
+    # whose queue nobody drains, its first run waited for ever, holding the lock that the
+    # training loop's run then waited for.
+    import threading
+
+    def losses(make_session):
+        g = tf.Graph()
+        with g.as_default():
+            data = tf.constant(np.arange(64, dtype=np.float32).reshape(16, 4))
+            q = tf.compat.v1.FIFOQueue(8, [tf.float32], shapes=[[4]])
+            tf.compat.v1.train.add_queue_runner(tf.compat.v1.train.QueueRunner(q, [q.enqueue_many([data])]))
+            w = tf.compat.v1.get_variable("w", [4, 2], initializer=tf.compat.v1.ones_initializer())
+            out = tf.reduce_sum(tf.matmul(q.dequeue_many(4), w))
+            init = tf.compat.v1.global_variables_initializer()
+        sess = make_session(g)
+        sess.run(init)
+        coord = tf.train.Coordinator()
+        with g.as_default():
+            threads = tf.compat.v1.train.start_queue_runners(sess=sess, coord=coord)
+        got = []
+        loop = threading.Thread(target=lambda: got.extend(float(sess.run(out)) for _ in range(5)), daemon=True)
+        loop.start()
+        loop.join(120)
+        # Stuck, close would wait for ever too (for the lock a stuck profiling run holds).
+        assert not loop.is_alive(), "the training loop never got its batches"
+        coord.request_stop()
+        sess.close()  # cancels the runners' pending enqueues
+        coord.join(threads, stop_grace_period_secs=60)
+        return got
+
+    expected = losses(lambda g: tf.compat.v1.Session(graph=g))
+    assert len(expected) == 5
+    assert losses(lambda g: BaechiSession(graph=g, num_devices=2, **fast())) == expected
 
 
 def test_a_saver_saves_and_restores_through_it(tmp_path):

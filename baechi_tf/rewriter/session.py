@@ -41,7 +41,8 @@ placed graph already holds runs there as placed (those of its ops no run had pro
 by estimated costs) rather than being profiled and placed again, which would restart that
 state: a dataset would be read again from its start. Only a fetch of ops added to the graph
 since forces a new placement then, with a warning. A fetch that takes from a queue (a dequeue, a
-reader, an accumulator) is placed without profiling, since the scratch copy's queues are empty.
+reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is placed
+without profiling: nothing fills or drains the scratch copy's queues.
 """
 
 from __future__ import annotations
@@ -589,10 +590,11 @@ class BaechiSession:
         values = self._read_values()
         blocking = sorted(n for n in closure if _blocks_on_state(self._graph.get_operation_by_name(n).type))
         if blocking:
-            # The scratch copy's queues are empty: a dequeue there would wait for ever.
+            # Nothing fills or drains the scratch copy's queues: a dequeue there would wait for
+            # ever, as would an enqueue run warmup_steps + profile_steps times into a bounded one.
             log.warning(
-                "placing without profiling a fetch that takes from a queue (%s): its ops that no "
-                "run profiled are placed by estimated costs",
+                "placing without profiling a fetch that takes from or puts into a queue (%s): its "
+                "ops that no run profiled are placed by estimated costs",
                 blocking[0],
             )
             profile = CostProfile({}, graph_fingerprint(graph_def), graph_nodes(graph_def))
@@ -663,11 +665,14 @@ def _holds_state(op_type: str) -> bool:
 
 
 def _blocks_on_state(op_type: str) -> bool:
-    """Whether ops of `op_type` wait for state that earlier runs build up (a dequeue waits for
-    an enqueue): run in a fresh copy of the graph, they may never return."""
+    """Whether ops of `op_type` wait for what other runs do to a queue (a dequeue waits for an
+    enqueue, an enqueue into a full queue for a dequeue): run over and over in a copy of the
+    graph that no other run feeds or drains, they may never return."""
     return (
         "QueueDequeue" in op_type
+        or "QueueEnqueue" in op_type
         or op_type.startswith("ReaderRead")
+        or op_type in ("Stage", "MapStage", "OrderedMapStage")
         or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
     )
 
