@@ -523,6 +523,11 @@ def test_fetch_structures_and_feed_keys_as_a_session_reads_them():
         check(sess.run(fetches, feeds))
         with pytest.raises(TypeError, match="cannot fetch None"):
             sess.run([s, None], feeds)
+        # Names as Session.run reads them: bytes too; a name not in the graph is a ValueError.
+        np.testing.assert_array_equal(sess.run(s.name.encode(), feeds), [11.0, 22.0])
+        for missing in ("nope:0", "nope"):
+            with pytest.raises(ValueError, match=f"cannot fetch '{missing}': The name '{missing}' refers to"):
+                sess.run({"a": [missing]}, feeds)
 
 
 def test_make_callable_runs_placed_as_a_session_does():

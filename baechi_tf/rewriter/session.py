@@ -476,7 +476,12 @@ class BaechiSession:
             return tf.compat.v1.SparseTensorValue(
                 self._name_of(x.indices), self._name_of(x.values), self._name_of(x.dense_shape)
             )
-        return self._name_of(x)
+        name = self._name_of(x)
+        try:
+            self._graph.as_graph_element(name)
+        except (KeyError, ValueError) as e:  # what Session.run raises for them
+            raise ValueError(f"cannot fetch {name!r}: {e.args[0] if e.args else e}") from None
+        return name
 
     def _feeds_of(self, feed_dict: Optional[dict]) -> dict[str, Any]:
         """Feeds by tensor name; a sparse placeholder's value goes to its three tensors."""
@@ -533,6 +538,8 @@ class BaechiSession:
     def _name_of(self, x: Any) -> str:
         import tensorflow as tf
 
+        if isinstance(x, bytes):  # a name in bytes, which Session.run takes too
+            x = x.decode()
         if isinstance(x, str):
             return x
         if isinstance(x, tf.RaggedTensor):  # its graph element is its flat values alone
