@@ -33,6 +33,7 @@ import re
 from typing import Any, Optional, Sequence
 
 from baechi_tf import interrupts
+from baechi_tf.progress import Progress
 from baechi_tf.cost_model.profile import (
     CostProfile,
     OpCost,
@@ -204,16 +205,19 @@ def profile_fetch(
     if graph_def is None:
         graph_def = session.graph.as_graph_def()
     warmup = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
-    for _ in range(warmup_steps):
-        session.run(fetches, feed_dict=feed_dict, options=warmup)
-        interrupts.check()
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=timeout_ms)
     traces = []
-    for _ in range(traced_steps):
-        metadata = tf.compat.v1.RunMetadata()
-        session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
-        interrupts.check()
-        traces.append(metadata.step_stats)
+    with Progress("profiling", warmup_steps + traced_steps, unit="steps", tick=True) as bar:
+        for _ in range(warmup_steps):
+            session.run(fetches, feed_dict=feed_dict, options=warmup)
+            interrupts.check()
+            bar.update(advance=1, note="warm-up")
+        for _ in range(traced_steps):
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
+            interrupts.check()
+            traces.append(metadata.step_stats)
+            bar.update(advance=1, note="traced")
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, graph_def, tf_version=tf.__version__), session.graph
     )

@@ -37,6 +37,7 @@ from baechi_tf.placer.refine import (
 )
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
+from baechi_tf.progress import Progress
 
 __all__ = ["AutoOptions", "AutoResult", "place_auto"]
 
@@ -93,26 +94,30 @@ def place_auto(
     candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
     errors: dict[int, BaechiError] = {}  # failures by index in placers
     order = sorted(range(len(placers)), key=lambda i: placers[i][0] not in run_first)
-    for i in order:
-        name, thunk = placers[i]
-        cutoff = reach * best[1].makespan_us if best is not None else math.inf
-        try:
-            placement = thunk(_PLACER_SLACK * cutoff)
-            schedule = simulate(graph, cluster, placement, cutoff_us=cutoff)
-        except ConfigError:
-            raise  # the input is wrong for every placer alike
-        except ScheduleCutOff as e:
-            log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, e, best[1].makespan_us)
-            continue
-        except BaechiError as e:
-            log.info("auto: %s failed: %s", name, e)
-            errors[i] = e
-            continue
-        candidates[name] = schedule.makespan_us
-        made.append((i, schedule))
-        log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
-        if best is None or (schedule.makespan_us, i) < (best[1].makespan_us, best[0]):
-            best = (i, schedule)
+    with Progress("auto: placers", len(order), tick=True) as bar:
+        for i in order:
+            name, thunk = placers[i]
+            bar.update(note=name + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
+            cutoff = reach * best[1].makespan_us if best is not None else math.inf
+            try:
+                placement = thunk(_PLACER_SLACK * cutoff)
+                schedule = simulate(graph, cluster, placement, cutoff_us=cutoff)
+            except ConfigError:
+                raise  # the input is wrong for every placer alike
+            except ScheduleCutOff as e:
+                log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, e, best[1].makespan_us)
+                continue
+            except BaechiError as e:
+                log.info("auto: %s failed: %s", name, e)
+                errors[i] = e
+                continue
+            finally:
+                bar.update(advance=1)
+            candidates[name] = schedule.makespan_us
+            made.append((i, schedule))
+            log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
+            if best is None or (schedule.makespan_us, i) < (best[1].makespan_us, best[0]):
+                best = (i, schedule)
     if best is None:
         raise errors[min(errors)]  # the first placer's, whatever ran first
     winner, schedule = placers[best[0]][0], best[1]

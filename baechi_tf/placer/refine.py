@@ -36,7 +36,7 @@ import heapq
 import logging
 import random
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler, pinned_group_devices
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
+from baechi_tf.progress import Progress
 
 __all__ = [
     "MAX_ALTERNATIVES", "RefineOptions", "RefineStats", "WORK_PER_SECOND", "alternative_reach", "refine",
@@ -346,12 +347,14 @@ def _balance(
     pinned: list[bool],
     seed: int,
     settings: Sequence[tuple[bool, int]],
+    shown: Callable[[_Simulation], None] = lambda sim: None,
 ) -> tuple[int, int]:
     """Window balancing on `sim` with `settings` in order while its work stays under `budget`:
-    (results tried, kept)."""
+    (results tried, kept). `shown(sim)` is called after each round."""
     tried = kept = 0
     for overlap, num_windows in settings:
         for _ in range(_WINDOW_ROUNDS):
+            shown(sim)
             if sim.work >= budget or time.perf_counter() >= deadline:
                 return tried, kept
             device_of, moved = balance_windows(
@@ -411,69 +414,83 @@ def refine(
         failed.clear()
         return True
 
+    bar = Progress("refine", budget, counts=False)  # of the work budget; the makespan so far
+
+    def show(current: _Simulation, done: int) -> None:
+        makespan = current.schedule.makespan_us
+        change = f" ({100 * (makespan / initial - 1):+.1f}%)" if initial else ""
+        bar.update(done, note=f"{makespan:,.1f} us{change}")
+
     def out_of_budget() -> bool:
+        show(sim, sim.work)
         return sim.work >= budget or time.perf_counter() >= deadline
 
-    windows_tried = windows_accepted = 0
-    if cluster.num_devices > 1 and budget > 0:
-        # Window balancing from the start placement (half of this phase's budget) and, from the
-        # other half, from as many alternatives as get about three simulations each and start
-        # close enough to catch up; the best result goes on. When no alternative qualifies,
-        # the start placement gets the whole phase.
-        window_budget = budget // 2
-        half, k, reach = _alternatives_share(graph, options.seconds)
-        close = [
-            _Simulation(graph, cluster, groups, a.placement.device_of)
-            for a in alternatives[:k]
-            if a.makespan_us <= reach * initial
-        ]
-        starts = [sim] + close
-        k = len(close)
-        shares = [window_budget - half] + [half // k] * k if k else [window_budget]
-        for start, share in zip(starts, shares):
-            settings = _START_WINDOW_SETTINGS if start is sim else _WINDOW_SETTINGS
-            t, a = _balance(start, share, deadline, pinned, options.seed, settings)
-            windows_tried += t
-            windows_accepted += a
-        work = sum(s.work for s in starts)
-        sim = min(starts, key=lambda s: s.schedule.makespan_us)  # the first of equals
-        sim.work = work
-        log.info(
-            "refinement: window balancing from %d start(s) kept %d of %d",
-            len(starts), windows_accepted, windows_tried,
-        )
+    with bar:
+        windows_tried = windows_accepted = 0
+        if cluster.num_devices > 1 and budget > 0:
+            # Window balancing from the start placement (half of this phase's budget) and, from the
+            # other half, from as many alternatives as get about three simulations each and start
+            # close enough to catch up; the best result goes on. When no alternative qualifies,
+            # the start placement gets the whole phase.
+            window_budget = budget // 2
+            half, k, reach = _alternatives_share(graph, options.seconds)
+            close = [
+                _Simulation(graph, cluster, groups, a.placement.device_of)
+                for a in alternatives[:k]
+                if a.makespan_us <= reach * initial
+            ]
+            starts = [sim] + close
+            k = len(close)
+            shares = [window_budget - half] + [half // k] * k if k else [window_budget]
+            done = 0  # work of the starts balanced before this one
+            for start, share in zip(starts, shares):
+                settings = _START_WINDOW_SETTINGS if start is sim else _WINDOW_SETTINGS
+                t, a = _balance(
+                    start, share, deadline, pinned, options.seed, settings,
+                    shown=lambda current: show(current, done + current.work),
+                )
+                done += start.work
+                windows_tried += t
+                windows_accepted += a
+            work = sum(s.work for s in starts)
+            sim = min(starts, key=lambda s: s.schedule.makespan_us)  # the first of equals
+            sim.work = work
+            log.info(
+                "refinement: window balancing from %d start(s) kept %d of %d",
+                len(starts), windows_accepted, windows_tried,
+            )
 
-    # The candidate moves of the current schedule, and how many of them were tried: until a move
-    # is accepted the list stays the same and `failed` only grows, so none is tried twice.
-    candidates: Optional[list[Move]] = None
-    tried_candidates = 0
-    free = np.flatnonzero(~is_pinned).tolist()  # what random moves draw from
-    while not out_of_budget() and cluster.num_devices > 1:
-        if candidates is None:
-            candidates, tried_candidates = _candidates(sim, pinned), 0
-        improved = False
-        while tried_candidates < len(candidates):
-            if out_of_budget():
+        # The candidate moves of the current schedule, and how many of them were tried: until a move
+        # is accepted the list stays the same and `failed` only grows, so none is tried twice.
+        candidates: Optional[list[Move]] = None
+        tried_candidates = 0
+        free = np.flatnonzero(~is_pinned).tolist()  # what random moves draw from
+        while not out_of_budget() and cluster.num_devices > 1:
+            if candidates is None:
+                candidates, tried_candidates = _candidates(sim, pinned), 0
+            improved = False
+            while tried_candidates < len(candidates):
+                if out_of_budget():
+                    break
+                move = candidates[tried_candidates]
+                tried_candidates += 1
+                if move not in failed and attempt(move):
+                    improved = True
+                    break
+            if improved:
+                candidates = None
+                continue
+            move = _random_move(sim, rng, free)
+            if move is None:
                 break
-            move = candidates[tried_candidates]
-            tried_candidates += 1
-            if move not in failed and attempt(move):
-                improved = True
-                break
-        if improved:
-            candidates = None
-            continue
-        move = _random_move(sim, rng, free)
-        if move is None:
-            break
-        if move in failed:
-            misses += 1
-            if misses > 4 * groups.num_groups * (cluster.num_devices - 1) + 20:
-                break  # random draws keep finding moves that were tried: a local optimum
-            continue
-        misses = 0
-        if attempt(move):
-            candidates = None
+            if move in failed:
+                misses += 1
+                if misses > 4 * groups.num_groups * (cluster.num_devices - 1) + 20:
+                    break  # random draws keep finding moves that were tried: a local optimum
+                continue
+            misses = 0
+            if attempt(move):
+                candidates = None
     final = Placement(np.asarray(sim.device_of, dtype=np.int32), placement.method)
     schedule = dataclasses.replace(sim.schedule, placement=final)
     stats = RefineStats(

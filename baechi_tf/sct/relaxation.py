@@ -47,6 +47,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import SolverError
 from baechi_tf.graph import OpGraph
+from baechi_tf.progress import Progress
 from baechi_tf.sct.lp import arc_comm_us, sct_lp
 from baechi_tf.sct.solvers import choose_solver, fallbacks_after, solve_lp
 
@@ -115,19 +116,22 @@ def solve_sct_relaxation(
     pieces = list(_pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops))
     for ops, arcs, _ in pieces:
         _check_size(arcs.shape[0], max_lp_arcs, ops.shape[0])
-    for ops, arcs, release in pieces:
-        # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
-        local = np.full(graph.num_ops, -1, dtype=np.int64)
-        local[ops] = np.arange(ops.shape[0])
-        s_lower = np.zeros(ops.shape[0])
-        if release:
-            s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
-        sol = solve(
-            sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower)
-        )
-        x[arcs] = sol.x
-        w_pieces = sol.w_us
-        num_lps += 1
+    with Progress(f"m-SCT LP ({name})", len(pieces), unit="pieces", tick=True) as bar:
+        for ops, arcs, release in pieces:
+            bar.update(note=f"{arcs.shape[0]:,} arcs")
+            # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
+            local = np.full(graph.num_ops, -1, dtype=np.int64)
+            local[ops] = np.arange(ops.shape[0])
+            s_lower = np.zeros(ops.shape[0])
+            if release:
+                s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
+            sol = solve(
+                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower)
+            )
+            x[arcs] = sol.x
+            w_pieces = sol.w_us
+            num_lps += 1
+            bar.update(advance=1)
 
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, c_us * x)
     w = float((s + p).max(initial=0.0))
@@ -157,7 +161,9 @@ def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
 
 
 def _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve) -> SctRelaxation:
-    sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us))
+    with Progress(f"m-SCT LP ({name})", tick=True) as bar:
+        bar.update(note=f"the whole graph, {arc_src.shape[0]:,} arcs")
+        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us))
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * sol.x)
     return SctRelaxation(arc_src, arc_dst, c_us, sol.x, s, sol.w_us, name, 1, arc_src.shape[0])
 
