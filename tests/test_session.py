@@ -229,6 +229,7 @@ def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
         sess.run(init)
         got_y, got_doubled = sess.run([y, doubled], {sp: value})
         as_tuple = sess.run({"d": doubled}, {sp: (value.indices, value.values, value.dense_shape)})
+        np.testing.assert_array_equal(sess.make_callable(y, [sp])(value), expected_y)
         with pytest.raises(TypeError, match="a SparseTensorValue or \\(indices, values, dense_shape\\)"):
             sess.run(y, {sp: [1.0, 2.0]})
         # A RaggedTensor's graph element is its flat values: fetched as such, its rows were lost.

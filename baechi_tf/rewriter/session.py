@@ -387,10 +387,15 @@ class BaechiSession:
         """Like ``Session.make_callable``: a function of the values of `feed_list`, in that
         order, that runs `fetches` (with ``options=`` and ``run_metadata=`` keywords when
         `accept_options`). Each call is a `run`: the first profiles and places."""
+        import tensorflow as tf
+
         self._check_open()
         _map_fetches(self._fetch_of, fetches)  # a bad fetch or feed fails here, as on a Session
         feed_list = list(feed_list or ())
-        self._feeds_of({k: None for k in feed_list})
+        for key in feed_list:
+            sparse = isinstance(key, tf.sparse.SparseTensor)
+            for part in (key.indices, key.values, key.dense_shape) if sparse else (key,):
+                self._name_of(part)
 
         def call(*feed_args: Any, **kwargs: Any) -> Any:
             if len(feed_args) != len(feed_list):
