@@ -137,7 +137,7 @@ def test_long_work_shows_its_bars(no_delay, monkeypatch, capsys):
     place(graph, Cluster.homogeneous(4, 1 << 34), PlacementOptions(refine_seconds=0.2))
     err = capsys.readouterr().err
     assert "\rauto: placers  [" in err and "m_etf" in err
-    assert "\rrefine  [" in err and " us (" in err
+    assert "\rrefine  [" in err and "  best " in err and " us (" in err
     assert "\rm-SCT LP (" in err and " arcs" in err
 
 

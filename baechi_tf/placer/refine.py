@@ -414,12 +414,13 @@ def refine(
         failed.clear()
         return True
 
-    bar = Progress("refine", budget, counts=False)  # of the work budget; the makespan so far
+    bar = Progress("refine", budget, counts=False)  # of the work budget; the best makespan yet
+    best_shown = [initial]  # window balancing's other starts may be behind the start placement
 
     def show(current: _Simulation, done: int) -> None:
-        makespan = current.schedule.makespan_us
+        best_shown[0] = makespan = min(best_shown[0], current.schedule.makespan_us)
         change = f" ({100 * (makespan / initial - 1):+.1f}%)" if initial else ""
-        bar.update(done, note=f"{makespan:,.1f} us{change}")
+        bar.update(done, note=f"best {makespan:,.1f} us{change}")
 
     def out_of_budget() -> bool:
         show(sim, sim.work)
