@@ -349,7 +349,7 @@ class OpGraph:
                 f"more than the 2**62 ({MAX_TOTAL_BYTES}) a graph may hold: check that sizes are "
                 "in bytes"
             )
-        if not math.isfinite(float(np.sum(self.compute_us))):
+        if not math.isfinite(sum(self.compute_us.tolist())):  # Python floats: no numpy warning
             raise InvalidGraphError(
                 "the ops' compute times add up to more than a float can hold: check that they "
                 "are in microseconds"

@@ -242,6 +242,23 @@ def test_cli_gives_one_line_for_an_oversized_output(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_gives_one_line_for_compute_times_whose_sum_overflows(tmp_path, capsys):
+    # numpy's sum once added two "RuntimeWarning: overflow" lines to the error's one.
+    import warnings
+
+    from baechi_tf.cli import main
+
+    path, out = tmp_path / "g.json", tmp_path / "p.json"
+    ops = [{"name": n, "compute_us": 1e308, "output_bytes": [4]} for n in "ab"]
+    path.write_text(json.dumps(_doc(ops)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning would be printed: fail on it instead
+        assert main(["place-json", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "compute times add up to more than a float can hold" in err[0]
+    assert not out.exists()
+
+
 # ---------------------------------------------------------------- options
 
 

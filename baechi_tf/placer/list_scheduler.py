@@ -782,5 +782,7 @@ def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerSta
     return InfeasiblePlacementError(
         f"op {graph.names[op]!r} needs {format_bytes(need[d_best])}{where} "
         f"({', '.join(parts)}), but no device can hold it once earlier ops hold theirs ({free}); "
-        "use more devices, give them more memory (--memory_fraction), or split the group"
+        "use more devices, give them more memory (--memory_per_device, a larger --memory_fraction "
+        "or --placer_memory_fraction where it is below 1, memory_bytes in place-json's input), or "
+        "split the group"
     )
