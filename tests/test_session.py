@@ -449,6 +449,14 @@ def test_report_dir_gets_the_placement(tmp_path):
     assert summary["makespan_us"] == pytest.approx(result.makespan_us)
     assert sum(d["ops"] for d in summary["devices"]) == result.graph.num_ops
     assert (reports / "gantt.png").stat().st_size > 1000
+    # trace.json: the simulated schedule, and beside it TF's timeline of the run that followed
+    # the placement (the loss step), on processes from 1001 on.
+    events = json.loads((reports / "trace.json").read_text())["traceEvents"]
+    tf_pids = {e["pid"] for e in events if e["name"] == "process_name" and e["args"]["name"].startswith("TensorFlow ")}
+    assert tf_pids and min(tf_pids) > 1000
+    ran = {e["args"]["op"] for e in events if e["pid"] in tf_pids and e["ph"] == "X"}
+    assert model.loss.op.name in ran
+    assert {n for n in ran if not n.startswith("_")} <= set(result.graph.names)  # _arg_, _retval_: TF's
 
 
 def test_out_of_memory_at_run_time_says_where_and_what_to_change():

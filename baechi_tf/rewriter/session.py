@@ -367,11 +367,28 @@ class BaechiSession:
         named = _map_fetches(self._fetch_of, fetches)
         feeds = self._feeds_of(feed_dict)
         with self._lock:  # one thread profiles and places at a time; runs go side by side
+            before = self.placement
             # The caller's time limit holds for each profiling run as for the run itself.
             placed = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
             placed.runs += 1
+            report = self.placement if self._report_dir and self.placement is not before else None
+        if report is not None:
+            # The run right after a placement is traced, for TF's timeline of the step placed
+            # beside the simulated one in the report's trace.json.
+            traced = tf.compat.v1.RunOptions()
+            if options is not None:
+                traced.CopyFrom(options)
+            traced.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+            options = traced
+            if run_metadata is None:
+                run_metadata = tf.compat.v1.RunMetadata()
         try:
-            return placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
+            values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
+            if report is not None:
+                from baechi_tf.reports import write_trace
+
+                write_trace(report.result, self._report_dir, tf_step_stats=run_metadata.step_stats)
+            return values
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
 
