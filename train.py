@@ -159,6 +159,50 @@ flags.DEFINE_float("placer_memory_fraction", _DEFAULTS.memory_fraction,
                    "Share of each device's memory the placer may fill, in (0, 1].")
 flags.DEFINE_bool("log_placer_device_placement", False, "Print 'op: device' for every op placed.")
 
+# --- the original's flags for what is not ported (spec 1.1): refused unless left at the default --
+flags.DEFINE_bool(
+    "fusion_check_disjoint_paths", False,
+    "Fusion: search for a second path exactly before each merge, without the search budget after "
+    "which fusion here falls back to the conservative rule (the default checks exactly within it).")
+flags.DEFINE_bool("fusion_allow_cycle", False,
+                  "Not ported: fusion without a cycle check makes graphs TF cannot run.")
+flags.DEFINE_bool("only_important_ops", False,
+                  "Not ported (it needs Grappler's important-op analysis): the whole graph is placed.")
+flags.DEFINE_string("adjustment_method", "noop",
+                    "The original's post-placement adjuster: only its default, noop, is here.")
+flags.DEFINE_bool("adjustment_with_memory_limit", False, "Not ported (adjuster).")
+flags.DEFINE_bool("grappler", False, "Not ported: Grappler's hierarchical RL placer.")
+flags.DEFINE_integer("grappler_time", 3600, "Grappler's RL placer only (not ported).")
+flags.DEFINE_string("stats_path", "./stats.log", "Unused, as in the original (dead code there).")
+flags.DEFINE_string("device_info_path", "./device_info.json", "Unused, as in the original.")
+flags.DEFINE_bool("log_colocation_graph", False, "Colocation placer only (not ported).")
+flags.DEFINE_bool("resolve_cycle", False, "Colocation placer only (not ported).")
+flags.DEFINE_bool("consider_all_edges_in_grouping", False, "Colocation placer only (not ported).")
+
+# (flag, value that is refused, why): what a run of the original's command line that needs them
+# cannot get here.
+_NOT_PORTED = (
+    ("fusion_allow_cycle", True, "fusion without a cycle check can make a cyclic graph TF cannot "
+     "run; leave it off (fusion checks for cycles)"),
+    ("only_important_ops", True, "it needs Grappler's important-op analysis; the whole graph is "
+     "placed instead: leave it off"),
+    ("adjustment_with_memory_limit", True, "the original's post-placement adjuster is not ported; "
+     "leave it off"),
+    ("grappler", True, "Grappler's hierarchical RL placer is not ported (it took hours where "
+     "Baechi takes seconds); use --placement_method"),
+)
+
+
+def _refuse_unported() -> None:
+    for flag, refused, why in _NOT_PORTED:
+        if FLAGS[flag].value == refused:
+            raise ConfigError(f"--{flag} is not supported: {why}")
+    if FLAGS.adjustment_method != "noop":
+        raise ConfigError(
+            f"--adjustment_method={FLAGS.adjustment_method}: the original's post-placement adjuster "
+            "is not ported (its default, noop, changes nothing); leave it out")
+
+
 # --- ours ----------------------------------------------------------------------------------------
 flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, ["auto", "mosek", "highs", "cvxopt"],
                   "m-SCT's LP solver; 'auto': MOSEK when licensed, else HiGHS, else cvxopt.")
@@ -683,9 +727,28 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
           f"elsewhere: {len(elsewhere)}" + (f" (first: {elsewhere[0]})" if elsewhere else ""))
 
 
+def _placement_options() -> PlacementOptions:
+    """The placement options the flags give, validated."""
+    _refuse_unported()
+    options = PlacementOptions(
+        placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
+        placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
+        fusion_path_check="exact" if FLAGS.fusion_check_disjoint_paths else "auto",
+        lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
+        memory_fraction=FLAGS.placer_memory_fraction,
+        refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
+    options.validate()
+    return options
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         print(f"train: error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
+        return 2
+    try:  # flags are checked before TensorFlow loads, so that their errors come at once
+        _placement_options()
+    except ConfigError as e:
+        print(f"train: error: {e}", file=sys.stderr)
         return 2
     _import_tensorflow_quietly()
     import tensorflow as tf
@@ -700,13 +763,7 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)
     try:
         with interrupts.recording():
-            options = PlacementOptions(
-                placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
-                placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
-                lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
-                memory_fraction=FLAGS.placer_memory_fraction,
-                refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
-            options.validate()
+            options = _placement_options()
             config = _config_from_flags()
             setup, session_config, target = _devices()
             if FLAGS.costgen:

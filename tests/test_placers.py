@@ -307,3 +307,57 @@ def test_check_refuses_a_schedule_of_another_placement():
         check_placement(graph, cluster, groups, spread, other)
     mine = simulate(graph, cluster, spread)
     assert check_placement(graph, cluster, groups, spread, mine) is mine
+
+
+def test_m_topo_nonuniform_fills_each_device_to_its_capacity_in_turn():
+    # The original's variant: m-TOPO's uniform cap is an equal share of the graph's memory;
+    # without it each device takes topological slices until the next group does not fit.
+    b = OpGraphBuilder()
+    for i in range(12):
+        b.add_op(f"op{i}", 10.0, [100], persistent_bytes=1000)  # weights: held all step
+        if i:
+            b.add_edge(f"op{i - 1}", f"op{i}")
+    g = b.build()
+    roomy = graphs.cluster(3, memory_bytes=1 << 30)
+    uniform = place(g, roomy, PlacementOptions(placement_method="m_topo")).placement
+    assert len(set(uniform.device_of.tolist())) == 3
+    filled = place(g, roomy, PlacementOptions(placement_method="m_topo_nonuniform")).placement
+    assert filled.method == "m_topo_nonuniform" and set(filled.device_of.tolist()) == {0}
+    # 5,000 bytes a device: the weights of four or five ops fill one, the next goes on.
+    tight = graphs.cluster(3, memory_bytes=5000)
+    device_of = place(g, tight, PlacementOptions(placement_method="m_topo_nonuniform")).placement.device_of
+    counts = np.bincount(device_of, minlength=3).tolist()
+    assert device_of.tolist() == sorted(device_of.tolist()) and counts[0] >= 4 and counts[2] > 0, counts
+
+
+@pytest.mark.parametrize("method", ["m_etf_reserve", "m_sct_reserve"])
+def test_the_originals_reserve_methods_are_named_as_not_ported(method):
+    with pytest.raises(ConfigError, match=f"'{method}' is the original's, not ported: .* Use {method[:5]}"):
+        PlacementOptions(placement_method=method).validate()
+
+
+def test_fusion_path_check_reaches_fusion(caplog):
+    import logging
+
+    # u -> v with another successor of u and another predecessor of v (of other groups, never
+    # merged), but no second path u ~> v: the conservative rule refuses the merge, the exact check
+    # makes it.
+    b = OpGraphBuilder()
+    for name, group in (("u", "g"), ("v", "g"), ("w", "w"), ("x", "x")):
+        b.add_op(name, 10.0, [100], colocation=[group])
+    for u, v in (("u", "v"), ("u", "w"), ("x", "v")):
+        b.add_edge(u, v)
+    g = b.build()
+    fused = {}
+    for check in ("exact", "conservative"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="baechi_tf.placer.pipeline"):
+            place(g, graphs.cluster(2), PlacementOptions("m_etf", placer_type="fusion", fusion_path_check=check))
+        fused[check] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fusion")]
+    sizes = {}
+    for check, messages in fused.items():
+        assert len(messages) == 1 and messages[0].startswith(f"fusion ({check} path check): 4 ops into ")
+        sizes[check] = int(messages[0].rsplit(" ", 1)[1])
+    assert sizes == {"exact": 3, "conservative": 4}
+    with pytest.raises(ConfigError, match="unknown fusion path check 'fast'"):
+        PlacementOptions(fusion_path_check="fast").validate()

@@ -59,10 +59,14 @@ def figure(out, label):
     return float(m.group(1))
 
 
-def place(cost_path, model_flags, method, tmp_path, *extra):
+def place(cost_path, model_flags, method, tmp_path, *extra, stderr=None):
+    """Places and runs; (stdout, placement, where ops ran). `stderr`: a list to append it to."""
     logdir = tmp_path / "logdir"
-    out = train(f"--cost_path={cost_path}", *model_flags, f"--placement_method={method}",
-                *FAST_RUN, "--log_placer_device_placement", f"--logdir={logdir}", *extra).stdout
+    done = train(f"--cost_path={cost_path}", *model_flags, f"--placement_method={method}",
+                 *FAST_RUN, "--log_placer_device_placement", f"--logdir={logdir}", *extra)
+    out = done.stdout
+    if stderr is not None:
+        stderr.append(done.stderr)
     assert figure(out, "Entire placement time") > 0
     assert figure(out, "Simulated step time") > 0
     assert figure(out, "Average step time (measured)") > 0
@@ -114,6 +118,25 @@ def test_gnmt_each_method_places_and_runs_where_placed(gnmt_profile, method, tmp
     elif method in ("m_topo", "m_etf", "m_sct"):
         assert re.search(rf"^method\s+{method}\b", out, re.M), out
         assert len(used) > 1
+
+
+def test_the_seeds_placement_flags_and_the_originals_unused_ones(gnmt_profile, tmp_path):
+    # The README's (the original's) placement command, with flags of the original that are
+    # accepted: --fusion_check_disjoint_paths asks fusion for exact path checks, the others are
+    # unused there too.
+    path, profile = gnmt_profile
+    err = []
+    out, placement, ran = place(
+        path, GNMT, "m_etf", tmp_path, "--placer_type=fusion", "--grouper=coplace",
+        "--comm_cost_coeffs=0.0001754,134", "--memory_fraction=1.0", "--fusion_check_disjoint_paths",
+        "--stats_path=/nonexistent/stats.log", "--device_info_path=/nonexistent/info.json",
+        "--grappler_time=10", "--resolve_cycle", "--verbosity=0", stderr=err,
+    )
+    fused = re.search(r"fusion \(exact path check\): (\d+) ops into (\d+)", err[0])
+    assert fused and int(fused.group(2)) < int(fused.group(1)), err[0][-3000:]
+    check_ran_as_placed(placement, ran, profile)
+    assert re.search(r"^method\s+m_etf\b", out, re.M), out
+    assert len(set(placement.values())) > 1
 
 
 def test_lp_time_limit_reaches_the_placer(gnmt_profile):
@@ -179,6 +202,14 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--only_forward"], "--colocate_grads_with_ops"),
         (["--placement_method=magic"], "unknown placement method 'magic'"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
+        # The original's flags for what is not ported: named, with what to do instead.
+        (["--placement_method=m_etf_reserve"], "'m_etf_reserve' is the original's, not ported"),
+        (["--placement_method=m_sct_reserve"], "Use m_sct"),
+        (["--grappler"], "--grappler is not supported: Grappler's hierarchical RL placer"),
+        (["--fusion_allow_cycle"], "--fusion_allow_cycle is not supported"),
+        (["--only_important_ops"], "--only_important_ops is not supported"),
+        (["--adjustment_method=memory"], "adjuster is not ported"),
+        (["--adjustment_with_memory_limit"], "--adjustment_with_memory_limit is not supported"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args, message):

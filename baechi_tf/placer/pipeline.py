@@ -18,12 +18,12 @@ from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
-from baechi_tf.placer.fusion import FusedGraph, fuse
+from baechi_tf.placer.fusion import FusedGraph, FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
 from baechi_tf.placer.layers import find_layers, place_layers
 from baechi_tf.placer.m_etf import METFOptions, place_m_etf
-from baechi_tf.placer.m_topo import place_m_topo
+from baechi_tf.placer.m_topo import MTopoOptions, place_m_topo
 from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
@@ -166,6 +166,13 @@ def _m_sct(
     return place_m_sct(graph, cluster, groups, options=sct)
 
 
+def _m_topo_nonuniform(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
+    """The original's variant of m-TOPO: each device filled to its capacity in turn, not to an
+    equal share of the graph's memory."""
+    placement = place_m_topo(graph, cluster, groups, options=MTopoOptions(uniform=False))
+    return Placement(placement.device_of, "m_topo_nonuniform")
+
+
 _AUTO_MAX_LP_ARCS = 5000
 # Above this size auto skips the coplace-group runs: on bench/quality.py they never decide the
 # result (the same table without them), and on 100k ops they took some 28 of 69 s.
@@ -176,6 +183,7 @@ _PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
+    "m_topo_nonuniform": lambda g, c, gr, o: _m_topo_nonuniform(g, c, gr),
     "m_etf": _m_etf,
     "m_sct": _m_sct,
     "heft": lambda g, c, gr, o: place_heft(g, c, gr),
@@ -186,6 +194,13 @@ _METHODS: dict[str, Method] = {
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
+# The original's placement methods that are not here, and what to use instead.
+_RESERVE = (
+    "it reserved memory for each group when the group was first placed; here {0} places a group "
+    "only while its weights leave room for tensors, and retries with more room when memory runs "
+    "out. Use {0}"
+)
+_NOT_PORTED = {"m_etf_reserve": _RESERVE.format("m_etf"), "m_sct_reserve": _RESERVE.format("m_sct")}
 # The methods that also take a cutoff_us, after the options, which auto passes to stop them early.
 _CUT_OFF = {"m_etf", "m_sct"}
 
@@ -203,6 +218,7 @@ class PlacementOptions:
     placement_method: str = "auto"  # one of PLACEMENT_METHODS
     grouper: str = "tf"  # 'tf': TF colocation only; 'coplace': also single-consumer merging
     placer_type: str = "default"  # 'default' or 'fusion' (place a fused graph)
+    fusion_path_check: str = "auto"  # fusion's cycle check: 'auto', 'exact' or 'conservative'
     sct_threshold: float = 0.1  # m-SCT: LP edge values <= this make a favourite child
     lp_solver: str = "auto"  # m-SCT: 'auto', 'mosek', 'highs' or 'cvxopt'
     lp_time_limit: Optional[float] = None  # m-SCT: seconds per LP solve; 'auto' then tries the next solver
@@ -212,6 +228,11 @@ class PlacementOptions:
     expert: Optional[Mapping[str, str]] = None  # the model's own layout: op name -> device
 
     def validate(self) -> None:
+        if self.placement_method in _NOT_PORTED:
+            raise ConfigError(
+                f"placement method {self.placement_method!r} is the original's, not ported: "
+                f"{_NOT_PORTED[self.placement_method]}"
+            )
         if self.placement_method not in _METHODS:
             raise ConfigError(
                 f"unknown placement method {self.placement_method!r}; choose one of "
@@ -224,6 +245,11 @@ class PlacementOptions:
         if self.placer_type not in ("default", "fusion"):
             raise ConfigError(
                 f"unknown placer type {self.placer_type!r}; choose 'default' or 'fusion'"
+            )
+        if self.fusion_path_check not in ("auto", "exact", "conservative"):
+            raise ConfigError(
+                f"unknown fusion path check {self.fusion_path_check!r}; choose 'auto', 'exact' or "
+                "'conservative'"
             )
         # The comparisons below raise TypeError on a string ('0.5' from a config file).
         for field in ("memory_fraction", "lp_time_limit", "refine_seconds", "sct_threshold", "seed"):
@@ -316,7 +342,13 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         except InfeasiblePlacementError as e:
             return _packed_instead(g, cluster, gr, options.placement_method, e)
 
-    fused = fuse(graph, groups) if options.placer_type == "fusion" else None
+    fused = None
+    if options.placer_type == "fusion":
+        fused = fuse(graph, groups, options=FusionOptions(path_check=options.fusion_path_check))
+        log.info(
+            "fusion (%s path check): %d ops into %d", options.fusion_path_check, graph.num_ops,
+            fused.graph.num_ops,
+        )
     if options.placement_method == "auto":
         # auto judges its candidates on the real graph even when they were placed fused.
         auto = _run_auto(graph, cluster, groups, options, fused)
