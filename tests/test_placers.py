@@ -361,3 +361,16 @@ def test_fusion_path_check_reaches_fusion(caplog):
     assert sizes == {"exact": 3, "conservative": 4}
     with pytest.raises(ConfigError, match="unknown fusion path check 'fast'"):
         PlacementOptions(fusion_path_check="fast").validate()
+
+
+def test_auto_runs_the_models_own_layout_when_it_has_one():
+    from baechi_tf.placer.simulator import simulate
+
+    g = graphs.fork_join(4)
+    c = graphs.cluster(2)
+    layout = {name: c.names[i % 2] for i, name in enumerate(g.names)}
+    expert = place(g, c, PlacementOptions("expert", expert=layout))
+    assert expert.placement.device_of.tolist() == [i % 2 for i in range(g.num_ops)]
+    auto = place(g, c, PlacementOptions("auto", expert=layout, refine_seconds=0))
+    assert auto.candidates["expert"] == pytest.approx(simulate(g, c, expert.placement).makespan_us)
+    assert "expert" not in place(g, c, PlacementOptions("auto", refine_seconds=0)).candidates

@@ -401,3 +401,38 @@ def test_device_labels_drop_a_task_that_every_device_shares():
     assert _device_label("/job:localhost/replica:0/task:0/device:CPU:1", one_task=True) == "CPU:1"
     assert _device_label("/job:w/replica:0/task:1/device:GPU:0", one_task=False) == "w/r0/t1 GPU:0"
     assert _device_label("/device:GPU:2") == "GPU:2"
+
+
+def _red_pixels(png: bytes) -> np.ndarray:
+    """bool [height, width]: where the image is the red of the critical path and the capacity
+    (#d62728, lighter where a thin line is smoothed; the palette's orange has more green)."""
+    import io
+
+    import matplotlib.image
+
+    image = matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3]
+    return (image[..., 0] > 0.6) & (image[..., 1] < 0.4) & (image[..., 2] < 0.4)
+
+
+def test_gantt_highlights_the_critical_path_across_the_step(fork_join_reports):
+    from baechi_tf.reports import _gantt_png
+
+    result, _, paths = fork_join_reports
+    critical = result.schedule.critical_path(result.graph, result.cluster)
+    assert len(critical) > 2
+    with open(paths["gantt"], "rb") as f:
+        red = _red_pixels(f.read())
+    plain = _red_pixels(_gantt_png(result, []))  # no path: only the legend's patch is red
+    assert red.sum() > 5 * plain.sum() > 0
+    # The path runs from the step's start to its end: red over most of the time axis.
+    assert red.any(axis=0).mean() > 0.5 and plain.any(axis=0).mean() < 0.05
+
+
+def test_memory_png_draws_the_capacity_as_a_line_above_the_curve(fork_join_reports):
+    _, _, paths = fork_join_reports
+    with open(paths["memory_0"], "rb") as f:
+        red = _red_pixels(f.read())
+    rows = red.sum(axis=1)
+    line = int(np.argmax(rows))
+    assert rows[line] > 0.4 * red.shape[1]  # dashed, across the plot
+    assert rows[line + 3 :].sum() < 0.05 * rows[line]  # nothing red under it: the curve is not red
