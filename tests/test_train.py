@@ -6,6 +6,7 @@ step's RunMetadata, from which the tests check on their own that every op ran wh
 """
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -184,6 +185,15 @@ def test_transformer_costgen_then_auto_with_reports(tmp_path_factory, tmp_path):
     check_ran_as_placed(placement, ran, profile)
     assert re.search(r"^method\s+auto\(", out, re.M), out
     assert {"gantt.png", "summary.json", "trace.json", "graph.pbtxt"} <= set(os.listdir(reports))
+    # The trace holds TF's timeline of the traced placed step beside the simulated one: the ops
+    # TF ran there, on the devices they ran on.
+    events = json.loads((reports / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    tf_pids = {pid for pid, name in names.items() if name.startswith("TensorFlow ")}
+    assert tf_pids and min(tf_pids) > 1000
+    on_tf = {(e["args"]["op"], names[e["pid"]]) for e in events if e["pid"] in tf_pids and e["ph"] == "X"}
+    assert {op for op, _ in on_tf} >= set(ran)
+    assert all(names_device.endswith(ran[op]) for op, names_device in on_tf if op in ran)
 
 
 def test_a_profile_of_other_flags_is_refused(gnmt_profile):
