@@ -172,3 +172,29 @@ def test_help_explains():
     )
     assert proc.returncode == 0
     assert "--placement_method" in proc.stdout and "--out" in proc.stdout
+
+
+def test_the_baechi_command_is_installed_and_explains():
+    # The console script setup.py installs, beside the interpreter that runs the tests.
+    baechi = os.path.join(os.path.dirname(sys.executable), "baechi")
+    proc = subprocess.run([baechi, "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "place-json" in proc.stdout and "BAECHI_TF_PROGRESS" in proc.stdout
+
+
+def test_placer_flags_reach_the_placer(tmp_path, caplog):
+    import logging
+
+    # m-SCT on a fused graph with HiGHS named: what the flags ask for is what ran.
+    out = tmp_path / "p.json"
+    args = ["place-json", EXAMPLE, "--placement_method", "m_sct", "--placer_type", "fusion",
+            "--grouper", "coplace", "--lp_solver", "highs", "--sct_threshold", "0.2", "--out", str(out)]
+    with caplog.at_level(logging.INFO, logger="baechi_tf"):
+        assert main(args) == 0
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "m-SCT LP:" in logged and " by highs," in logged, logged
+    assert "fusion (auto path check): " in logged
+    assert json.loads(out.read_text())["placement_method"] == "m_sct"
+    with pytest.raises(SystemExit) as e:
+        main(["place-json", EXAMPLE, "--lp_solver", "nope"])
+    assert e.value.code == 2
