@@ -584,7 +584,7 @@ def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(10, 3.8), dpi=_DPI)
         FigureCanvasAgg(fig)
-        ax = fig.add_axes((0.08, 0.14, 0.9, 0.76))
+        ax = fig.add_axes((0.08, 0.14, 0.9, 0.70))
         _memory_curve(ax, times, values, persistent / size)
         ax.axhline(capacity / size, color=_CRITICAL, ls="--", lw=1.2, label=f"capacity {format_bytes(capacity)}")
         i = int(np.argmax(mem.bytes))
@@ -602,8 +602,10 @@ def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
             f"{device.name}: peak {format_bytes(peak)} of {format_bytes(capacity)} "
             f"({100 * peak / capacity:.1f}%), {int((schedule.placement.device_of == d).sum())} ops",
             loc="left",
+            pad=20,  # room for the legend's row under it: a long device name once ran into it
         )
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False, fontsize=7.5)
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False, fontsize=7.5,
+                  borderaxespad=0.2)
         ax.grid(color="#e4e4e4", lw=0.5)
         ax.set_axisbelow(True)
         for side in ("top", "right"):
