@@ -350,7 +350,7 @@ def _balance(
     shown: Callable[[_Simulation], None] = lambda sim: None,
 ) -> tuple[int, int]:
     """Window balancing on `sim` with `settings` in order while its work stays under `budget`:
-    (results tried, kept). `shown(sim)` is called after each round."""
+    (results tried, kept). `shown(sim)` is called before each round (a progress bar)."""
     tried = kept = 0
     for overlap, num_windows in settings:
         for _ in range(_WINDOW_ROUNDS):
