@@ -159,7 +159,7 @@ flags.DEFINE_float("placer_memory_fraction", _DEFAULTS.memory_fraction,
                    "Share of each device's memory the placer may fill, in (0, 1].")
 flags.DEFINE_bool("log_placer_device_placement", False, "Print 'op: device' for every op placed.")
 
-# --- the original's flags for what is not ported (spec 1.1): refused unless left at the default --
+# --- the original's other flags (spec 1.1): accepted where they apply, else refused when set ----
 flags.DEFINE_bool(
     "fusion_check_disjoint_paths", False,
     "Fusion: search for a second path exactly before each merge, without the search budget after "
