@@ -246,6 +246,29 @@ def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
         np.testing.assert_array_equal(got.dense_shape, expected_doubled.dense_shape)
 
 
+def test_indexed_slices_are_fetched_as_a_session_does():
+    # A gather's gradient, an IndexedSlices, was refused (TypeError).
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, [3])
+        emb = tf.compat.v1.get_variable("emb", [10, 4], initializer=tf.compat.v1.ones_initializer())
+        (grad,) = tf.gradients(tf.reduce_sum(tf.gather(emb, ids) * 3.0), [emb])
+        no_shape = tf.IndexedSlices(grad.values, grad.indices)
+        init = tf.compat.v1.global_variables_initializer()
+    assert isinstance(grad, tf.IndexedSlices)
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = plain.run(grad, {ids: [1, 2, 2]})
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(init)
+        got = sess.run({"g": [grad]}, {ids: [1, 2, 2]})["g"][0]
+        with pytest.raises(TypeError, match="IndexedSlices .* has no dense_shape; fetch its values and indices"):
+            sess.run(no_shape, {ids: [1, 2, 2]})
+    assert type(got) is type(expected)
+    for field in ("values", "indices", "dense_shape"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
+
+
 def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
     import threading
 

@@ -491,12 +491,24 @@ class BaechiSession:
 
     def _fetch_of(self, x: Any) -> Any:
         """The name of a fetch; a SparseTensor's is a SparseTensorValue of its three tensors'
-        names, which ``Session.run`` returns as a SparseTensorValue of their values."""
+        names, which ``Session.run`` returns as a SparseTensorValue of their values (and so for
+        an IndexedSlices)."""
         import tensorflow as tf
 
         if isinstance(x, tf.sparse.SparseTensor):
             return tf.compat.v1.SparseTensorValue(
                 self._name_of(x.indices), self._name_of(x.values), self._name_of(x.dense_shape)
+            )
+        if isinstance(x, tf.IndexedSlices):  # a gather's gradient: an IndexedSlicesValue
+            if x.dense_shape is None:
+                raise TypeError(
+                    f"cannot fetch the IndexedSlices {x!r} whole: it has no dense_shape; fetch its "
+                    "values and indices"
+                )
+            from tensorflow.python.framework.indexed_slices import IndexedSlicesValue  # not public
+
+            return IndexedSlicesValue(
+                self._name_of(x.values), self._name_of(x.indices), self._name_of(x.dense_shape)
             )
         name = self._name_of(x)
         try:
