@@ -212,6 +212,10 @@ flags.DEFINE_float("lp_time_limit", None,
 flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
                    "auto: time for refining the best placement; 0 turns it off.")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
+flags.DEFINE_bool(
+    "allow_profile_mismatch", False,
+    "Place with a --cost_path profile taken on another graph (other model flags): the costs of "
+    "the ops that match are used, the others estimated, and the summary says what did not match.")
 flags.DEFINE_string("memory_per_device", "8GiB",
                     "Memory of each CPU stand-in for a GPU, e.g. 8GiB, 512MiB or bytes.")
 flags.DEFINE_string(
@@ -676,7 +680,8 @@ def place_and_run(
     t0 = time.perf_counter()
     placed_def, report = place_graph_def(
         built.graph_def, profile, setup.cluster, options,
-        host_device=setup.host, device_aliases=setup.aliases)
+        host_device=setup.host, device_aliases=setup.aliases,
+        allow_profile_mismatch=FLAGS.allow_profile_mismatch)
     placement_seconds = time.perf_counter() - t0
     print(report.summary())
     steps = ", ".join(f"{k} {v:.3f} s" for k, v in report.step_seconds.items())

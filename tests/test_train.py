@@ -201,6 +201,11 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
     flags = [f for f in GNMT if not f.startswith("--rnn_units")] + ["--rnn_units=16"]
     done = train(f"--cost_path={path}", *flags, "--placement_method=m_etf", expect=2)
     assert done.stderr.count("\n") == 1 and "taken on another graph" in done.stderr, done.stderr
+    assert "--allow_profile_mismatch" in done.stderr  # the fix it names is a flag train.py has
+    done = train(f"--cost_path={path}", *flags, "--placement_method=m_etf", *FAST_RUN,
+                 "--allow_profile_mismatch")
+    assert re.search(r"^profile mismatch \(allowed\): ", done.stdout, re.M), done.stdout
+    assert figure(done.stdout, "Average step time (measured)") > 0
 
 
 @pytest.mark.parametrize(
