@@ -203,8 +203,10 @@ def test_gpus_are_taken_where_a_task_has_them():
 
 
 def test_too_few_devices_on_a_task_say_how_to_start_it():
+    # Fewer asked for: each entry point's own way (train.py has no --num_devices).
     with pytest.raises(ConfigError, match=r"task /job:worker/replica:0/task:0 has 2 virtual CPU "
-                       r"devices .* but 3 devices per task .*--num_devices=3"):
+                       r"devices .* but 3 devices per task .*train.py's --num_gpus, baechi place's "
+                       r"--num_devices, BaechiSession's num_devices=.*--num_devices=3"):
         devices_from_listing(_listing(), num_devices_per_task=3)
     bare = [(f"{W0}/device:CPU:0", "CPU", 1 << 28)]
     with pytest.raises(ConfigError, match=r"has no GPU and no CPU device but its host CPU:0: "

@@ -410,7 +410,8 @@ def devices_from_listing(
             kind = "GPUs" if gpus else "virtual CPU devices (CPU:1..)"
             raise ConfigError(
                 f"task {task} has {len(chosen)} {kind} but {want} devices per task were asked "
-                f"for: ask for fewer (--num_devices), or start its server with more "
+                f"for: ask for fewer (train.py's --num_gpus, baechi place's --num_devices, "
+                f"BaechiSession's num_devices=), or start its server with more "
                 f"(--num_devices={want})"
             )
         for i, (name, device_type, limit) in enumerate(chosen[:want]):
