@@ -269,6 +269,23 @@ def test_indexed_slices_are_fetched_as_a_session_does():
         np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
 
 
+def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
+    # The error named ignore_user_devices=True, which BaechiSession did not take.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        with tf.device("/device:GPU:7"):
+            y = x * 2.0
+        z = y + 1.0
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        with pytest.raises(ConfigError, match="pinned to '/device:GPU:7'.*ignore_user_devices=True"):
+            sess.run(z, {x: [1.0, 2.0]})
+    with BaechiSession(graph=g, num_devices=2, ignore_user_devices=True, **fast()) as sess:
+        np.testing.assert_array_equal(sess.run(z, {x: [1.0, 2.0]}), [3.0, 5.0])
+        placed = {n.name: n.device for n in sess.placed_graph_def.node}
+    assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
+
+
 def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
     import threading
 

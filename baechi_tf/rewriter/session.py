@@ -32,7 +32,9 @@ every task, `num_devices` being then a number per task (None: all); transfers be
 `inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
 sessions whose state is isolated from each other's. Unless `grappler=True`, Grappler and the
 classic graph optimizer are off in the sessions this class makes, so ops run where they were
-placed and keep their names.
+placed and keep their names. Ops the graph pins (``tf.device``) stay there; a pin to a device that
+is not among them is an error unless ``ignore_user_devices=True``, which places those ops like the
+others (code written for more GPUs than the machine has).
 
 Only variables carry over from one session to the next: the state of iterators, lookup tables,
 queues and random number generators starts afresh in each placed session. So once a run has used
@@ -221,6 +223,7 @@ class BaechiSession:
         cost_path: Optional[str] = None,
         grappler: bool = False,
         report_dir: Optional[str] = None,
+        ignore_user_devices: bool = False,
     ) -> None:
         import tensorflow as tf
 
@@ -307,6 +310,7 @@ class BaechiSession:
             check_writable(cost_path, "cost_path")
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
+        self._ignore_user_devices = ignore_user_devices  # place ops the graph pins, too
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
@@ -665,6 +669,7 @@ class BaechiSession:
             self._options,
             host_device=self._setup.host,
             device_aliases=self._setup.aliases,
+            ignore_user_devices=self._ignore_user_devices,
         )
         placed = _Placed(placed_def, self._run_config, self._target)
         try:
