@@ -751,7 +751,7 @@ def main(argv: list[str]) -> int:
         print(f"train: error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
         return 2
     try:  # flags are checked before TensorFlow loads, so that their errors come at once
-        _placement_options()
+        options = _placement_options()
     except ConfigError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
@@ -768,7 +768,6 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)
     try:
         with interrupts.recording():
-            options = _placement_options()
             config = _config_from_flags()
             setup, session_config, target = _devices()
             if FLAGS.costgen:

@@ -88,7 +88,8 @@ def write_reports(
     put("gantt", "gantt.png", _gantt_png(result, critical))
     for d, mem in enumerate(memory):
         put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
-    put("trace", "trace.json", _trace_json(result, tf_step_stats, memory, critical))
+    trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
+    put("trace", "trace.json", json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n")
     put("summary", "summary.json", json.dumps(summary(result, critical), indent=1, sort_keys=True) + "\n")
     if graph_def is not None:
         from google.protobuf import text_format
@@ -96,23 +97,6 @@ def write_reports(
         put("graph_pbtxt", "graph.pbtxt", text_format.MessageToString(graph_def))
         put("graph_events", "events.out.tfevents.baechi", _graph_events(graph_def))
     return paths
-
-
-def write_trace(result: Any, report_dir: str, *, tf_step_stats: Any = None) -> str:
-    """Writes (or rewrites) only `report_dir`/trace.json, as `write_reports` does: for a
-    `tf_step_stats` that arrives after the other reports (`BaechiSession` traces the first run of
-    a placement, after it has written them). Returns its path."""
-    os.makedirs(report_dir, exist_ok=True)
-    memory = memory_timeline(result.graph, result.cluster, result.schedule)
-    critical = result.schedule.critical_path(result.graph, result.cluster)
-    path = os.path.join(report_dir, "trace.json")
-    atomic_write(path, _trace_json(result, tf_step_stats, memory, critical))
-    return path
-
-
-def _trace_json(result: Any, tf_step_stats: Any, memory: Any, critical: Sequence[int]) -> str:
-    trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
-    return json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n"
 
 
 # -------------------------------------------------------------------------------- summary

@@ -377,8 +377,8 @@ class BaechiSession:
             placed.runs += 1
             report = self.placement if self._report_dir and self.placement is not before else None
         if report is not None:
-            # The run right after a placement is traced, for TF's timeline of the step placed
-            # beside the simulated one in the report's trace.json.
+            # The run right after a placement is traced: the reports, written after it, show TF's
+            # timeline of that step beside the simulated one in trace.json.
             traced = tf.compat.v1.RunOptions()
             if options is not None:
                 traced.CopyFrom(options)
@@ -386,12 +386,10 @@ class BaechiSession:
             options = traced
             if run_metadata is None:
                 run_metadata = tf.compat.v1.RunMetadata()
+        ran = False
         try:
             values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
-            if report is not None:
-                from baechi_tf.reports import write_trace
-
-                write_trace(report.result, self._report_dir, tf_step_stats=run_metadata.step_stats)
+            ran = True
             return values
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
@@ -399,6 +397,13 @@ class BaechiSession:
             result = self.placement.result if self.placement is not None else None
             raise out_of_memory_error(e, result) from e
         finally:
+            if report is not None:  # also when the run failed (out of memory): without TF's step
+                from baechi_tf.reports import write_reports
+
+                write_reports(
+                    report.result, self._report_dir, graph_def=placed.graph_def,
+                    tf_step_stats=run_metadata.step_stats if ran else None,
+                )
             with self._lock:
                 placed.runs -= 1
                 if placed.retired and not placed.runs:
@@ -408,14 +413,11 @@ class BaechiSession:
         """Like ``Session.make_callable``: a function of the values of `feed_list`, in that
         order, that runs `fetches` (with ``options=`` and ``run_metadata=`` keywords when
         `accept_options`). Each call is a `run`: the first profiles and places."""
-        import tensorflow as tf
-
         self._check_open()
         _map_fetches(self._fetch_of, fetches)  # a bad fetch or feed fails here, as on a Session
         feed_list = list(feed_list or ())
         for key in feed_list:
-            sparse = isinstance(key, tf.sparse.SparseTensor)
-            for part in (key.indices, key.values, key.dense_shape) if sparse else (key,):
+            for part in _parts(key):
                 self._name_of(part)
 
         def call(*feed_args: Any, **kwargs: Any) -> Any:
@@ -500,9 +502,7 @@ class BaechiSession:
         import tensorflow as tf
 
         if isinstance(x, tf.sparse.SparseTensor):
-            return tf.compat.v1.SparseTensorValue(
-                self._name_of(x.indices), self._name_of(x.values), self._name_of(x.dense_shape)
-            )
+            return tf.compat.v1.SparseTensorValue(*map(self._name_of, _parts(x)))
         if isinstance(x, tf.IndexedSlices):  # a gather's gradient: an IndexedSlicesValue
             if x.dense_shape is None:
                 raise TypeError(
@@ -515,10 +515,11 @@ class BaechiSession:
                 self._name_of(x.values), self._name_of(x.indices), self._name_of(x.dense_shape)
             )
         name = self._name_of(x)
-        try:
-            self._graph.as_graph_element(name)
-        except (KeyError, ValueError) as e:  # what Session.run raises for them
-            raise ValueError(f"cannot fetch {name!r}: {e.args[0] if e.args else e}") from None
+        if isinstance(x, (str, bytes)):  # a tensor or op given as such is in the graph already
+            try:
+                self._graph.as_graph_element(name)
+            except (KeyError, ValueError) as e:  # what Session.run raises for them
+                raise ValueError(f"cannot fetch {name!r}: {e.args[0] if e.args else e}") from None
         return name
 
     def _feeds_of(self, feed_dict: Optional[dict]) -> dict[str, Any]:
@@ -537,7 +538,7 @@ class BaechiSession:
                     raise TypeError(
                         f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
                     ) from None
-                for part, value in zip((k.indices, k.values, k.dense_shape), (indices, values, dense_shape)):
+                for part, value in zip(_parts(k), (indices, values, dense_shape)):
                     feeds[self._name_of(part)] = value
             else:
                 feeds[self._name_of(k)] = v
@@ -685,11 +686,7 @@ class BaechiSession:
         self._placed = placed
         self._state_in_use = False  # a fresh session: its iterators, queues, ... are new
         self._covered |= closure
-        self.placement = report
-        if self._report_dir:
-            from baechi_tf.reports import write_reports
-
-            write_reports(report.result, self._report_dir, graph_def=placed_def)
+        self.placement = report  # `run` writes its reports after the run that follows
         log.info(
             "placed %d ops on %d devices (%s)",
             len(placed.names),
@@ -721,6 +718,16 @@ def _blocks_on_state(op_type: str) -> bool:
         or op_type in ("Stage", "MapStage", "OrderedMapStage")
         or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
     )
+
+
+def _parts(x: Any) -> tuple:
+    """A sparse tensor's three tensors (indices, values, dense_shape), as Session feeds and
+    fetches them; anything else alone."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.sparse.SparseTensor):
+        return (x.indices, x.values, x.dense_shape)
+    return (x,)
 
 
 def _map_fetches(fn: Any, fetch: Any) -> Any:
