@@ -259,14 +259,22 @@ def test_indexed_slices_are_fetched_as_a_session_does():
     with tf.compat.v1.Session(graph=g) as plain:
         plain.run(init)
         expected = plain.run(grad, {ids: [1, 2, 2]})
+        expected_no_shape = plain.run(no_shape, {ids: [1, 2, 2]})
     with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
         sess.run(init)
         got = sess.run({"g": [grad]}, {ids: [1, 2, 2]})["g"][0]
-        with pytest.raises(TypeError, match="IndexedSlices .* has no dense_shape; fetch its values and indices"):
-            sess.run(no_shape, {ids: [1, 2, 2]})
+        # One without a dense_shape comes back with dense_shape None, as from a Session.
+        got_no_shape = sess.run((no_shape, grad.values), {ids: [1, 2, 2]})
+        callable_no_shape = sess.make_callable([no_shape], [ids])([1, 2, 2])
     assert type(got) is type(expected)
     for field in ("values", "indices", "dense_shape"):
         np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
+    for slices in (got_no_shape[0], callable_no_shape[0]):
+        assert type(slices) is type(expected_no_shape) and expected_no_shape.dense_shape is None
+        assert slices.dense_shape is None
+        np.testing.assert_array_equal(slices.values, expected_no_shape.values)
+        np.testing.assert_array_equal(slices.indices, expected_no_shape.indices)
+    np.testing.assert_array_equal(got_no_shape[1], expected.values)
 
 
 def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():

@@ -505,10 +505,7 @@ class BaechiSession:
             return tf.compat.v1.SparseTensorValue(*map(self._name_of, _parts(x)))
         if isinstance(x, tf.IndexedSlices):  # a gather's gradient: an IndexedSlicesValue
             if x.dense_shape is None:
-                raise TypeError(
-                    f"cannot fetch the IndexedSlices {x!r} whole: it has no dense_shape; fetch its "
-                    "values and indices"
-                )
+                return tuple.__new__(_SlicesWithoutShape, (self._name_of(x.values), self._name_of(x.indices)))
             from tensorflow.python.framework.indexed_slices import IndexedSlicesValue  # not public
 
             return IndexedSlicesValue(
@@ -728,6 +725,20 @@ def _parts(x: Any) -> tuple:
     if isinstance(x, tf.sparse.SparseTensor):
         return (x.indices, x.values, x.dense_shape)
     return (x,)
+
+
+class _SlicesWithoutShape(tuple):
+    """The fetch of an IndexedSlices without a dense_shape: the names of its values and indices.
+    ``Session.run`` fetches a tuple subclass as a namedtuple and rebuilds the result with
+    ``type(fetch)(*values)``, which makes the ``IndexedSlicesValue(values, indices, None)`` that a
+    Session returns for it."""
+
+    _fields = ("values", "indices")
+
+    def __new__(cls, values: Any, indices: Any) -> Any:
+        from tensorflow.python.framework.indexed_slices import IndexedSlicesValue  # not public
+
+        return IndexedSlicesValue(values, indices, None)
 
 
 def _map_fetches(fn: Any, fetch: Any) -> Any:
