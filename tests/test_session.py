@@ -213,6 +213,50 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         assert "restarts the iterators, queues and tables" in caplog.text
 
 
+def _read_to_the_end(sess, get_next, train):
+    """The TF1 input loop: run until the dataset ends; the values read and the last weight."""
+    seen = []
+    while True:
+        try:
+            seen.append(sess.run([get_next, train])[0].tolist())
+        except tf.errors.OutOfRangeError:
+            return seen
+
+
+@pytest.mark.parametrize("elements", [0, 1, 4])
+def test_a_dataset_shorter_than_the_profiling_runs_is_read_as_by_a_session(elements, caplog):
+    # With warmup_steps=2 and profile_steps=5, a dataset of fewer than 7 elements ran out on the
+    # scratch copy: the first run raised OutOfRangeError, and a training loop trained nothing.
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            batch = tf.compat.v1.data.make_one_shot_iterator(
+                tf.data.Dataset.range(elements).map(lambda i: tf.cast(i, tf.float32) + 1.0)
+            ).get_next()
+            w = tf.compat.v1.get_variable("w", [], initializer=tf.compat.v1.zeros_initializer())
+            train = tf.compat.v1.assign_add(w, batch)
+            init = tf.compat.v1.global_variables_initializer()
+        return g, batch, w, train, init
+
+    g, batch, w, train, init = build()
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = _read_to_the_end(plain, batch, train), plain.run(w)
+    g, batch, w, train, init = build()
+    with caplog.at_level("INFO", logger="baechi_tf"):
+        with BaechiSession(graph=g, num_devices=2, warmup_steps=2, profile_steps=5) as sess:
+            sess.run(init)
+            got = _read_to_the_end(sess, batch, train), sess.run(w)
+    assert got == expected and len(expected[0]) == elements
+    said = caplog.text
+    if elements == 0:
+        assert "whose input has nothing to read" in said
+    elif elements == 1:  # warm-up used it up: traced once on a new copy
+        assert "ops over 1 traced steps" in said
+    else:  # two warm-up steps, then two of the five traced steps before the end
+        assert "the input ran out after 2 of 5 traced steps" in said and "ops over 2 traced steps" in said
+
+
 def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
     g = tf.Graph()
     with g.as_default():

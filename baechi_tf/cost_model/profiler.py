@@ -193,7 +193,9 @@ def profile_fetch(
     `warmup_steps` untraced steps, then `traced_steps` with full tracing. The profile describes
     `graph_def` (default: the session's graph now). Every run executes the fetch, with all its
     side effects (a training fetch trains). `timeout_ms` > 0 limits each run, as
-    ``RunOptions.timeout_in_ms`` does (TF's DeadlineExceededError past it).
+    ``RunOptions.timeout_in_ms`` does (TF's DeadlineExceededError past it). When the fetch's
+    input runs out (TF's OutOfRangeError: a dataset shorter than the steps) after at least one
+    traced step, the profile is made of the steps traced so far; before that, the error is raised.
     """
     import tensorflow as tf
 
@@ -214,7 +216,13 @@ def profile_fetch(
             bar.update(advance=1, note="warm-up")
         for _ in range(traced_steps):
             metadata = tf.compat.v1.RunMetadata()
-            session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
+            try:
+                session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
+            except tf.errors.OutOfRangeError:
+                if not traces:
+                    raise
+                log.info("the input ran out after %d of %d traced steps; profiling those", len(traces), traced_steps)
+                break
             interrupts.check()
             traces.append(metadata.step_stats)
             bar.update(advance=1, note="traced")
@@ -224,7 +232,7 @@ def profile_fetch(
     log.info(
         "profiled %d ops over %d traced steps (%.0f us traced per step)",
         len(profile.ops),
-        traced_steps,
+        len(traces),
         profile.traced_compute_us,
     )
     return profile

@@ -640,23 +640,44 @@ class BaechiSession:
                 "ops that no run profiled are placed by estimated costs",
                 blocking[0],
             )
-            profile = CostProfile({}, graph_fingerprint(graph_def), graph_nodes(graph_def))
+            profile = None
         else:
-            scratch = tf.Graph()
-            with scratch.as_default():
-                tf.graph_util.import_graph_def(graph_def, name="")
-            io = _VariableIO(scratch)
-            with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
-                io.load(s, values)
-                profile = profile_fetch(
-                    s,
-                    fetches,
-                    feeds,
-                    warmup_steps=self._warmup_steps,
-                    traced_steps=self._profile_steps,
-                    graph_def=graph_def,
-                    timeout_ms=timeout_ms,
+            def profile_on_scratch(warmup_steps: int, traced_steps: int) -> CostProfile:
+                scratch = tf.Graph()
+                with scratch.as_default():
+                    tf.graph_util.import_graph_def(graph_def, name="")
+                io = _VariableIO(scratch)
+                with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
+                    io.load(s, values)
+                    return profile_fetch(
+                        s,
+                        fetches,
+                        feeds,
+                        warmup_steps=warmup_steps,
+                        traced_steps=traced_steps,
+                        graph_def=graph_def,
+                        timeout_ms=timeout_ms,
+                    )
+
+            # The scratch copy reads its datasets from their start. One shorter than the
+            # profiling runs ends them early (profile_fetch keeps the steps traced before); one
+            # that warm-up used up is traced once on a new copy, and one with nothing to read is
+            # placed by estimates (its run then ends as a Session's does, with OutOfRangeError).
+            attempts = [(self._warmup_steps, self._profile_steps)] + [(0, 1)] * bool(self._warmup_steps)
+            profile = None
+            for warmup_steps, traced_steps in attempts:
+                try:
+                    profile = profile_on_scratch(warmup_steps, traced_steps)
+                    break
+                except tf.errors.OutOfRangeError:
+                    continue
+            else:
+                log.warning(
+                    "placing without profiling a fetch whose input has nothing to read: its ops "
+                    "are placed by estimated costs"
                 )
+        if profile is None:  # the costs known so far, and estimates
+            profile = CostProfile({}, graph_fingerprint(graph_def), graph_nodes(graph_def))
         self._profile = profile if self._profile is None else merge_profiles(self._profile, profile)
         if self._cost_path:
             save_profile(self._profile, self._cost_path)
