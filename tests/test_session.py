@@ -213,6 +213,85 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         assert "restarts the iterators, queues and tables" in caplog.text
 
 
+def _feedable_iterators():
+    g = tf.Graph()
+    with g.as_default():
+        train = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(100, 200).repeat())
+        val = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.range(3))
+        handles = [train.string_handle(), val.string_handle()]
+        handle = tf.compat.v1.placeholder(tf.string, [])
+        value = tf.compat.v1.data.Iterator.from_string_handle(handle, tf.int64, []).get_next() * 2
+
+    def steps(sess):
+        train_handle, val_handle = sess.run(handles)
+        sess.run(val.initializer)
+        read = [sess.run(value, {handle: train_handle}) for _ in range(2)]
+        read += [sess.run(value, {handle: val_handle}) for _ in range(3)]
+        return read + [sess.run(value, {handle: train_handle})]
+
+    return g, steps
+
+
+def _staging_area():
+    from tensorflow.python.ops import data_flow_ops
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2])
+        area = data_flow_ops.StagingArea([tf.float32], shapes=[[2]])
+        put, get = area.put([x * 3.0]), area.get()
+
+    def steps(sess):
+        sess.run(put, {x: [1.0, 2.0]})
+        return sess.run(get)
+
+    return g, steps
+
+
+@pytest.mark.parametrize(
+    "build, placer", [(_feedable_iterators, dict(num_devices=4, placement_method="m_topo")), (_staging_area, {})]
+)
+def test_feedable_iterators_and_staging_areas_run_as_on_a_session(build, placer):
+    # A feedable iterator failed ("create an iterator on device CPU:2 from handle defined on
+    # device CPU:1": nothing linked the iterators to from_string_handle, so they were placed
+    # apart). A staging area's get, a new fetch after the put, was placed again, and its Unstage
+    # waited for ever on another device than the put's Stage (TF's run timeout does not stop it).
+    import threading
+
+    g, steps = build()
+    with tf.compat.v1.Session(graph=g) as plain:
+        expected = steps(plain)
+    g, steps = build()
+    sess = BaechiSession(graph=g, **{"num_devices": 2, **placer}, **fast())
+    got = []
+    run = threading.Thread(target=lambda: got.append(steps(sess)), daemon=True)
+    run.start()
+    run.join(60)
+    assert not run.is_alive(), "the steps never ended"
+    sess.close()
+    got = got[0]
+    if build is _feedable_iterators:
+        assert got == expected == [200, 202, 0, 2, 4, 204]
+    else:
+        np.testing.assert_array_equal(got, [[3.0, 6.0]])
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
+    # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
+    # again in a new session, without it: TF's error said the handle was not in the session store.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2])
+        keep = tf.compat.v1.get_session_handle(x * 10)
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        kept = sess.run(keep, {x: [1.0, 2.0]})
+        with g.as_default():
+            fed, tensor = tf.compat.v1.get_session_tensor(kept.handle, tf.float32)
+        with pytest.raises(NotImplementedError, match="cannot run .* a get_session_tensor: .* fetch the tensor's value and feed it back"):
+            sess.run(tensor + 1, {fed: kept.handle})
+
+
 def _read_to_the_end(sess, get_next, train):
     """The TF1 input loop: run until the dataset ends; the values read and the last weight."""
     seen = []

@@ -15,7 +15,9 @@ One op per node, in node order, with:
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
   placer adds: an op reading a resource handle or a reference from another op runs on that op's
   device (TF moves it there whatever the GraphDef says), and so does a dataset op reading another
-  dataset.
+  dataset. Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
+  fed in by its string handle, and TF makes an iterator from a handle only on the device where
+  the iterator lives.
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
   GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
@@ -301,6 +303,7 @@ def import_graph_def(
     profiled_us = 0.0
     names = [n.name for n in graph_def.node]
     node_types = {n.name: n.op for n in graph_def.node}
+    from_handle = [n.name for n in graph_def.node if n.op in _FROM_STRING_HANDLE]
 
     for node in graph_def.node:
         op = tfg.get_operation_by_name(node.name)
@@ -339,7 +342,9 @@ def import_graph_def(
             temp_bytes=int(temp),
             persistent_bytes=int(persistent),
             device=device,
-            colocation=tuple(colocation) + tuple(_implicit_colocation(op)),
+            colocation=tuple(colocation)
+            + tuple(_implicit_colocation(op))
+            + (tuple(from_handle[:1]) if node.op in _ITERATORS else ()),
             op_type=node.op,
         )
 
@@ -444,6 +449,13 @@ def _implicit_colocation(op: Any) -> list[str]:
         elif dtype == tf.variant and _is_dataset(src.type) and _is_dataset(op.type):
             out.append(src.name)
     return list(dict.fromkeys(out))
+
+
+# Ops that make an iterator resource, and those that make one from a string handle.
+_FROM_STRING_HANDLE = frozenset({"IteratorFromStringHandle", "IteratorFromStringHandleV2"})
+_ITERATORS = _FROM_STRING_HANDLE | {
+    "Iterator", "IteratorV2", "OneShotIterator", "AnonymousIterator", "AnonymousIteratorV2", "AnonymousIteratorV3",
+}
 
 
 def _is_dataset(op_type: str) -> bool:

@@ -558,6 +558,14 @@ class BaechiSession:
                     len(closure - self._covered),
                 )
             elif not placed or not closure <= self._covered:
+                readers = sorted(n for n in closure if self._graph.get_operation_by_name(n).type == "GetSessionTensor")
+                if readers:
+                    raise NotImplementedError(
+                        f"BaechiSession cannot run {readers[0]!r}, a get_session_tensor: the "
+                        "tensors that get_session_handle kept are in the placed session, and a "
+                        "fetch of ops made after the first run is placed again, in a new session; "
+                        "fetch the tensor's value and feed it back instead"
+                    )
                 if self._state_in_use:
                     log.warning(
                         "the fetch runs ops added to the graph since it was placed: placing it "
@@ -716,12 +724,13 @@ class BaechiSession:
 def _holds_state(op_type: str) -> bool:
     """Whether ops of `op_type` keep state from run to run that is not a variable's (and so is
     not carried into a new placed session): iterators, queues, lookup tables, readers,
-    accumulators and barriers."""
+    accumulators, barriers, staging areas and tensors kept by ``get_session_handle``."""
     return (
         "Iterator" in op_type
         or "HashTable" in op_type
         or op_type.endswith(("Queue", "QueueV2", "Reader", "ReaderV2", "Barrier"))
         or "Accumulator" in op_type
+        or op_type in ("Stage", "MapStage", "OrderedMapStage", "GetSessionHandle", "GetSessionHandleV2")
     )
 
 
