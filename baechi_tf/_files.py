@@ -5,21 +5,59 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["atomic_write", "check_writable"]
+__all__ = ["atomic_write", "check_output_folder", "check_writable"]
 
 
-def check_writable(path: str, flag: str) -> None:
-    """Raises `ConfigError` unless `atomic_write` can write `path` (given as `flag`): run it
-    before long work, so that a bad output path does not cost the work and end in a traceback."""
+def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
+    """Raises `ConfigError` unless `atomic_write` can write `path` (given as `flag`) without
+    replacing one of the files `inputs`: run it before long work, so that a bad output path does
+    not cost the work and end in a traceback."""
     from baechi_tf.errors import ConfigError
 
     folder = os.path.dirname(os.path.abspath(path))
+    if any(_same_file(path, i) for i in inputs):
+        raise ConfigError(f"{flag} {path!r} would overwrite an input; write elsewhere")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a folder; give the name of a file in it")
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not _can_write_in(folder):
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} is not writable; write elsewhere")
+
+
+def check_output_folder(path: str, flag: str) -> None:
+    """Raises `ConfigError` unless a folder `path` (given as `flag`) exists and is writable or
+    can be created: run it before long work, as `check_writable`."""
+    from baechi_tf.errors import ConfigError
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a file, not a folder; give a folder (it is created if missing)")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{flag} {path!r}: {existing!r} is a file, so the folder cannot be created")
+    if not _can_write_in(existing):
+        raise ConfigError(f"{flag} {path!r}: {existing!r} is not writable; write elsewhere")
+
+
+def _can_write_in(folder: str) -> bool:
+    """Whether a file can be made in `folder`, tried (permissions alone say yes to root on a
+    read-only or immutable folder)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def atomic_write(path: str, data: bytes | str) -> None:
