@@ -620,7 +620,6 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     """Profiles the model under its expert layout and writes the profile to --cost_path."""
     import tensorflow as tf
 
-    from baechi_tf._files import check_writable
     from baechi_tf.cost_model.profile import save_profile
     from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.rewriter.apply import apply_placement
@@ -629,7 +628,6 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
         raise ConfigError(
             f"--profile_every_n_steps={FLAGS.profile_every_n_steps} > --profile_steps="
             f"{FLAGS.profile_steps}: no step would be traced")
-    check_writable(FLAGS.cost_path, "--cost_path")
     built = build_graph(config)
     print(_describe_graph(config, built))
     layout = built.spec.expert_placement(setup.cluster.names, built.graph_def)
@@ -732,6 +730,19 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
           f"elsewhere: {len(elsewhere)}" + (f" (first: {elsewhere[0]})" if elsewhere else ""))
 
 
+def _check_outputs() -> None:
+    """The files and folders the run will write, checked before TensorFlow loads and the long
+    work starts: a bad one is a `ConfigError` at once, not a traceback after the work."""
+    from baechi_tf._files import check_output_folder, check_writable
+
+    if FLAGS.logdir:
+        check_output_folder(FLAGS.logdir, "--logdir")
+    if FLAGS.costgen:
+        check_writable(FLAGS.cost_path, "--cost_path")
+    elif FLAGS.report_dir:  # profiling writes no reports
+        check_output_folder(FLAGS.report_dir, "--report_dir")
+
+
 def _placement_options() -> PlacementOptions:
     """The placement options the flags give, validated."""
     _refuse_unported()
@@ -752,6 +763,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:  # flags are checked before TensorFlow loads, so that their errors come at once
         options = _placement_options()
+        _check_outputs()
     except ConfigError as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2

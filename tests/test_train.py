@@ -233,6 +233,28 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
     assert message in done.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--costgen", "--logdir={file}"], "--logdir '{file}' is a file, not a folder"),
+        (["--logdir={file}"], "--logdir '{file}' is a file, not a folder"),
+        (["--report_dir={file}"], "--report_dir '{file}' is a file, not a folder"),
+        (["--report_dir={file}/reports"], "'{file}' is a file, so the folder cannot be created"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, args, message):
+    # Refused at once, before TensorFlow loads: not after profiling or placing and timing, in a
+    # traceback. (Root writes in read-only folders: a file in the way is what a test can make.)
+    file = tmp_path / "taken"
+    file.write_text("")
+    cost = tmp_path / "cost.pb"  # placement checks its outputs before it reads the profile
+    done = train(f"--cost_path={cost}", *GNMT, *(a.format(file=file) for a in args), expect=2)
+    assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message.format(file=file) in done.stderr
+    assert done.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 def test_a_cost_file_that_is_not_a_profile_is_refused(tmp_path):
     import pickle
 
