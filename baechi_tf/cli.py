@@ -14,6 +14,8 @@ import argparse
 import importlib
 import json
 import logging
+import os
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -128,26 +130,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``place-json``: read, place, print the summary, write ``--out``."""
-    from baechi_tf._files import atomic_write, check_writable
+    from baechi_tf._files import atomic_write
     from baechi_tf.json_io import load_graph_json, result_to_json
     from baechi_tf.placer.pipeline import place
     from baechi_tf.report import summary_table
 
     options = options_from_args(args)
-    if args.out:
-        check_writable(args.out, "--out")
+    check_outputs(args, inputs=(args.graph,))
     graph, cluster = load_graph_json(args.graph)
     result = place(graph, cluster, options)
-    print(summary_table(result))
     if args.out:
         atomic_write(args.out, json.dumps(result_to_json(result), indent=1, sort_keys=True) + "\n")
-        print(f"placement written to {args.out}")
+        args.written.append(args.out)
     if args.report_dir:
         from baechi_tf.reports import write_reports
 
         write_reports(result, args.report_dir)
+        args.written.append(args.report_dir)
+    print(summary_table(result))
+    if args.out:
+        print(f"placement written to {args.out}")
+    if args.report_dir:
         print(f"reports written to {args.report_dir}")
     return 0
+
+
+def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
+    """Refuses, before any work, an ``--out`` that cannot be written or is one of `inputs`, and
+    a ``--report_dir`` that cannot be made."""
+    from baechi_tf._files import check_output_folder, check_writable
+
+    if args.out:
+        check_writable(args.out, "--out", inputs)
+    if args.report_dir:
+        check_output_folder(args.report_dir, "--report_dir")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,13 +191,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    args.written = []  # outputs each command has written, whole, so far
+    prog = f"baechi {args.command}"
     try:
         with interrupts.recording():
             return importlib.import_module(args._module).run(args)
+    except BrokenPipeError:  # stdout's reader went away (`| head`); the outputs are written
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 128 + signal.SIGPIPE
     except BaseException as e:
-        prog = f"baechi {args.command}"
-        return interrupts.exit_status(e, interrupted=f"{prog}: interrupted; nothing was written",
-                                      failed=f"{prog}: error: ")
+        written = f" after writing {' and '.join(args.written)}" if args.written else "; nothing was written"
+        return interrupts.exit_status(e, interrupted=f"{prog}: interrupted{written}", failed=f"{prog}: error: ")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from baechi_tf.errors import ConfigError
 __all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task", "merged_device_name"]
 
 GiB = 1 << 30
+MAX_MEMORY_BYTES = (1 << 63) - 1
+"""Most bytes a device may hold: capacities are int64, as TF's are (no limit, in effect)."""
 
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 _DEVICE = re.compile(r"(?:^|/)(?:device:([A-Za-z_]+)|((?i:gpu|cpu|tpu))):(\d+)$")
@@ -81,10 +83,10 @@ class Device:
                     "number of bytes"
                 )
             object.__setattr__(self, "memory_bytes", int(self.memory_bytes))
-        if self.memory_bytes <= 0:
+        if not 0 < self.memory_bytes <= MAX_MEMORY_BYTES:
             raise ConfigError(
                 f"device {self.name!r} has memory_bytes={self.memory_bytes}; give it a positive "
-                "capacity in bytes"
+                f"capacity in bytes, at most 2**63 - 1 ({MAX_MEMORY_BYTES})"
             )
 
     @property

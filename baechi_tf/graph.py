@@ -40,6 +40,10 @@ MAX_TOTAL_BYTES = 1 << 62
 Byte counts are int64; with every op's bytes adding up to less than this, each sum the placers
 form (a group's, a device's, a capacity minus a use) fits with room to spare."""
 
+MAX_TOTAL_COMPUTE_US = 1e15
+"""Most microseconds of compute a graph may hold in all (31 years): sums of it, and times in its
+schedules, stay exact to a fraction of a microsecond."""
+
 
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
@@ -349,10 +353,11 @@ class OpGraph:
                 f"more than the 2**62 ({MAX_TOTAL_BYTES}) a graph may hold: check that sizes are "
                 "in bytes"
             )
-        if not math.isfinite(sum(self.compute_us.tolist())):  # Python floats: no numpy warning
+        total_us = sum(self.compute_us.tolist())  # Python floats: no numpy overflow warning
+        if not total_us <= MAX_TOTAL_COMPUTE_US:
             raise InvalidGraphError(
-                "the ops' compute times add up to more than a float can hold: check that they "
-                "are in microseconds"
+                f"the ops' compute times add up to {total_us:.3g} us, more than the 1e15 us (31 "
+                "years) a step may take: check that they are in microseconds"
             )
 
     def _check_edges(self) -> None:

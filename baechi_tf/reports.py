@@ -18,7 +18,7 @@
   colour by device).
 * ``summary.json``: the figures of the placement (see `summary`).
 
-Everything is written through `atomic_write`; figures use matplotlib's Agg canvas directly (no
+The reports are written all at once or not at all (`write_reports`); figures use matplotlib's Agg canvas directly (no
 pyplot, no global state) and come out the same, byte for byte, for the same input. TensorFlow is
 imported only when `graph_def` or a serialized `tf_step_stats` is given.
 
@@ -31,11 +31,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from baechi_tf._files import atomic_write
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
@@ -73,17 +74,38 @@ def write_reports(
     `graph_def`: the placed GraphDef, for TensorBoard. `tf_step_stats`: a TF ``StepStats``
     message (or its serialized bytes) of a real run of the same step, shown next to the
     simulated one in the trace. Returns what was written: key -> path.
+
+    All or nothing: the files are made in a temporary folder beside `report_dir` and moved in
+    when every one is done, so an error or Ctrl-C while they are made leaves `report_dir` as it
+    was.
     """
-    os.makedirs(report_dir, exist_ok=True)
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     memory = memory_timeline(graph, cluster, schedule)
     critical = schedule.critical_path(graph, cluster)
+    report_dir = os.path.abspath(report_dir)
+    parent = os.path.dirname(report_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tmp-", suffix="-" + os.path.basename(report_dir), dir=parent)
+    try:
+        paths = _write_into(staging, result, memory, critical, graph_def, tf_step_stats)
+        os.makedirs(report_dir, exist_ok=True)
+        for key, name in paths.items():
+            os.replace(os.path.join(staging, name), os.path.join(report_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {key: os.path.join(report_dir, name) for key, name in paths.items()}
+
+
+def _write_into(
+    folder: str, result: Any, memory: Any, critical: Sequence[int], graph_def: Any, tf_step_stats: Any
+) -> dict[str, str]:
+    """Writes the reports into `folder`; key -> file name."""
     paths: dict[str, str] = {}
 
     def put(key: str, name: str, data: bytes | str) -> None:
-        path = os.path.join(report_dir, name)
-        atomic_write(path, data)
-        paths[key] = path
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        paths[key] = name
 
     put("gantt", "gantt.png", _gantt_png(result, critical))
     for d, mem in enumerate(memory):

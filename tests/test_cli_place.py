@@ -210,3 +210,37 @@ def test_report_dir(files, tmp_path, capsys):
 
     summary = json.loads((reports / "summary.json").read_text())
     assert summary["makespan_us"] > 0 and summary["lower_bound_us"] > 0
+
+
+def test_outputs_and_flags_that_would_cost_the_work_are_refused_first(files, tmp_path, capsys):
+    # A --report_dir that is a file ended in a traceback after the placement, with --out written;
+    # a timeout of -1 or nan s was taken ("cannot reach ... within nan s").
+    lstm, p = files
+    a_file, out = tmp_path / "a_file", tmp_path / "placed.pb"
+    a_file.write_text("kept")
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out, "--report_dir", a_file) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"baechi place: error: --report_dir {str(a_file)!r} is a file, not a folder; give a folder "
+        "(it is created if missing)"
+    ]
+    assert not out.exists() and a_file.read_text() == "kept"
+    for timeout in ("-1", "nan"):
+        assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out,
+                     "--cluster_spec", '{"worker": ["localhost:1"]}', "--cluster_timeout", timeout) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"baechi place: error: cluster timeout {float(timeout)!r}: give a positive number of seconds "
+            "(--cluster_timeout)"
+        )
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out, "--cluster_spec", "[1, 2]") == 2
+    assert "cannot read" not in capsys.readouterr().err  # JSON, not a file name
+
+
+def test_a_missing_graph_is_reported_before_tensorflow_loads(files, tmp_path):
+    # TensorFlow's start-up lines came before the error, some seconds in.
+    done = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place", "--graph", str(tmp_path / "nope.pb"), "--cost_path",
+         str(files[1]["cost"]), "--out", str(tmp_path / "placed.pb")],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"baechi place: error: graph {str(tmp_path / 'nope.pb')!r} does not exist\n"

@@ -242,21 +242,37 @@ def test_cli_gives_one_line_for_an_oversized_output(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_cli_gives_one_line_for_compute_times_whose_sum_overflows(tmp_path, capsys):
-    # numpy's sum once added two "RuntimeWarning: overflow" lines to the error's one.
+@pytest.mark.parametrize("names", ["ab", "a"])
+def test_cli_gives_one_line_for_compute_times_too_large_to_schedule(tmp_path, capsys, names):
+    # numpy's sum once added two "RuntimeWarning: overflow" lines to the error's one; one op of
+    # 1e308 us was placed, its makespan printed with 300 digits and auto's numpy overflow warnings.
     import warnings
 
     from baechi_tf.cli import main
 
     path, out = tmp_path / "g.json", tmp_path / "p.json"
-    ops = [{"name": n, "compute_us": 1e308, "output_bytes": [4]} for n in "ab"]
+    ops = [{"name": n, "compute_us": 1e308, "output_bytes": [4]} for n in names]
     path.write_text(json.dumps(_doc(ops)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a warning would be printed: fail on it instead
         assert main(["place-json", str(path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "compute times add up to more than a float can hold" in err[0]
+    assert len(err) == 1 and "compute times add up to " in err[0] and "check that they are in microseconds" in err[0]
     assert not out.exists()
+
+
+def test_cli_refuses_device_memory_beyond_what_byte_counts_hold(tmp_path, capsys):
+    # memory_bytes 10**40 was taken and printed as 9313225746154785439172786126848.00 GiB.
+    from baechi_tf.cli import main
+
+    path = tmp_path / "g.json"
+    doc = _doc([{"name": "a", "compute_us": 1.0, "output_bytes": [4]}])
+    doc["devices"][0]["memory_bytes"] = 10**40
+    path.write_text(json.dumps(doc))
+    assert main(["place-json", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "memory_bytes=10000000000000000000000000000000000000000" in err[0]
+    assert "at most 2**63 - 1" in err[0]
 
 
 # ---------------------------------------------------------------- options

@@ -198,3 +198,40 @@ def test_placer_flags_reach_the_placer(tmp_path, caplog):
     with pytest.raises(SystemExit) as e:
         main(["place-json", EXAMPLE, "--lp_solver", "nope"])
     assert e.value.code == 2
+
+
+def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path, capsys):
+    # --out equal to the input overwrote it; a --report_dir that is a file ended in a traceback
+    # after the placement, with --out already written.
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(small_doc()))
+    before = src.read_bytes()
+    assert main(["place-json", str(src), "--out", str(tmp_path / "." / "g.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"baechi place-json: error: --out {str(tmp_path / '.' / 'g.json')!r} would overwrite an input; write elsewhere"
+    )
+    assert src.read_bytes() == before
+    a_file, out = tmp_path / "a_file", tmp_path / "p.json"
+    a_file.write_text("kept")
+    assert main(["place-json", str(src), "--out", str(out), "--report_dir", str(a_file)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"baechi place-json: error: --report_dir {str(a_file)!r} is a file, not a folder; "
+                   "give a folder (it is created if missing)"]
+    assert not out.exists() and a_file.read_text() == "kept"
+    assert main(["place-json", str(src), "--report_dir", str(a_file / "under")]) == 2
+    assert "is a file, so the folder cannot be created" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
+    # The summary was printed before --out was written: a reader that went away (`| head`) cost
+    # the output and gave a BrokenPipeError traceback.
+    out, reports = tmp_path / "p.json", tmp_path / "reports"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "baechi_tf", "place-json", EXAMPLE, "--out", str(out), "--report_dir", str(reports)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )
+    proc.stdout.close()  # before the command prints anything: it first imports and places
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == "" and json.loads(out.read_text())["placement"]
+    assert (reports / "summary.json").exists()

@@ -436,3 +436,22 @@ def test_memory_png_draws_the_capacity_as_a_line_above_the_curve(fork_join_repor
     line = int(np.argmax(rows))
     assert rows[line] > 0.4 * red.shape[1]  # dashed, across the plot
     assert rows[line + 3 :].sum() < 0.05 * rows[line]  # nothing red under it: the curve is not red
+
+
+def test_reports_are_written_all_at_once_or_not_at_all(tmp_path):
+    # Files were written one by one into the folder: an error (or Ctrl-C) part way left some new
+    # reports beside old ones.
+    graph, c = fork_join(4, 3), cluster(2)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "summary.json").write_text("old")
+    with pytest.raises(Exception):
+        write_reports(result, str(folder), graph_def=object())  # fails after the other reports
+    assert [p.name for p in folder.iterdir()] == ["summary.json"]
+    assert (folder / "summary.json").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["reports"]  # no temporary folder left
+    paths = write_reports(result, str(folder))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(os.path.basename(p) for p in paths.values())
+    assert json.loads((folder / "summary.json").read_text())["makespan_us"] > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["reports"]

@@ -118,14 +118,14 @@ def _well_formed(graph_def: Any) -> bool:
 
 def read_graph_file(path: str) -> tuple[Any, bool, bool]:
     """(message, is_meta_graph, is_text) of a GraphDef or MetaGraphDef file."""
+    from baechi_tf.cost_model.profile import read_bytes
+
+    data = read_bytes(path, "graph", ConfigError)  # before TensorFlow loads, which takes seconds
+    if not data.strip():
+        raise InvalidGraphError(f"graph {path!r} is empty; give a GraphDef or MetaGraphDef")
     import tensorflow as tf
     from google.protobuf import message, text_format
 
-    from baechi_tf.cost_model.profile import read_bytes
-
-    data = read_bytes(path, "graph", ConfigError)
-    if not data.strip():
-        raise InvalidGraphError(f"graph {path!r} is empty; give a GraphDef or MetaGraphDef")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -157,8 +157,8 @@ def read_graph_file(path: str) -> tuple[Any, bool, bool]:
 def run(args: argparse.Namespace) -> int:
     from google.protobuf import text_format
 
-    from baechi_tf._files import atomic_write, check_writable
-    from baechi_tf.cli import options_from_args
+    from baechi_tf._files import atomic_write
+    from baechi_tf.cli import check_outputs, options_from_args
     from baechi_tf.cluster import CommCost
     from baechi_tf.cost_model.profile import load_profile
     from baechi_tf.rewriter.devices import gpu_cluster, resolve_memory, standin_cluster
@@ -173,9 +173,7 @@ def run(args: argparse.Namespace) -> int:
         if args.inter_host_comm_cost_coeffs
         else None
     )
-    if os.path.abspath(args.out) in (os.path.abspath(args.graph), os.path.abspath(args.cost_path)):
-        raise ConfigError(f"--out {args.out!r} would overwrite an input; write elsewhere")
-    check_writable(args.out, "--out")
+    check_outputs(args, inputs=(args.graph, args.cost_path))
     remote = cluster_from_flags(
         args.cluster_spec,
         num_devices=args.num_devices,
@@ -211,17 +209,20 @@ def run(args: argparse.Namespace) -> int:
         out_msg.graph_def.CopyFrom(placed)
     else:
         out_msg = placed
-    print(report.summary())
-    if remote is not None:
-        print("\nplacement per host:\n" + placement_by_host(report.op_to_device))
     if args.out.endswith(_TEXT_SUFFIXES):
         atomic_write(args.out, text_format.MessageToString(out_msg))
     else:
         atomic_write(args.out, out_msg.SerializeToString(deterministic=True))
-    print(f"placed {'MetaGraphDef' if is_meta else 'GraphDef'} written to {args.out}")
+    args.written.append(args.out)
     if args.report_dir:
         from baechi_tf.reports import write_reports
 
         write_reports(report.result, args.report_dir, graph_def=placed)
+        args.written.append(args.report_dir)
+    print(report.summary())
+    if remote is not None:
+        print("\nplacement per host:\n" + placement_by_host(report.op_to_device))
+    print(f"placed {'MetaGraphDef' if is_meta else 'GraphDef'} written to {args.out}")
+    if args.report_dir:
         print(f"reports written to {args.report_dir}")
     return 0

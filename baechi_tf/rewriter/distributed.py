@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import select
@@ -220,7 +221,7 @@ def parse_cluster_spec(value: Union[ClusterSpec, Mapping[str, Any], str, os.Path
         doc: Any = value
     else:
         text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
-        if text.lstrip().startswith("{"):
+        if text.lstrip().startswith(("{", "[")):
             doc = _load_json(text, "--cluster_spec")
         else:
             where = f"cluster spec file {text!r}"
@@ -525,6 +526,8 @@ def cluster_from_flags(
     task (None: every device of each task), `memory_per_device` as '8GiB' or bytes, the
     coefficients as 'slope,intercept' or `CommCost` (`inter_host_comm_cost_coeffs` None: the
     intra-host line), `config` the sessions' base ``ConfigProto``."""
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+        raise ConfigError(f"cluster timeout {timeout_s!r}: give a positive number of seconds (--cluster_timeout)")
     spec = resolve_cluster_spec(cluster_spec, environ)
     if spec is None:
         return None
