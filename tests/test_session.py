@@ -584,6 +584,9 @@ def test_arguments_are_checked():
     with pytest.raises(ConfigError, match="differs"):
         BaechiSession(user, graph=tf.Graph(), num_devices=2)
     user.close()
+    # A report folder that cannot be made was found only after the first placement's run.
+    with pytest.raises(ConfigError, match="report_dir '.*README.md' is a file, not a folder"):
+        BaechiSession(graph=model.graph, num_devices=2, report_dir=os.path.join(os.path.dirname(__file__), "..", "README.md"))
 
 
 def test_import_baechi_tf_does_not_import_tensorflow():

@@ -304,10 +304,12 @@ class BaechiSession:
         self._target = target
         self._warmup_steps = warmup_steps
         self._profile_steps = profile_steps
-        if cost_path:
-            from baechi_tf._files import check_writable
+        from baechi_tf._files import check_output_folder, check_writable
 
+        if cost_path:
             check_writable(cost_path, "cost_path")
+        if report_dir:
+            check_output_folder(report_dir, "report_dir")
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
         self._ignore_user_devices = ignore_user_devices  # place ops the graph pins, too
