@@ -51,9 +51,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Mapping
+
+_INTERRUPTED = "train: interrupted; no partial file was written"
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C while the modules below load and absl parses the flags, before main: the line
+    main prints for a Ctrl-C, not a traceback. Nothing has been written yet."""
+    print(_INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+# As a program (not imported), and unless SIGINT is ignored (nohup) or handled by someone else.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -758,15 +773,23 @@ def _placement_options() -> PlacementOptions:
 
 
 def main(argv: list[str]) -> int:
+    # All of it under `recording`, TensorFlow's import and the graph's build included: a Ctrl-C
+    # at any point is one line and exit status 130, never a traceback.
+    try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
+        with interrupts.recording():
+            return _main(argv)
+    except BaseException as e:  # every file is written whole or not at all (atomic_write)
+        return interrupts.exit_status(e, interrupted=_INTERRUPTED, failed="train: error: ")
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) > 1:
-        print(f"train: error: unexpected arguments: {' '.join(argv[1:])}", file=sys.stderr)
-        return 2
-    try:  # flags are checked before TensorFlow loads, so that their errors come at once
-        options = _placement_options()
-        _check_outputs()
-    except ConfigError as e:
-        print(f"train: error: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
+    # Flags and outputs are checked before TensorFlow loads, so that their errors come at once.
+    options = _placement_options()
+    _check_outputs()
     _import_tensorflow_quietly()
     import tensorflow as tf
     from absl import logging
@@ -778,16 +801,11 @@ def main(argv: list[str]) -> int:
     tf.get_logger().setLevel("ERROR")
     if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs
         logging.set_verbosity(logging.WARNING)
-    try:
-        with interrupts.recording():
-            config = _config_from_flags()
-            setup, session_config, target = _devices()
-            if FLAGS.costgen:
-                return costgen(config, setup, session_config, target)
-            return place_and_run(config, options, setup, session_config, target)
-    except BaseException as e:  # every file is written whole or not at all (atomic_write)
-        return interrupts.exit_status(e, interrupted="train: interrupted; no partial file was written",
-                                      failed="train: error: ")
+    config = _config_from_flags()
+    setup, session_config, target = _devices()
+    if FLAGS.costgen:
+        return costgen(config, setup, session_config, target)
+    return place_and_run(config, options, setup, session_config, target)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
