@@ -10,6 +10,7 @@ Devices of one TF task (one host) share the ``comm`` line; devices of different 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Optional
@@ -200,12 +201,22 @@ class Cluster:
     def link_tables(self) -> tuple[list[list[float]], list[list[float]]]:
         """(slope, intercept) of each ordered pair of devices as nested lists, 0 from a device to
         itself, so that a copy from a to b takes slope[a][b] * bytes + intercept[a][b] us (the
-        form the schedulers' inner loops read)."""
+        form the schedulers' inner loops read). Made once per cluster (O(D^2)), shared: do not
+        change them."""
+        return self._links[:2]
+
+    def min_link_intercept_us(self) -> float:
+        """The least fixed cost of a copy between two devices; 0 with one device."""
+        return self._links[2]
+
+    @functools.cached_property
+    def _links(self) -> tuple[list[list[float]], list[list[float]], float]:
         nd = self.num_devices
         links = [[self.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
         slope = [[link.slope_us_per_byte if link else 0.0 for link in row] for row in links]
         intercept = [[link.intercept_us if link else 0.0 for link in row] for row in links]
-        return slope, intercept
+        least = min((link.intercept_us for row in links for link in row if link), default=0.0)
+        return slope, intercept, least
 
     def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
         """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""

@@ -4,10 +4,11 @@ the channels; `layered.fan_out_graph`).
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
-over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB.
+over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB (`--devices`).
 
     .venv/bin/python bench/placement_scaling.py [--sizes 1000,10000,100000] [--methods m_topo,m_etf]
     .venv/bin/python bench/placement_scaling.py --shape fan_out --sizes 1200,2400,4800 --methods m_etf,auto
+    .venv/bin/python bench/placement_scaling.py --sizes 200 --methods auto --devices 200   # many devices
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def one(size: int, method: str, shape: str) -> dict:
+def one(size: int, method: str, shape: str, devices: int) -> dict:
     from baechi_tf.cluster import Cluster
     from baechi_tf.placer.grouping import make_groups
     from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
@@ -33,7 +34,7 @@ def one(size: int, method: str, shape: str) -> dict:
 
     graph = layered_graph(size, seed=size) if shape == "layered" else fan_out_graph(size)
     graph.validate()
-    cluster = Cluster.homogeneous(4, 16 << 30)
+    cluster = Cluster.homogeneous(devices, 16 << 30)
     options = PlacementOptions(placement_method=method)
     t0 = time.perf_counter()
     groups = make_groups(graph, "tf")
@@ -58,10 +59,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--methods", default="m_topo,m_etf")
     parser.add_argument("--shape", choices=("layered", "fan_out"), default="layered")
+    parser.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(int(args.one[0]), args.one[1], args.shape)))
+        print(json.dumps(one(int(args.one[0]), args.one[1], args.shape, args.devices)))
         return
     header = f"{'ops':>7} {'edges':>7} {'method':>7} {'group s':>8} {'place s':>8} {'sim s':>7} {'RSS MiB':>8} {'makespan/LB':>11}"
     print(header)
@@ -69,7 +71,7 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         for method in args.methods.split(","):
             proc = subprocess.run(
-                [sys.executable, __file__, "--one", str(size), method, "--shape", args.shape],
+                [sys.executable, __file__, "--one", str(size), method, "--shape", args.shape, "--devices", str(args.devices)],
                 capture_output=True, text=True,
             )
             if proc.returncode:

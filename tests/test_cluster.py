@@ -11,13 +11,18 @@ def test_default_comm_is_the_seeds():
     assert c.transfer_us(1, 1, 1_000_000) == 0.0
 
 
-def test_inter_task_link():
+def _two_tasks() -> Cluster:
+    """Two GPUs on task 0, one on task 1; the links within a task are cheaper."""
     devices = [
         Device("/job:worker/replica:0/task:0/device:GPU:0", GiB),
         Device("/job:worker/replica:0/task:0/device:GPU:1", GiB),
         Device("/job:worker/replica:0/task:1/device:GPU:0", GiB),
     ]
-    c = Cluster(tuple(devices), CommCost(0.0001, 10), CommCost(0.001, 500))
+    return Cluster(tuple(devices), CommCost(0.0001, 10), CommCost(0.001, 500))
+
+
+def test_inter_task_link():
+    c = _two_tasks()
     assert c.transfer_us(0, 1, 1000) == pytest.approx(10.1)
     assert c.transfer_us(0, 2, 1000) == pytest.approx(501)
     assert c.transfer_us(2, 1, 1000) == pytest.approx(501)
@@ -74,3 +79,16 @@ def test_bad_clusters(make, match):
 
 def test_parse_comm():
     assert CommCost.parse("0.0001754,134") == CommCost(0.0001754, 134.0)
+
+
+def test_link_tables_are_made_once_and_agree_with_each_link():
+    # They were rebuilt, O(D^2), for every scheduler a refinement move starts: on 200 devices
+    # that was most of a move's time.
+    c = _two_tasks()
+    slope, intercept = c.link_tables()
+    assert c.link_tables()[0] is slope and c.link_tables()[1] is intercept
+    for a in range(3):
+        for b in range(3):
+            assert slope[a][b] * 1000 + intercept[a][b] == pytest.approx(c.transfer_us(a, b, 1000))
+    assert c.min_link_intercept_us() == 10
+    assert Cluster.homogeneous(1, GiB).min_link_intercept_us() == 0.0

@@ -139,6 +139,29 @@ def test_the_first_move_resimulates_only_what_it_can_change():
     assert sim.work - full <= restart + 2 * (200 // 24 + 1)  # one snapshot interval re-run
 
 
+def test_moves_leave_the_snapshots_they_start_from_as_they_were():
+    """A move re-simulates from a copy of a snapshot patched for it; the copy shares the
+    snapshot's per-device heaps until it pushes onto one (a full copy cost O(devices) per
+    snapshot, most of a move's time on 200 devices)."""
+    import copy
+
+    from baechi_tf.placer.refine import _Simulation
+
+    graph = graphs.random_dag(3, 60, edge_prob=0.08, group_prob=0.2)
+    cluster = graphs.cluster(3)
+    groups = colocation_groups(graph)
+    sim = _Simulation(graph, cluster, groups, place_m_etf(graph, cluster, groups).device_of)
+    before = copy.deepcopy(sim.snapshots)
+    moved = 0
+    for g in range(groups.num_groups):
+        d = sim.device_of[int(groups.members[g][0])]
+        for to in range(3):
+            if to != d:
+                moved += sim.try_move(((g, d, to),), float("inf")) is not None
+    assert moved > 50
+    assert sim.snapshots == before
+
+
 def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
     """Near a local optimum most random draws were tried already; listing the critical-path
     candidates again for each of them cost seconds on comm-heavy graphs, outside the budget."""

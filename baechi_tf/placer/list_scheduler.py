@@ -219,9 +219,7 @@ class SchedulerState:
         self.order: list[int] = []
         self.device_free = [0.0] * nd  # compute clock
         self.last_op = [-1] * nd
-        self.min_transfer_us = min(
-            (self.intercept[a][b] for a in range(nd) for b in range(nd) if a != b), default=0.0
-        )
+        self.min_transfer_us = cluster.min_link_intercept_us()
         self.chan_start: list[list[float]] = [[] for _ in range(nd)]
         self.chan_end: list[list[float]] = [[] for _ in range(nd)]
         # Bumped whenever a device's channel or its received copies change; a dry run of
@@ -543,7 +541,10 @@ class ListScheduler:
         """Commits the next (op, device, start), or returns None when nothing can run."""
         state = self.state
         choice = None
+        later, now = self.later, self.now
         for d in range(state.num_devices):
+            if not later[d] and not now[d]:
+                continue  # nothing can go there (most devices of a large cluster, simulated)
             c = self.best(d)
             if c is not None and (choice is None or c < choice):
                 choice = c

@@ -59,6 +59,7 @@ WORK_PER_SECOND = 130_000  # units of work per second on this 2-core machine (me
 _RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this many ops
 _WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
+_DEVICES_PER_UNIT = 2  # a snapshot costs a unit of work per this many devices (measured on 200)
 # Window balancing: op moves evaluated per unit of work (measured: 250k-450k op moves per second),
 # and the settings (overlap, number of windows) tried, best first on bench/quality.py.
 _MOVES_PER_UNIT = 3
@@ -149,7 +150,7 @@ class _Simulation:
         self.schedule: Schedule = self._full()
 
     def _scheduler(self, device_of: list[int]) -> ListScheduler:
-        self.work += self.graph.num_ops // _RESTART_SHARE
+        self.work += (self.graph.num_ops + self.cluster.num_devices) // _RESTART_SHARE
         return ListScheduler(
             self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of,
             tables=self.tables,
@@ -174,6 +175,7 @@ class _Simulation:
                     not snaps or snaps[-1]["scheduled"] != scheduler.scheduled
                 ):
                     snaps.append(scheduler.snapshot())
+                    steps += self.cluster.num_devices // _DEVICES_PER_UNIT  # it copies lists per device
                 step = scheduler.step()
                 if step is None:
                     break
@@ -246,7 +248,8 @@ def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int])
     out = dict(snap)
     group_device = list(snap["group_device"])
     usage, peak = list(snap["usage"]), list(snap["peak"])
-    later = [list(h) for h in snap["later"]]
+    later = list(snap["later"])  # the heaps are the snapshot's until one is pushed to: copied then
+    copied: set[int] = set()
     dead = set(snap["dead"])
     for g, d_from, d_to in move:
         p = group_persistent[g]
@@ -258,6 +261,9 @@ def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int])
             group_device[o] = d_to  # the simulator's groups are single ops
             dead.discard((o, d_to))
             if snap["device"][o] < 0 and snap["preds_left"][o] == 0:
+                if d_to not in copied:
+                    later[d_to] = list(later[d_to])
+                    copied.add(d_to)
                 heapq.heappush(later[d_to], (snap["last_time"], topo[o], o))
     out.update(group_device=group_device, usage=usage, peak=peak, later=later, dead=dead)
     return out
