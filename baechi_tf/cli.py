@@ -171,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="baechi",
         description="Places the ops of a dataflow graph on several devices under each device's "
         "memory limit, with the algorithms of Baechi (SoCC 2020).",
-        epilog="Long work (auto's placers, refinement, m-SCT's LP) shows a progress bar on a "
+        epilog="Long work (auto's placers, refinement, m-SCT's LP, list scheduling and "
+        "simulation of large graphs) shows a progress bar on a "
         "terminal's stderr; BAECHI_TF_PROGRESS=0 turns bars off, BAECHI_TF_PROGRESS=1 shows them "
         "on any stderr.",
     )

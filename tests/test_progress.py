@@ -141,6 +141,20 @@ def test_long_work_shows_its_bars(no_delay, monkeypatch, capsys):
     assert "\rm-SCT LP (" in err and " arcs" in err
 
 
+def test_a_placer_and_the_simulator_show_the_ops_scheduled(no_delay, monkeypatch, capsys):
+    # m-ETF alone on a large graph ran for seconds with nothing on the screen.
+    monkeypatch.setenv("BAECHI_TF_PROGRESS", "1")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from layered import layered_graph
+
+    from baechi_tf.placer.pipeline import PlacementOptions, place
+
+    place(layered_graph(3000, seed=1), Cluster.homogeneous(4, 1 << 34), PlacementOptions(placement_method="m_etf"))
+    err = capsys.readouterr().err
+    assert "\rm_etf: scheduling  [" in err and "/3,000 ops" in err and "\rsimulating  [" in err
+    assert err.endswith("\r\x1b[K")  # cleared at the end
+
+
 def test_profiling_shows_its_steps(no_delay, monkeypatch, capsys):
     import tensorflow as tf
 

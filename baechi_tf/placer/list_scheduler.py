@@ -50,6 +50,7 @@ from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Placement, Schedule, Transfer
+from baechi_tf.progress import Progress
 
 __all__ = [
     "EarliestStartPolicy",
@@ -71,6 +72,7 @@ _INF = float("inf")
 # A transfer looks for a free gap among at most this many bookings after its earliest start
 # before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
 _MAX_GAPS = 16
+_STEPS_PER_UPDATE = 1024  # scheduling steps between progress bar updates
 
 
 def free_at_end_bytes(graph: OpGraph) -> list[int]:
@@ -584,10 +586,14 @@ class ListScheduler:
     def done(self) -> bool:
         return self.scheduled == self.graph.num_ops
 
-    def run(self) -> None:
-        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled."""
+    def run(self, bar: Optional[Progress] = None) -> None:
+        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled.
+        `bar` is told of the ops scheduled now and then."""
+        steps = 0
         while self.step() is not None:
-            pass
+            steps += 1
+            if bar is not None and steps % _STEPS_PER_UPDATE == 0:
+                bar.update(self.scheduled)
         if not self.done:
             raise _stuck(self.graph, self.cluster, self.groups, self.state)
 
@@ -668,7 +674,9 @@ def run_list_scheduler(
     scheduler = ListScheduler(
         graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
     )
-    scheduler.run()
+    label = "simulating" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
+    with Progress(label, graph.num_ops, unit="ops") as bar:
+        scheduler.run(bar)
     return scheduler.schedule(method)
 
 
