@@ -3,8 +3,12 @@
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+
+import pytest
+import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARK = ROOT / "utils" / "communication_benchmark.py"
@@ -39,7 +43,88 @@ def test_tiny_run_prints_progress_and_the_fitted_line():
     assert f"--comm_cost_coeffs={match.group(1)},{match.group(2)}" in done.stdout
 
 
-def test_one_device_is_refused_with_the_fix():
-    done = _run("--from_gpu_id=1", "--to_gpu_id=1", "--device_type=CPU")
-    assert done.returncode != 0
-    assert "give two different device indices" in done.stderr
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--from_gpu_id=1", "--to_gpu_id=1"], "give two different device indices >= 0"),
+        (["--exponent=1"], "flag --exponent=1: 1 is not an integer in the range [2, 31]"),
+        (["--num_runs=0"], "flag --num_runs=0: 0 is not a positive integer"),
+        (["--bogus"], "Unknown command line flag 'bogus'"),
+        (["--from_gpu_id=abc"], "flag --from_gpu_id=abc: invalid literal for int()"),
+        (["extra"], "unexpected arguments: extra"),
+        (["--cluster_spec={bad"], "--cluster_spec is not valid JSON"),
+        # Not 100,001 virtual CPU devices: a cap, named with the fix.
+        (["--to_gpu_id=100000", "--device_type=CPU"],
+         "virtual CPU devices take indices below 64 (the line between two of them does not "
+         "depend on their indices); give e.g. --from_gpu_id=0 --to_gpu_id=1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    done = _run(*args)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("communication_benchmark: error: "), done.stderr[-3000:]
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr[-3000:]
+    assert done.stdout == ""
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="the machine has GPUs")
+def test_gpus_asked_of_a_machine_without_them_is_one_line_and_exit_2():
+    done = _run("--device_type=GPU")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr == ("communication_benchmark: error: GPU 1 is wanted but this machine has "
+                           "0 GPU(s): use --device_type=CPU for virtual CPU devices\n")
+
+
+def test_ctrl_c_during_the_runs_is_one_line_and_exit_130():
+    proc = subprocess.Popen(
+        # More runs than it will make: still running whenever the signal comes.
+        [sys.executable, str(BENCHMARK), "--device_type=CPU", "--num_runs=100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+        # A shell running the tests in the background may ignore SIGINT, which children inherit.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        line = proc.stdout.readline()  # printed as the timing starts
+        assert line.startswith("Timing transfers /device:CPU:0 -> /device:CPU:1 "), line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, err[-3000:]
+    # One line of ours, and no traceback of ours. (A Ctrl-C that lands in TensorFlow's C++ code
+    # can make TF print a SystemError of its own before it is dropped: see baechi_tf.interrupts.)
+    assert err.splitlines()[-1] == "communication_benchmark: interrupted; no line was fitted"
+    assert err.count("communication_benchmark:") == 1 and "KeyboardInterrupt" not in err, err
+
+
+# Runs the benchmark as `python communication_benchmark.py` would (runpy, as __main__) after
+# adding an import hook that sends the process a real SIGINT when TensorFlow is first imported: a
+# Ctrl-C at a known point of the start-up, without a timer.
+_CTRL_C_AT_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlCAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.argv = sys.argv[1:]
+sys.meta_path.insert(0, CtrlCAtImport())
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_while_tensorflow_loads_is_one_line_and_exit_130():
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_AT_IMPORT, str(BENCHMARK), "--device_type=CPU"],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr == "communication_benchmark: interrupted; no line was fitted\n"

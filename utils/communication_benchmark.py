@@ -34,24 +34,64 @@ first task's clock: ``from_op`` there, ``mid_op`` on the other task, ``to_op`` b
 
 ``--exponent`` defaults to 24 (up to 2^23 elements, 32 MiB), about 10 s on the CPU stand-ins of a
 2-core machine; the original's default was 30 (up to 2 GiB): pass ``--exponent=30`` on GPUs.
+
+Bad flags (device indices that are equal, negative, beyond the machine's GPUs or, for virtual CPU
+devices, 64 or more; a cluster that does not answer) end the program with one line on stderr and
+exit status 2; Ctrl-C with one line and exit status 130.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
+
+_INTERRUPTED = "communication_benchmark: interrupted; no line was fitted"
+
+
+def _interrupted_while_loading(signum: int, frame: object) -> None:
+    """Ctrl-C while the modules below load and absl parses the flags, before main: the line
+    main prints for a Ctrl-C, not a traceback."""
+    print(_INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(130)
+
+
+# As a program (not imported), and unless SIGINT is ignored (nohup) or handled by someone else.
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from baechi_tf import interrupts  # noqa: E402
 from baechi_tf.cost_model.comm_fit import fit_comm_cost  # noqa: E402
+from baechi_tf.errors import ConfigError  # noqa: E402
 
-tf1 = tf.compat.v1
+# Virtual CPU devices are made by the thousand if asked (--to_gpu_id=100000 made 100,001); the
+# line between two of them does not depend on their indices, so the indices stay below this.
+_MAX_VIRTUAL_DEVICES = 64
+
+
+def _import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with stderr sent to /dev/null unless TF_CPP_MIN_LOG_LEVEL is 0 (as
+    train.py does): TF's C++ start-up lines come before TF_CPP_MIN_LOG_LEVEL applies, and an
+    error would not be one line."""
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 flags.DEFINE_integer("from_gpu_id", 0, "Index of the device the tensor is sent from.")
 flags.DEFINE_integer("to_gpu_id", 1, "Index of the device the tensor is sent to.")
@@ -85,8 +125,10 @@ FLAGS = flags.FLAGS
 _BAR_WIDTH = 30
 
 
-def _config(device_type: str, num_devices: int) -> tf1.ConfigProto:
-    config = tf1.ConfigProto(allow_soft_placement=False)
+def _config(device_type: str, num_devices: int) -> Any:
+    import tensorflow as tf
+
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
     if device_type == "CPU":
         config.device_count["CPU"] = num_devices
     # Keep the two MatMuls as they are: Grappler would otherwise rewrite them.
@@ -134,7 +176,7 @@ def measure_transfer_us(
     num_elements: int,
     src: str,
     dst: str,
-    config: tf1.ConfigProto,
+    config: Any,
     *,
     num_warmup: int,
     num_runs: int,
@@ -145,6 +187,9 @@ def measure_transfer_us(
 
     With `round_trip`, the tensor goes to `dst` and back (`round_trip_transfer_us`).
     """
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():
         ones = tf1.ones_initializer()
@@ -168,9 +213,11 @@ def measure_transfer_us(
         sess.run(init)
         for _ in range(num_warmup):
             sess.run(to_op)
+            interrupts.check()  # a Ctrl-C that TF swallowed still stops the runs
         for _ in range(num_runs):
             metadata = tf1.RunMetadata()
             sess.run(to_op, options=options, run_metadata=metadata)
+            interrupts.check()
             times.append(gap(metadata.step_stats))
     return times
 
@@ -186,13 +233,19 @@ def _progress(done: int, total: int, text: str) -> None:
     sys.stderr.flush()
 
 
+def _num_gpus() -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
 def _device_type(requested: str) -> str:
     if requested != "auto":
         return requested
-    return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    return "GPU" if _num_gpus() else "CPU"
 
 
-def _measure_line(src: str, dst: str, config: tf1.ConfigProto, *, target: str = "",
+def _measure_line(src: str, dst: str, config: Any, *, target: str = "",
                   round_trip: bool = False):
     """Times every size from `src` to `dst` (progress on stderr) and fits the line."""
     print(f"Timing transfers {src} -> {dst} of 2^0 .. 2^{FLAGS.exponent - 1} float32 elements, "
@@ -224,27 +277,22 @@ def _measure_line(src: str, dst: str, config: tf1.ConfigProto, *, target: str = 
     return fit.comm
 
 
-def _cluster_pairs(src_id: int, dst_id: int):
-    """(target, intra-task pair, inter-task pair) of the cluster of --cluster_spec."""
-    from baechi_tf.errors import BaechiError
-    from baechi_tf.rewriter.distributed import discover_devices, parse_cluster_spec
+def _cluster_pairs(spec: Any, src_id: int, dst_id: int):
+    """(target, intra-task pair, inter-task pair) of the cluster `spec` (--cluster_spec)."""
+    from baechi_tf.rewriter.distributed import discover_devices
 
-    try:
-        setup = discover_devices(spec=parse_cluster_spec(FLAGS.cluster_spec),
-                                 timeout_s=FLAGS.cluster_timeout)
-    except BaechiError as e:
-        raise app.UsageError(str(e)) from None
+    setup = discover_devices(spec=spec, timeout_s=FLAGS.cluster_timeout)
     tasks: dict[str, list[str]] = {}
     for device in setup.devices.cluster.devices:
         tasks.setdefault(device.task, []).append(device.name)
     if len(tasks) < 2:
-        raise app.UsageError(
+        raise ConfigError(
             f"the cluster has one task ({next(iter(tasks))}); give one of two or more tasks to "
             "measure the line between hosts"
         )
     first, second = list(tasks.values())[:2]
     if max(src_id, dst_id) >= len(first) or dst_id >= len(second):
-        raise app.UsageError(
+        raise ConfigError(
             f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: the tasks have {len(first)} and "
             f"{len(second)} devices; give indices below those"
         )
@@ -252,17 +300,32 @@ def _cluster_pairs(src_id: int, dst_id: int):
 
 
 def main(argv: Sequence[str]) -> int:
+    # All of it under `recording`, TensorFlow's import included: a Ctrl-C at any point is one
+    # line and exit status 130; a bad flag is one line and exit status 2.
+    try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
+        with interrupts.recording():
+            return _main(argv)
+    except BaseException as e:
+        return interrupts.exit_status(e, interrupted=_INTERRUPTED,
+                                      failed="communication_benchmark: error: ")
+
+
+def _main(argv: Sequence[str]) -> int:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        raise ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
     src_id, dst_id = FLAGS.from_gpu_id, FLAGS.to_gpu_id
     if src_id < 0 or dst_id < 0 or src_id == dst_id:
-        raise app.UsageError(
+        raise ConfigError(
             f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: give two different device indices >= 0"
         )
     if FLAGS.cluster_spec:
-        from baechi_tf.rewriter.distributed import remote_session_config
+        from baechi_tf.rewriter.distributed import parse_cluster_spec, remote_session_config
 
-        target, intra, inter = _cluster_pairs(src_id, dst_id)
+        spec = parse_cluster_spec(FLAGS.cluster_spec)  # a bad spec is refused before TF loads
+        _import_tensorflow_quietly()
+        target, intra, inter = _cluster_pairs(spec, src_id, dst_id)
         config = remote_session_config(_config("GPU", 0))
         a = _measure_line(*intra, config, target=target)
         c = _measure_line(*inter, config, target=target, round_trip=True)
@@ -272,15 +335,22 @@ def main(argv: Sequence[str]) -> int:
         print(f"Inter-host communication cost function: {c.slope_us_per_byte:.6g} x + "
               f"{c.intercept_us:.6g}")
         return 0
+    _import_tensorflow_quietly()
     device_type = _device_type(FLAGS.device_type)
     num_devices = max(src_id, dst_id) + 1
     if device_type == "GPU":
-        num_gpus = len(tf.config.list_physical_devices("GPU"))
+        num_gpus = _num_gpus()
         if num_gpus < num_devices:
-            raise app.UsageError(
+            raise ConfigError(
                 f"GPU {max(src_id, dst_id)} is wanted but this machine has {num_gpus} GPU(s): "
                 "use --device_type=CPU for virtual CPU devices"
             )
+    elif num_devices > _MAX_VIRTUAL_DEVICES:
+        raise ConfigError(
+            f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: virtual CPU devices take indices below "
+            f"{_MAX_VIRTUAL_DEVICES} (the line between two of them does not depend on their "
+            "indices); give e.g. --from_gpu_id=0 --to_gpu_id=1"
+        )
     src, dst = f"/device:{device_type}:{src_id}", f"/device:{device_type}:{dst_id}"
     comm = _measure_line(src, dst, _config(device_type, num_devices))
     a, b = comm.slope_us_per_byte, comm.intercept_us
@@ -289,5 +359,14 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, but a bad flag is one line on stderr and exit status 2 (as train.py)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"communication_benchmark: error: {' '.join(str(e).split())}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
