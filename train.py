@@ -73,29 +73,10 @@ if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _import_tensorflow_quietly() -> None:
-    """Imports TensorFlow with stderr sent to /dev/null unless TF_CPP_MIN_LOG_LEVEL is 0.
-
-    TF's C++ start-up lines ("All log messages before absl::InitializeLog() ...", oneDNN) are
-    printed before TF_CPP_MIN_LOG_LEVEL applies; without this, an error would not be one line.
-    """
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
-        import tensorflow  # noqa: F401
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
+from baechi_tf._startup import import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 
@@ -775,13 +756,9 @@ def _placement_options() -> PlacementOptions:
 def main(argv: list[str]) -> int:
     # All of it under `recording`, TensorFlow's import and the graph's build included: a Ctrl-C
     # at any point is one line and exit status 130, never a traceback.
-    try:
-        if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
-        with interrupts.recording():
-            return _main(argv)
-    except BaseException as e:  # every file is written whole or not at all (atomic_write)
-        return interrupts.exit_status(e, interrupted=_INTERRUPTED, failed="train: error: ")
+    # Every file is written whole or not at all (atomic_write).
+    return run_main(lambda: _main(argv), interrupted=_INTERRUPTED, failed="train: error: ",
+                    loading_handler=_interrupted_while_loading)
 
 
 def _main(argv: list[str]) -> int:
@@ -790,7 +767,7 @@ def _main(argv: list[str]) -> int:
     # Flags and outputs are checked before TensorFlow loads, so that their errors come at once.
     options = _placement_options()
     _check_outputs()
-    _import_tensorflow_quietly()
+    import_tensorflow_quietly()
     import tensorflow as tf
     from absl import logging
 

@@ -68,6 +68,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
+from baechi_tf._startup import import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.cost_model.comm_fit import fit_comm_cost  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 
@@ -75,23 +76,6 @@ from baechi_tf.errors import ConfigError  # noqa: E402
 # line between two of them does not depend on their indices, so the indices stay below this.
 _MAX_VIRTUAL_DEVICES = 64
 
-
-def _import_tensorflow_quietly() -> None:
-    """Imports TensorFlow with stderr sent to /dev/null unless TF_CPP_MIN_LOG_LEVEL is 0 (as
-    train.py does): TF's C++ start-up lines come before TF_CPP_MIN_LOG_LEVEL applies, and an
-    error would not be one line."""
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
-        import tensorflow  # noqa: F401
-        return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 flags.DEFINE_integer("from_gpu_id", 0, "Index of the device the tensor is sent from.")
 flags.DEFINE_integer("to_gpu_id", 1, "Index of the device the tensor is sent to.")
@@ -302,14 +286,8 @@ def _cluster_pairs(spec: Any, src_id: int, dst_id: int):
 def main(argv: Sequence[str]) -> int:
     # All of it under `recording`, TensorFlow's import included: a Ctrl-C at any point is one
     # line and exit status 130; a bad flag is one line and exit status 2.
-    try:
-        if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
-        with interrupts.recording():
-            return _main(argv)
-    except BaseException as e:
-        return interrupts.exit_status(e, interrupted=_INTERRUPTED,
-                                      failed="communication_benchmark: error: ")
+    return run_main(lambda: _main(argv), interrupted=_INTERRUPTED, failed="communication_benchmark: error: ",
+                    loading_handler=_interrupted_while_loading)
 
 
 def _main(argv: Sequence[str]) -> int:
@@ -324,7 +302,7 @@ def _main(argv: Sequence[str]) -> int:
         from baechi_tf.rewriter.distributed import parse_cluster_spec, remote_session_config
 
         spec = parse_cluster_spec(FLAGS.cluster_spec)  # a bad spec is refused before TF loads
-        _import_tensorflow_quietly()
+        import_tensorflow_quietly()
         target, intra, inter = _cluster_pairs(spec, src_id, dst_id)
         config = remote_session_config(_config("GPU", 0))
         a = _measure_line(*intra, config, target=target)
@@ -335,7 +313,7 @@ def _main(argv: Sequence[str]) -> int:
         print(f"Inter-host communication cost function: {c.slope_us_per_byte:.6g} x + "
               f"{c.intercept_us:.6g}")
         return 0
-    _import_tensorflow_quietly()
+    import_tensorflow_quietly()
     device_type = _device_type(FLAGS.device_type)
     num_devices = max(src_id, dst_id) + 1
     if device_type == "GPU":

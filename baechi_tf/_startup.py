@@ -1,0 +1,47 @@
+"""The start of the command-line programs outside the package (train.py, the communication
+benchmark): `main` under `interrupts.recording`, and TensorFlow's import without its C++
+start-up lines. (Each program sets its own SIGINT handler for the time its modules load, this
+one included, before it imports anything of the package.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Callable
+
+from baechi_tf import interrupts
+
+__all__ = ["import_tensorflow_quietly", "run_main"]
+
+def run_main(main: Callable[[], int], *, interrupted: str, failed: str, loading_handler: Callable) -> int:
+    """`main()` under `interrupts.recording`, its errors turned into one line and an exit status
+    (`interrupts.exit_status`): all of it, so that a Ctrl-C at any point is one line and 130.
+    `loading_handler`, the program's SIGINT handler while its modules loaded, gives way first."""
+    try:
+        if signal.getsignal(signal.SIGINT) is loading_handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
+        with interrupts.recording():
+            return main()
+    except BaseException as e:
+        return interrupts.exit_status(e, interrupted=interrupted, failed=failed)
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with stderr sent to /dev/null unless TF_CPP_MIN_LOG_LEVEL is 0.
+
+    TF's C++ start-up lines ("All log messages before absl::InitializeLog() ...", oneDNN) are
+    printed before TF_CPP_MIN_LOG_LEVEL applies; without this, an error would not be one line.
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
