@@ -18,9 +18,9 @@
   colour by device).
 * ``summary.json``: the figures of the placement (see `summary`).
 
-The reports are written all at once or not at all (`write_reports`); figures use matplotlib's Agg canvas directly (no
-pyplot, no global state) and come out the same, byte for byte, for the same input. TensorFlow is
-imported only when `graph_def` or a serialized `tf_step_stats` is given.
+The reports are written all at once or not at all (`write_reports`). Figures use matplotlib's Agg
+canvas directly (no pyplot, no global state) and come out the same, byte for byte, for the same
+input. TensorFlow is imported only when `graph_def` or a serialized `tf_step_stats` is given.
 
 Time O((V + E) log(V + E) + D * T) for V ops, E edges, D devices and T transfers, plus drawing:
 about 3 s for 10k ops on 4 devices, most of it matplotlib; the trace takes about 0.7 KB per op.
