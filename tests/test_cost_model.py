@@ -15,6 +15,7 @@ from baechi_tf.cost_model import (
     OpCost,
     compare_to_graph,
     graph_fingerprint,
+    graph_nodes,
     load_profile,
     merge_profiles,
     profile_coverage,
@@ -248,6 +249,31 @@ def test_files_that_are_not_profiles_are_refused(lstm, tmp_path):
         profile_from_bytes(files["truncated_before_end"])
 
 
+def test_the_same_model_at_another_size_is_another_graph():
+    # The fingerprint covered names, types and inputs only: train.py took a profile of GNMT with
+    # 512 units for one with 256, and placed by the wrong costs without a word.
+    def model(units):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [4, units], name="x")
+            w = tf.compat.v1.get_variable("w", [units, units])
+            tf.matmul(x, w, name="y")
+        return g.as_graph_def()
+
+    small, large = model(8), model(16)
+    assert [n.name for n in small.node] == [n.name for n in large.node]
+    assert graph_fingerprint(small) != graph_fingerprint(large)
+    profile = CostProfile({}, graph_fingerprint(small), graph_nodes(small))
+    mismatch = compare_to_graph(profile, large)
+    assert mismatch is not None and {"x", "w"} <= set(mismatch.changed) and not mismatch.missing_from_graph
+    # Devices and TF's own attributes (colocation) are not part of it: a placed copy matches.
+    placed = tf.compat.v1.GraphDef.FromString(small.SerializeToString())
+    for node in placed.node:
+        node.device = "/device:GPU:1"
+        node.attr["_class"].list.s.append(b"loc:@w")
+    assert compare_to_graph(profile, placed) is None
+
+
 def test_missing_directory_and_future_format(tmp_path):
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile(tmp_path / "nope.pb")
@@ -256,7 +282,10 @@ def test_missing_directory_and_future_format(tmp_path):
     pb = cost_profile_pb2.CostProfile(magic="baechi_tf.CostProfile", format_version=9, end_marker="end")
     with pytest.raises(ProfileError, match="format 9"):
         profile_from_bytes(pb.SerializeToString())
-    pb.format_version = 1
+    pb.format_version = 1  # digests of types and inputs only: a profile to take again
+    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads format 2; profile the graph again"):
+        profile_from_bytes(pb.SerializeToString())
+    pb.format_version = 2
     pb.ops.add(name="a", compute_us=-1.0)
     with pytest.raises(ProfileError, match="negative"):
         profile_from_bytes(pb.SerializeToString())

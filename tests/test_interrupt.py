@@ -12,6 +12,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """Some tests press Ctrl-C in this process: they need Python's own SIGINT handler, which a
+    shell that starts the suite in the background (`make test &`) replaces with "ignore"."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     from baechi_tf.cluster import Cluster
     from baechi_tf.json_io import graph_to_json

@@ -2,16 +2,17 @@
 
 A profile holds, per op, the median compute time over the traced steps and the maxima of each
 output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; spec section 2.1). It
-remembers which graph it was taken on (a fingerprint over every node's name, type and inputs,
-device fields left out so that a placed copy of a graph matches its unplaced original) and the
-TensorFlow version.
+remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and
+attributes, so that the same model at another size does not match; device fields and TF's
+internal ``_`` attributes are left out, so that a placed copy of a graph matches its unplaced
+original) and the TensorFlow version.
 
 The file is a ``baechi_tf.CostProfile`` protobuf message (``baechi_tf/proto/cost_profile.proto``),
 written atomically. Reading it parses bytes and nothing else: a pickle, a text file, a truncated
 or an empty file is refused with a `ProfileError`, and no code from the file is ever run.
 
 This module does not import TensorFlow: graphs are read through their ``node`` field (any
-``GraphDef``-like value whose nodes have ``name``, ``op`` and ``input``).
+``GraphDef``-like value whose nodes have ``name``, ``op``, ``input`` and maybe ``attr``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import dataclasses
 import hashlib
 import os
 import statistics
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from baechi_tf._files import atomic_write
 from baechi_tf.errors import ProfileError
@@ -45,7 +46,8 @@ __all__ = [
 
 _MAGIC = "baechi_tf.CostProfile"
 _END = "end"
-_FORMAT_VERSION = 1
+# 2: node digests cover attributes (shapes, values, dtypes), not only types and inputs.
+_FORMAT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +70,7 @@ class GraphNode:
 
     name: str
     op_type: str
-    inputs_digest: int  # first 8 bytes of SHA-256 over the op type and the inputs
+    inputs_digest: int  # first 8 bytes of SHA-256 over the op type, inputs and attributes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -125,14 +127,14 @@ class ProfileMismatch:
     graph_fingerprint: str
     missing_from_profile: tuple[str, ...]  # nodes of the graph the profiled graph did not have
     missing_from_graph: tuple[str, ...]  # nodes of the profiled graph the graph does not have
-    changed: tuple[str, ...]  # nodes of both whose op type or inputs differ
+    changed: tuple[str, ...]  # nodes of both whose op type, inputs or attributes differ
 
     def describe(self, limit: int = 5) -> str:
         parts = []
         for label, names in (
             ("graph ops not in the profiled graph", self.missing_from_profile),
             ("profiled ops not in the graph", self.missing_from_graph),
-            ("ops whose type or inputs changed", self.changed),
+            ("ops whose type, inputs or attributes changed", self.changed),
         ):
             if names:
                 shown = ", ".join(repr(n) for n in names[:limit])
@@ -146,19 +148,23 @@ class ProfileMismatch:
 # ---------------------------------------------------------------------------- graph identity
 
 
-def _node_digest(op_type: str, inputs: Sequence[str]) -> int:
-    h = hashlib.sha256(op_type.encode())
-    for name in inputs:
+def _node_digest(node: Any) -> int:
+    h = hashlib.sha256(node.op.encode())
+    for name in node.input:
         h.update(b"\0")
         h.update(name.encode())
+    attrs = getattr(node, "attr", {})
+    for key in sorted(attrs):
+        if not key.startswith("_"):  # TF's own: colocation, output shapes some exporters add
+            h.update(b"\1" + key.encode() + b"\0")
+            h.update(attrs[key].SerializeToString(deterministic=True))
     return int.from_bytes(h.digest()[:8], "little")
 
 
 def graph_nodes(graph_def) -> tuple[GraphNode, ...]:
-    """The name, type and input digest of every node of `graph_def`, in node order."""
-    return tuple(
-        GraphNode(n.name, n.op, _node_digest(n.op, list(n.input))) for n in graph_def.node
-    )
+    """The name, type and digest (type, inputs, attributes) of every node of `graph_def`, in
+    node order."""
+    return tuple(GraphNode(n.name, n.op, _node_digest(n)) for n in graph_def.node)
 
 
 def _fingerprint(nodes: Iterable[GraphNode]) -> str:
@@ -171,7 +177,8 @@ def _fingerprint(nodes: Iterable[GraphNode]) -> str:
 
 
 def graph_fingerprint(graph_def) -> str:
-    """SHA-256 (hex) over every node's name, op type and inputs; device fields are left out."""
+    """SHA-256 (hex) over every node's name, op type, inputs and attributes (not the ``_`` ones);
+    device fields are left out."""
     return _fingerprint(graph_nodes(graph_def))
 
 
