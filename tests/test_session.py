@@ -210,7 +210,7 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
             tripled = one_shot * 3
         with caplog.at_level("WARNING", logger="baechi_tf.rewriter.session"):
             np.testing.assert_array_equal(sess.run(tripled), [0, 3])
-        assert "restarts the iterators, queues and tables" in caplog.text
+        assert "restarts the iterators and queues" in caplog.text
 
 
 def _feedable_iterators():
@@ -275,6 +275,46 @@ def test_feedable_iterators_and_staging_areas_run_as_on_a_session(build, placer)
     else:
         np.testing.assert_array_equal(got, [[3.0, 6.0]])
         np.testing.assert_array_equal(got, expected)
+
+
+def test_hash_tables_carry_over_from_the_wrapped_session_and_to_a_new_placement():
+    # Tables initialised (or filled) in the wrapped session were empty in the placed one: the
+    # first lookup failed with "Table not initialized". A placement made again after new ops
+    # emptied them too.
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            words = tf.compat.v1.placeholder(tf.string, [None])
+            vocab = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(["a", "b", "c"], tf.constant([1, 2, 3], tf.int64)), -1
+            )
+            seen = tf.lookup.experimental.MutableHashTable(tf.string, tf.int64, default_value=0)
+            ids = vocab.lookup(words)
+            count = seen.lookup(words)
+            note = seen.insert(words, ids * 10)
+            w = tf.compat.v1.get_variable("w", [], tf.int64, initializer=tf.compat.v1.zeros_initializer())
+            train = tf.compat.v1.assign_add(w, tf.reduce_sum(ids))
+            init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
+        return g, words, ids, count, note, train, init
+
+    def steps(sess, g, words, ids, count, note, train):
+        out = [sess.run(ids, {words: ["b", "z", "c"]}).tolist(), sess.run(count, {words: ["a", "b"]}).tolist()]
+        sess.run(train, {words: ["a", "c"]})
+        with g.as_default():  # made after the runs: a new placement
+            total = tf.identity(count) + 1
+        out.append(sess.run(total, {words: ["a", "b"]}).tolist())
+        return out
+
+    results = []
+    for wrap in (False, True):
+        g, words, ids, count, note, train, init = build()
+        user = tf.compat.v1.Session(graph=g)
+        user.run(init)
+        user.run(note, {words: ["a", "b"]})  # the mutable table holds a -> 10, b -> 20
+        sess = BaechiSession(user, num_devices=2, **fast()) if wrap else user
+        with sess:
+            results.append(steps(sess, g, words, ids, count, note, train))
+    assert results[1] == results[0] == [[2, -1, 3], [10, 20], [11, 21]]
 
 
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():

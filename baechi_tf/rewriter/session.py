@@ -36,9 +36,10 @@ placed and keep their names. Ops the graph pins (``tf.device``) stay there; a pi
 is not among them is an error unless ``ignore_user_devices=True``, which places those ops like the
 others (code written for more GPUs than the machine has).
 
-Only variables carry over from one session to the next: the state of iterators, lookup tables,
-queues and random number generators starts afresh in each placed session. So once a run has used
-an iterator, queue, table, reader or accumulator in the placed session, a new fetch whose ops the
+Only variables and the contents of hash tables carry over from one session to the next (from the
+wrapped session too): the state of iterators, queues, staging areas and random number generators
+starts afresh in each placed session. So once a run has used an iterator, queue, reader or
+accumulator in the placed session, a new fetch whose ops the
 placed graph already holds runs there as placed (those of its ops no run had profiled were placed
 by estimated costs) rather than being profiled and placed again, which would restart that
 state: a dataset would be read again from its start. Only a fetch of ops added to the graph
@@ -50,6 +51,7 @@ without profiling: nothing fills or drains the scratch copy's queues.
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import contextlib
 import functools
 import logging
@@ -87,12 +89,71 @@ __all__ = ["BaechiSession"]
 log = logging.getLogger(__name__)
 
 
+# Lookup tables whose contents carry into a new session (export, then import): static hash
+# tables (``tf.lookup.StaticHashTable``, ``index_table_from_*``) and mutable ones.
+_TABLE_OP_TYPES = frozenset({"HashTableV2", "MutableHashTableV2", "MutableHashTableOfTensorsV2"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableContents:
+    """The keys and values of a lookup table, as `_VariableIO.read` returns them."""
+
+    keys: Any
+    values: Any
+
+
+class _TableIO:
+    """Export and import ops of the lookup tables of a graph (added to it, beside each table)."""
+
+    def __init__(self, graph: Any, name_scope: str) -> None:
+        import tensorflow as tf
+
+        self.entries: list[tuple[str, Any, Any, Any, Any, Any, Any]] = []
+        tables = [op for op in graph.get_operations() if op.type in _TABLE_OP_TYPES]
+        if tables and graph.finalized:
+            log.warning("cannot read the lookup tables of a finalized graph; they start afresh")
+            return
+        with graph.as_default(), tf.name_scope(name_scope):
+            for op in tables:
+                with tf.compat.v1.colocate_with(op):
+                    handle = op.outputs[0]
+                    key_dtype, value_dtype = op.get_attr("key_dtype"), op.get_attr("value_dtype")
+                    size = tf.raw_ops.LookupTableSizeV2(table_handle=handle)
+                    keys, values = tf.raw_ops.LookupTableExportV2(
+                        table_handle=handle, Tkeys=key_dtype, Tvalues=value_dtype
+                    )
+                    new_keys = tf.compat.v1.placeholder(key_dtype)
+                    new_values = tf.compat.v1.placeholder(value_dtype)
+                    put = tf.raw_ops.LookupTableImportV2(table_handle=handle, keys=new_keys, values=new_values)
+                self.entries.append((op.name, size, keys, values, new_keys, new_values, put))
+
+    def read(self, session: Any) -> dict[str, _TableContents]:
+        """The contents of the tables that hold something (an uninitialized table holds
+        nothing: importing nothing would mark it initialized), by table op name."""
+        if not self.entries:
+            return {}
+        sizes = session.run([e[1] for e in self.entries])
+        full = [e for e, n in zip(self.entries, sizes) if n > 0]
+        got = session.run([(e[2], e[3]) for e in full]) if full else []
+        return {e[0]: _TableContents(k, v) for e, (k, v) in zip(full, got)}
+
+    def load(self, session: Any, contents: dict[str, Any]) -> None:
+        todo = [e for e in self.entries if isinstance(contents.get(e[0]), _TableContents)]
+        if todo:
+            feeds = {}
+            for e in todo:
+                feeds[e[4]], feeds[e[5]] = contents[e[0]].keys, contents[e[0]].values
+            session.run([e[6] for e in todo], feed_dict=feeds)
+
+
 class _VariableIO:
-    """Reads and writes the variables of a graph this module owns (helper ops added to it)."""
+    """Reads and writes the variables and lookup tables of a graph this module owns (helper ops
+    added to it)."""
 
     def __init__(self, graph: Any) -> None:
         import tensorflow as tf
 
+        self.tables = _TableIO(graph, "baechi_tf_io")
         self.entries: list[tuple[str, Any, Any, Any, Any]] = []
         variables = [op for op in graph.get_operations() if op.type in VARIABLE_OP_TYPES]
         with graph.as_default(), tf.name_scope("baechi_tf_io"):
@@ -112,19 +173,30 @@ class _VariableIO:
                 self.entries.append((op.name, is_init, read, value, assign))
 
     def read(self, session: Any) -> dict[str, Any]:
-        """Values of the initialised variables, by variable op name."""
+        """Values of the initialised variables and contents of the filled tables, by op name."""
+        out: dict[str, Any] = self.tables.read(session)
         if not self.entries:
-            return {}
+            return out
         flags = session.run([e[1] for e in self.entries])
         live = [e for e, ok in zip(self.entries, flags) if ok]
         values = session.run([e[2] for e in live]) if live else []
-        return {e[0]: v for e, v in zip(live, values)}
+        out.update((e[0], v) for e, v in zip(live, values))
+        return out
 
     def load(self, session: Any, values: dict[str, Any]) -> None:
-        """Writes `values` into the variables of the same names."""
+        """Writes `values` into the variables and tables of the same names."""
         todo = [e for e in self.entries if e[0] in values]
         if todo:
             session.run([e[4] for e in todo], feed_dict={e[3]: values[e[0]] for e in todo})
+        self.tables.load(session, values)
+
+
+def _read_user_state(session: Any) -> dict[str, Any]:
+    """Values of the initialised variables and contents of the filled lookup tables of a session
+    whose graph belongs to the user (tables through export ops added to it)."""
+    out: dict[str, Any] = _TableIO(session.graph, "baechi_tf_read_tables").read(session)
+    out.update(_read_user_variables(session))
+    return out
 
 
 def _read_user_variables(session: Any) -> dict[str, Any]:
@@ -555,8 +627,8 @@ class BaechiSession:
             if placed and self._state_in_use and not closure <= self._covered:
                 log.warning(
                     "running a new fetch on the placement as it is, where %d of its ops were "
-                    "placed by estimated costs: placing it again would restart the iterators, "
-                    "queues or tables that earlier runs used",
+                    "placed by estimated costs: placing it again would restart the iterators or "
+                    "queues that earlier runs used",
                     len(closure - self._covered),
                 )
             elif not placed or not closure <= self._covered:
@@ -571,7 +643,7 @@ class BaechiSession:
                 if self._state_in_use:
                     log.warning(
                         "the fetch runs ops added to the graph since it was placed: placing it "
-                        "again restarts the iterators, queues and tables that earlier runs used "
+                        "again restarts the iterators and queues that earlier runs used "
                         "(a dataset is read again from its start); create every op before the "
                         "first run to keep them"
                     )
@@ -629,7 +701,7 @@ class BaechiSession:
         if self._placed is not None:
             return self._placed.io.read(self._placed.session)
         if self._user_session is not None:
-            return _read_user_variables(self._user_session)
+            return _read_user_state(self._user_session)
         return {}
 
     def _profile_and_place(
@@ -724,12 +796,12 @@ class BaechiSession:
 
 
 def _holds_state(op_type: str) -> bool:
-    """Whether ops of `op_type` keep state from run to run that is not a variable's (and so is
-    not carried into a new placed session): iterators, queues, lookup tables, readers,
+    """Whether ops of `op_type` keep state from run to run that is not carried into a new placed
+    session: iterators, queues, lookup tables other than hash tables (`_TABLE_OP_TYPES`), readers,
     accumulators, barriers, staging areas and tensors kept by ``get_session_handle``."""
     return (
         "Iterator" in op_type
-        or "HashTable" in op_type
+        or ("HashTable" in op_type and op_type not in _TABLE_OP_TYPES)
         or op_type.endswith(("Queue", "QueueV2", "Reader", "ReaderV2", "Barrier"))
         or "Accumulator" in op_type
         or op_type in ("Stage", "MapStage", "OrderedMapStage", "GetSessionHandle", "GetSessionHandleV2")
