@@ -374,3 +374,18 @@ def test_auto_runs_the_models_own_layout_when_it_has_one():
     auto = place(g, c, PlacementOptions("auto", expert=layout, refine_seconds=0))
     assert auto.candidates["expert"] == pytest.approx(simulate(g, c, expert.placement).makespan_us)
     assert "expert" not in place(g, c, PlacementOptions("auto", refine_seconds=0)).candidates
+
+
+def test_far_more_devices_than_groups_is_a_warning(caplog):
+    # m-ETF on 10,000 devices for a 618-op graph ran for minutes without a word: every device is
+    # weighed for every op, and at most one per group can be used.
+    graph = graphs.independent(8, compute_us=10)
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.pipeline"):
+        place(graph, graphs.cluster(4), PlacementOptions(placement_method="m_etf"))
+        assert not caplog.records  # a small graph on a few devices says nothing
+        result = place(graph, graphs.cluster(100), PlacementOptions(placement_method="m_etf"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "100 devices for 8 groups of ops: a placement uses at most 8 of them, and the placers weigh "
+        "every device for every op (slow with thousands); ask for fewer devices"
+    ]
+    assert len(set(result.placement.device_of.tolist())) <= 8

@@ -173,6 +173,9 @@ def _m_topo_nonuniform(graph: OpGraph, cluster: Cluster, groups: Groups) -> Plac
     return Placement(placement.device_of, "m_topo_nonuniform")
 
 
+# More devices than groups is worth a warning only beyond this many devices (a small graph on a
+# few devices is common and quick).
+_FEW_DEVICES = 64
 _AUTO_MAX_LP_ARCS = 5000
 # Above this size auto skips the coplace-group runs: on bench/quality.py they never decide the
 # result (the same table without them), and on 100k ops they took some 28 of 69 s.
@@ -369,6 +372,12 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
 
     step("validate", graph.validate)
     groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
+    if cluster.num_devices > max(groups.num_groups, _FEW_DEVICES):
+        log.warning(
+            "%d devices for %d groups of ops: a placement uses at most %d of them, and the placers "
+            "weigh every device for every op (slow with thousands); ask for fewer devices",
+            cluster.num_devices, groups.num_groups, groups.num_groups,
+        )
     placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
     # auto simulated its placement already (on the real graph, also with fusion).
     simulated = auto.schedule if auto is not None else None
