@@ -76,7 +76,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
-from baechi_tf._startup import import_tensorflow_quietly, run_main  # noqa: E402
+from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 
@@ -757,13 +757,11 @@ def main(argv: list[str]) -> int:
     # All of it under `recording`, TensorFlow's import and the graph's build included: a Ctrl-C
     # at any point is one line and exit status 130, never a traceback.
     # Every file is written whole or not at all (atomic_write).
-    return run_main(lambda: _main(argv), interrupted=_INTERRUPTED, failed="train: error: ",
+    return run_main(_main, argv, prog="train", interrupted=_INTERRUPTED,
                     loading_handler=_interrupted_while_loading)
 
 
-def _main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
+def _main() -> int:
     # Flags and outputs are checked before TensorFlow loads, so that their errors come at once.
     options = _placement_options()
     _check_outputs()
@@ -785,14 +783,5 @@ def _main(argv: list[str]) -> int:
     return place_and_run(config, options, setup, session_config, target)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, but a bad flag is one line on stderr and exit status 2."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"train: error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=flag_parser("train"))

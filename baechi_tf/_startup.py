@@ -8,23 +8,44 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 from baechi_tf import interrupts
+from baechi_tf.errors import ConfigError
 
-__all__ = ["import_tensorflow_quietly", "run_main"]
+__all__ = ["flag_parser", "import_tensorflow_quietly", "run_main"]
 
-def run_main(main: Callable[[], int], *, interrupted: str, failed: str, loading_handler: Callable) -> int:
-    """`main()` under `interrupts.recording`, its errors turned into one line and an exit status
-    (`interrupts.exit_status`): all of it, so that a Ctrl-C at any point is one line and 130.
+def run_main(
+    main: Callable[[], int], argv: Sequence[str], *, prog: str, interrupted: str, loading_handler: Callable
+) -> int:
+    """`main()` under `interrupts.recording`, its errors turned into one line ``{prog}: error:
+    ...`` and an exit status (`interrupts.exit_status`): all of it, so that a Ctrl-C at any point
+    is the one line `interrupted` and 130. Arguments left in `argv` after the flags are an error.
     `loading_handler`, the program's SIGINT handler while its modules loaded, gives way first."""
     try:
         if signal.getsignal(signal.SIGINT) is loading_handler:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # for `recording`
         with interrupts.recording():
+            if len(argv) > 1:
+                raise ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
             return main()
     except BaseException as e:
-        return interrupts.exit_status(e, interrupted=interrupted, failed=failed)
+        return interrupts.exit_status(e, interrupted=interrupted, failed=f"{prog}: error: ")
+
+
+def flag_parser(prog: str) -> Callable[[list[str]], list[str]]:
+    """absl's flag parsing, for ``app.run(main, flags_parser=...)``, but a bad flag is one line
+    ``{prog}: error: ...`` on stderr and exit status 2 (absl's own is a usage dump and 1)."""
+    from absl import flags
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+            sys.exit(2)
+
+    return parse
 
 
 def import_tensorflow_quietly() -> None:

@@ -68,7 +68,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
-from baechi_tf._startup import import_tensorflow_quietly, run_main  # noqa: E402
+from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.cost_model.comm_fit import fit_comm_cost  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 
@@ -286,13 +286,11 @@ def _cluster_pairs(spec: Any, src_id: int, dst_id: int):
 def main(argv: Sequence[str]) -> int:
     # All of it under `recording`, TensorFlow's import included: a Ctrl-C at any point is one
     # line and exit status 130; a bad flag is one line and exit status 2.
-    return run_main(lambda: _main(argv), interrupted=_INTERRUPTED, failed="communication_benchmark: error: ",
+    return run_main(_main, argv, prog="communication_benchmark", interrupted=_INTERRUPTED,
                     loading_handler=_interrupted_while_loading)
 
 
-def _main(argv: Sequence[str]) -> int:
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
+def _main() -> int:
     src_id, dst_id = FLAGS.from_gpu_id, FLAGS.to_gpu_id
     if src_id < 0 or dst_id < 0 or src_id == dst_id:
         raise ConfigError(
@@ -337,14 +335,5 @@ def _main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, but a bad flag is one line on stderr and exit status 2 (as train.py)."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"communication_benchmark: error: {' '.join(str(e).split())}", file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=flag_parser("communication_benchmark"))
