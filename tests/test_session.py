@@ -317,6 +317,25 @@ def test_hash_tables_carry_over_from_the_wrapped_session_and_to_a_new_placement(
     assert results[1] == results[0] == [[2, -1, 3], [10, 20], [11, 21]]
 
 
+def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
+    # TF's "GetNext() failed because the iterator has not been initialized" did not say that the
+    # wrapped session's initialisation does not carry over.
+    g = tf.Graph()
+    with g.as_default():
+        it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.range(5))
+        value = it.get_next()
+    user = tf.compat.v1.Session(graph=g)
+    user.run(it.initializer)
+    with BaechiSession(user, num_devices=2, **fast()) as sess:
+        with pytest.raises(tf.errors.FailedPreconditionError, match=(
+            "(?s)iterator has not been initialized.*BaechiSession: iterators do not carry over from the "
+            "session it wraps; if you initialized this one there, run its initializer through the BaechiSession"
+        )):
+            sess.run(value)
+        sess.run(it.initializer)  # as the error says
+        assert [sess.run(value) for _ in range(2)] == [0, 1]
+
+
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
     # again in a new session, without it: TF's error said the handle was not in the session store.

@@ -56,7 +56,7 @@ import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import (
@@ -447,7 +447,8 @@ class BaechiSession:
         with self._lock:  # one thread profiles and places at a time; runs go side by side
             before = self.placement
             # The caller's time limit holds for each profiling run as for the run itself.
-            placed = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
+            with self._hints():
+                placed = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
             placed.runs += 1
             report = self.placement if self._report_dir and self.placement is not before else None
         if report is not None:
@@ -462,7 +463,8 @@ class BaechiSession:
                 run_metadata = tf.compat.v1.RunMetadata()
         ran = False
         try:
-            values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
+            with self._hints():
+                values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
             ran = True
             return values
         except tf.errors.ResourceExhaustedError as e:
@@ -564,6 +566,24 @@ class BaechiSession:
             self.close()
 
     # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _hints(self) -> Iterator[None]:
+        """TF's errors of profiling or running, with what this class changes about them said:
+        an iterator initialised in the wrapped session is not initialised in the sessions here."""
+        import tensorflow as tf
+
+        try:
+            yield
+        except tf.errors.FailedPreconditionError as e:
+            if self._user_session is None or "iterator has not been initialized" not in e.message:
+                raise
+            raise type(e)(
+                e.node_def,
+                e.op,
+                e.message + " (BaechiSession: iterators do not carry over from the session it wraps; "
+                "if you initialized this one there, run its initializer through the BaechiSession)",
+            ) from e
 
     def _check_open(self) -> None:
         if self._closed:
