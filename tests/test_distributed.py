@@ -284,6 +284,41 @@ def test_a_worker_with_a_bad_task_says_so(args, tf_config, match):
     assert done.returncode == 2 and match in done.stderr
 
 
+def test_a_worker_stops_on_ctrl_c_and_says_when_its_port_is_taken():
+    # Serving, it waited in server.join(), in C++, where Ctrl-C never reached Python: it ran
+    # until killed. A port already in use was a 21-line traceback and exit status 1.
+    import signal
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "baechi_tf.rewriter.distributed", f'--cluster_spec={{"worker": ["127.0.0.1:{port}"]}}'],
+            capture_output=True, text=True, env=_env(), timeout=120,
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"python -m baechi_tf.rewriter.distributed: error: cannot start the server of /job:worker/task:0 at "
+        f"127.0.0.1:{port} (Could not start gRPC server): is the port in use, or the host not this "
+        "machine's? give another address"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "baechi_tf.rewriter.distributed", f'--cluster_spec={{"worker": ["127.0.0.1:{port}"]}}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stdout.readline().startswith("baechi worker ready /job:worker/replica:0/task:0")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "python -m baechi_tf.rewriter.distributed: interrupted; server stopped"
+
+
 def test_no_cluster_means_one_machine(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert cluster_from_flags(None) is None

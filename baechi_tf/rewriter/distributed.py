@@ -50,6 +50,7 @@ import tempfile
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from baechi_tf import interrupts
 from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, device_task
 from baechi_tf.errors import ConfigError
 from baechi_tf.rewriter.devices import (
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 30.0
 _JOB = re.compile(r"^[A-Za-z0-9_]+$")
 _READY = "baechi worker ready"
+_WAKE_S = 0.25  # a serving worker's longest wait before it sees a Ctrl-C
 _WORKER_MODULE = "baechi_tf.rewriter.distributed"
 
 
@@ -811,39 +813,63 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="exit when stdin closes (how start_local_workers ties a worker to its parent)",
     )
     args = parser.parse_args(argv)
+    prog = f"python -m {_WORKER_MODULE}"
     try:
-        spec = resolve_cluster_spec(args.cluster_spec)
-        if spec is None:
-            raise ConfigError("give --cluster_spec or set TF_CONFIG")
-        env_job, env_index = _tf_config_task(os.environ)
-        job = args.job or env_job or "worker"
-        index = args.task_index if args.task_index is not None else (env_index or 0)
-        addresses = dict(spec.jobs).get(job, ())
-        if not (0 <= index < len(addresses)):
-            raise ConfigError(
-                f"task {job}:{index} is not in the cluster spec {spec.to_json()}; give a --job "
-                "and --task_index it lists"
-            )
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        with interrupts.recording():
+            return _serve(args)  # returns only on an error: a server runs until stopped
+    except BaseException as e:
+        status = interrupts.exit_status(e, interrupted=f"{prog}: interrupted; server stopped",
+                                        failed=f"{prog}: error: ")
+        sys.stderr.flush()
+        os._exit(status)  # the server's threads never end by themselves
 
+
+def _serve(args: argparse.Namespace) -> int:
+    """Starts this task's server and waits, until stdin closes (`--exit_on_stdin_eof`) or for
+    ever; `ConfigError` for a task the spec lacks or an address the server cannot take."""
+    if args.num_devices < 0:
+        raise ConfigError(f"--num_devices={args.num_devices}: give 0 (TensorFlow's own devices) or more")
+    spec = resolve_cluster_spec(args.cluster_spec)
+    if spec is None:
+        raise ConfigError("give --cluster_spec or set TF_CONFIG")
+    env_job, env_index = _tf_config_task(os.environ)
+    job = args.job or env_job or "worker"
+    index = args.task_index if args.task_index is not None else (env_index or 0)
+    addresses = dict(spec.jobs).get(job, ())
+    if not (0 <= index < len(addresses)):
+        raise ConfigError(
+            f"task {job}:{index} is not in the cluster spec {spec.to_json()}; give a --job "
+            "and --task_index it lists"
+        )
+    from baechi_tf._startup import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
     import tensorflow as tf
 
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(spec.as_dict()),
-        job_name=job,
-        task_index=index,
-        config=_server_config(args.num_devices),
-        start=True,
-    )
+    try:
+        tf.distribute.Server(
+            tf.train.ClusterSpec(spec.as_dict()),
+            job_name=job,
+            task_index=index,
+            config=_server_config(args.num_devices),
+            start=True,
+        )
+    except tf.errors.OpError as e:
+        first = (e.message or str(e)).strip().splitlines()[0]
+        raise ConfigError(
+            f"cannot start the server of /job:{job}/task:{index} at {addresses[index]} ({first}): "
+            "is the port in use, or the host not this machine's? give another address"
+        ) from None
     print(f"{_READY} /job:{job}/replica:0/task:{index} at {addresses[index]}", flush=True)
     if args.exit_on_stdin_eof:
         while sys.stdin.buffer.read(65536):
             pass
+        sys.stdout.flush()
         os._exit(0)  # the server's threads never end by themselves
-    server.join()
-    return 0
+    # Not server.join(), which waits in C++, where Ctrl-C never reaches Python; nor one long
+    # wait, which a Ctrl-C that comes just before it would leave waiting.
+    while True:
+        time.sleep(_WAKE_S)
 
 
 if __name__ == "__main__":
