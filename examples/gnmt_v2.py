@@ -24,32 +24,61 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from baechi_tf import BaechiSession, PlacementOptions, interrupts  # noqa: E402
+from baechi_tf.errors import BaechiError  # noqa: E402
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 
 tf1 = tf.compat.v1
+
+
+def _positive(kind):
+    """An argparse type: a number of `kind` above 0 (and finite)."""
+    def parse(text):
+        value = kind(text)
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        return value
+    return parse
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     seed = GNMTHParams()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch_size", type=int, default=seed.batch_size)
-    parser.add_argument("--vocab_size", type=int, default=seed.vocab_size)
-    parser.add_argument("--max_seq_length", type=int, default=seed.max_seq_length)
-    parser.add_argument("--rnn_units", type=int, default=seed.rnn_units)
-    parser.add_argument("--num_layers", type=int, default=seed.num_layers)
-    parser.add_argument("--rnn_unit_type", choices=("lstm", "gru"), default=seed.rnn_unit_type)
-    parser.add_argument("--num_devices", type=int, default=4,
-                        help="devices to place on (default: %(default)s)")
-    parser.add_argument("--placement_method", default="auto",
-                        help="auto, m_topo, m_etf, m_sct, heft, layers, single (default: %(default)s)")
-    parser.add_argument("--refine_seconds", type=float, default=3.0,
-                        help="auto: time for refining the placement (default: %(default)s)")
-    parser.add_argument("--learning_rate", type=float, default=0.001)
-    parser.add_argument("--steps", type=int, default=10, help="training steps after placement")
-    parser.add_argument("--profile_steps", type=int, default=3,
-                        help="traced steps of the profile (default: %(default)s)")
-    return parser.parse_args(argv)
+    model = parser.add_argument_group("model (defaults: the seed's size)")
+    model.add_argument("--batch_size", type=_positive(int), default=seed.batch_size,
+                       help="sentences per step (default: %(default)s)")
+    model.add_argument("--vocab_size", type=_positive(int), default=seed.vocab_size,
+                       help="words in each vocabulary (default: %(default)s)")
+    model.add_argument("--max_seq_length", type=_positive(int), default=seed.max_seq_length,
+                       help="words per sentence (default: %(default)s)")
+    model.add_argument("--rnn_units", type=_positive(int), default=seed.rnn_units,
+                       help="units of each recurrent layer (default: %(default)s)")
+    model.add_argument("--num_layers", type=_positive(int), default=seed.num_layers,
+                       help="recurrent layers of the encoder and of the decoder, 2 or more "
+                       "(default: %(default)s)")
+    model.add_argument("--rnn_unit_type", choices=("lstm", "gru"), default=seed.rnn_unit_type,
+                       help="(default: %(default)s)")
+    placing = parser.add_argument_group("placement and training")
+    placing.add_argument("--num_devices", type=_positive(int), default=4,
+                         help="devices to place on (default: %(default)s)")
+    methods = sorted(m for m in PLACEMENT_METHODS if m != "expert")  # no hand layout given here
+    placing.add_argument("--placement_method", choices=methods, default="auto",
+                         metavar="METHOD", help="one of %(choices)s (default: %(default)s)")
+    placing.add_argument("--refine_seconds", type=float, default=3.0,
+                         help="auto: time for refining the placement, 0 for none (default: %(default)s)")
+    placing.add_argument("--profile_steps", type=_positive(int), default=3,
+                         help="traced steps of the profile, after one warm-up step (default: %(default)s)")
+    placing.add_argument("--learning_rate", type=_positive(float), default=0.001,
+                         help="Adam's learning rate (default: %(default)s)")
+    placing.add_argument("--steps", type=_positive(int), default=10,
+                         help="training steps after the first, placed one (default: %(default)s)")
+    args = parser.parse_args(argv)
+    try:  # before the model is built: its errors come at once
+        PlacementOptions(placement_method=args.placement_method, refine_seconds=args.refine_seconds).validate()
+    except BaechiError as e:
+        parser.error(str(e))
+    return args
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "/job:localhost/replica:0/task:0"
 
@@ -59,3 +61,23 @@ def test_gnmt_v2_example_stops_on_ctrl_c_with_one_line():
     assert proc.returncode == 130, seen + err
     assert err.strip().splitlines()[-1] == "gnmt_v2: interrupted", err
     assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--steps=-1", "argument --steps: '-1' is not a positive number"),
+    ("--learning_rate=nan", "argument --learning_rate: 'nan' is not a positive number"),
+    ("--num_devices=0", "argument --num_devices: '0' is not a positive number"),
+    ("--refine_seconds=-1", "refine_seconds -1.0 must be a finite number >= 0"),
+    ("--placement_method=expert", "argument --placement_method: invalid choice: 'expert'"),
+])
+def test_gnmt_v2_example_refuses_bad_flags_before_building_the_model(flag, says):
+    # --steps=-1 and a learning rate of nan ran (nothing trained, or a loss of nan) and exited 0;
+    # --num_devices=0 said "GNMT num_gpus=0", a flag the example lacks; a bad --refine_seconds
+    # was found only after the model was built.
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, flag],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("gnmt_v2.py: error: ") and says in last, last
