@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 from baechi_tf import BaechiSession, CommCost, interrupts  # noqa: E402
+from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.rewriter.distributed import placement_by_host, start_local_workers  # noqa: E402
@@ -51,6 +52,13 @@ def _parse(argv) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step profiles and places")
+    if args.max_seq_length < 1 or args.num_layers < 2:
+        parser.error("give --max_seq_length of 1 or more and --num_layers of 2 or more")
+    for flag in ("comm_cost_coeffs", "inter_host_comm_cost_coeffs"):  # before the workers start
+        try:
+            setattr(args, flag, CommCost.parse(getattr(args, flag)))
+        except BaechiError as e:
+            parser.error(f"--{flag}: {e}")
     return args
 
 
@@ -63,8 +71,7 @@ def _train(args: argparse.Namespace, target: str) -> None:
             model.loss, colocate_gradients_with_ops=True)
         init = tf.compat.v1.global_variables_initializer()
     with BaechiSession(graph=model.graph, target=target, placement_method=args.placement_method,
-                       comm=CommCost.parse(args.comm_cost_coeffs),
-                       inter_host_comm=CommCost.parse(args.inter_host_comm_cost_coeffs),
+                       comm=args.comm_cost_coeffs, inter_host_comm=args.inter_host_comm_cost_coeffs,
                        warmup_steps=1, profile_steps=2) as sess:
         sess.run(init)
         seconds = []
@@ -102,7 +109,8 @@ def main(argv=None) -> int:
         print("workers stopped", flush=True)
         return 0
     except BaseException as e:
-        return interrupts.exit_status(e, interrupted="interrupted: workers stopped", failed="error: ")
+        return interrupts.exit_status(e, interrupted="multi_host: interrupted; workers stopped",
+                                      failed="multi_host: error: ")
 
 
 if __name__ == "__main__":

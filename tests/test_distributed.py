@@ -555,5 +555,18 @@ def test_example_stops_its_workers_on_ctrl_c(tmp_path):
             proc.wait(timeout=30)
         proc.stdout.close()
     assert proc.returncode == 130, (tmp_path / "example.err").read_text()[-3000:]
-    assert "interrupted: workers stopped" in (tmp_path / "example.err").read_text()
+    assert "multi_host: interrupted; workers stopped" in (tmp_path / "example.err").read_text()
     assert wait_gone(pids) == []
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--comm_cost_coeffs=-1,5", "--comm_cost_coeffs: communication slope_us_per_byte=-1.0"),
+    ("--inter_host_comm_cost_coeffs=1", "--inter_host_comm_cost_coeffs: communication cost '1' is not"),
+    ("--num_layers=1", "--num_layers of 2 or more"),
+])
+def test_example_refuses_bad_flags_before_starting_workers(flag, says):
+    # They were found after both workers had started, some seconds in, without the flag's name.
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_host.py"), flag],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 2 and "workers started" not in done.stdout
+    assert done.stderr.splitlines()[-1].startswith("multi_host.py: error: ") and says in done.stderr
