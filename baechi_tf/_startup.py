@@ -15,6 +15,7 @@ from baechi_tf.errors import ConfigError
 
 __all__ = ["flag_parser", "import_tensorflow_quietly", "run_main"]
 
+
 def run_main(
     main: Callable[[], int], argv: Sequence[str], *, prog: str, interrupted: str, loading_handler: Callable
 ) -> int:

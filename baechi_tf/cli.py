@@ -129,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``place-json``: read, place, print the summary, write ``--out``."""
+    """``place-json``: read, place, write ``--out`` and the reports, print the summary."""
     from baechi_tf._files import atomic_write
     from baechi_tf.json_io import load_graph_json, result_to_json
     from baechi_tf.placer.pipeline import place

@@ -847,7 +847,7 @@ def _serve(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
     try:
-        tf.distribute.Server(
+        server = tf.distribute.Server(  # held until the process ends
             tf.train.ClusterSpec(spec.as_dict()),
             job_name=job,
             task_index=index,
@@ -868,7 +868,7 @@ def _serve(args: argparse.Namespace) -> int:
         os._exit(0)  # the server's threads never end by themselves
     # Not server.join(), which waits in C++, where Ctrl-C never reaches Python; nor one long
     # wait, which a Ctrl-C that comes just before it would leave waiting.
-    while True:
+    while True:  # `server` stays referenced meanwhile
         time.sleep(_WAKE_S)
 
 
