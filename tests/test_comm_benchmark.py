@@ -3,12 +3,13 @@
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
+
+import ctrl_c
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARK = ROOT / "utils" / "communication_benchmark.py"
@@ -76,55 +77,23 @@ def test_gpus_asked_of_a_machine_without_them_is_one_line_and_exit_2():
 
 
 def test_ctrl_c_during_the_runs_is_one_line_and_exit_130():
-    proc = subprocess.Popen(
+    status, seen, err = ctrl_c.after_output(
         # More runs than it will make: still running whenever the signal comes.
         [sys.executable, str(BENCHMARK), "--device_type=CPU", "--num_runs=100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        lambda seen: seen,  # the first line, printed as the timing starts
         env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
-        # A shell running the tests in the background may ignore SIGINT, which children inherit.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    try:
-        line = proc.stdout.readline()  # printed as the timing starts
-        assert line.startswith("Timing transfers /device:CPU:0 -> /device:CPU:1 "), line
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    assert proc.returncode == 130, err[-3000:]
+    assert seen.startswith("Timing transfers /device:CPU:0 -> /device:CPU:1 "), seen
+    assert status == 130, err[-3000:]
     # One line of ours, and no traceback of ours. (A Ctrl-C that lands in TensorFlow's C++ code
     # can make TF print a SystemError of its own before it is dropped: see baechi_tf.interrupts.)
     assert err.splitlines()[-1] == "communication_benchmark: interrupted; no line was fitted"
     assert err.count("communication_benchmark:") == 1 and "KeyboardInterrupt" not in err, err
 
 
-# Runs the benchmark as `python communication_benchmark.py` would (runpy, as __main__) after
-# adding an import hook that sends the process a real SIGINT when TensorFlow is first imported: a
-# Ctrl-C at a known point of the start-up, without a timer.
-_CTRL_C_AT_IMPORT = """
-import os, runpy, signal, sys
-
-class CtrlCAtImport:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-
-sys.argv = sys.argv[1:]
-sys.meta_path.insert(0, CtrlCAtImport())
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_ctrl_c_while_tensorflow_loads_is_one_line_and_exit_130():
-    done = subprocess.run(
-        [sys.executable, "-c", _CTRL_C_AT_IMPORT, str(BENCHMARK), "--device_type=CPU"],
-        capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # A Ctrl-C when the benchmark first imports TensorFlow.
+    done = ctrl_c.at_import("tensorflow", str(BENCHMARK), "--device_type=CPU",
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stderr == "communication_benchmark: interrupted; no line was fitted\n"

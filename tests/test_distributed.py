@@ -35,6 +35,7 @@ from baechi_tf.rewriter.distributed import (
     resolve_cluster_spec,
     start_local_workers,
 )
+import ctrl_c
 from tf_models import build_lstm, profiled_lstm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -287,7 +288,6 @@ def test_a_worker_with_a_bad_task_says_so(args, tf_config, match):
 def test_a_worker_stops_on_ctrl_c_and_says_when_its_port_is_taken():
     # Serving, it waited in server.join(), in C++, where Ctrl-C never reached Python: it ran
     # until killed. A port already in use was a 21-line traceback and exit status 1.
-    import signal
     import socket
 
     with socket.socket() as taken:
@@ -304,18 +304,12 @@ def test_a_worker_stops_on_ctrl_c_and_says_when_its_port_is_taken():
         f"127.0.0.1:{port} (Could not start gRPC server): is the port in use, or the host not this "
         "machine's? give another address"
     )
-    proc = subprocess.Popen(
+    status, seen, err = ctrl_c.after_output(
         [sys.executable, "-m", "baechi_tf.rewriter.distributed", f'--cluster_spec={{"worker": ["127.0.0.1:{port}"]}}'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        lambda seen: seen, env=_env(),  # its ready line
     )
-    try:
-        assert proc.stdout.readline().startswith("baechi worker ready /job:worker/replica:0/task:0")
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, err
+    assert seen.startswith("baechi worker ready /job:worker/replica:0/task:0"), seen
+    assert status == 130, err
     assert err.splitlines()[-1] == "python -m baechi_tf.rewriter.distributed: interrupted; server stopped"
 
 

@@ -2,11 +2,12 @@
 
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
+
+import ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "/job:localhost/replica:0/task:0"
@@ -39,26 +40,12 @@ def test_gnmt_v2_example_places_and_trains():
 
 
 def test_gnmt_v2_example_stops_on_ctrl_c_with_one_line():
-    proc = subprocess.Popen(
+    status, seen, err = ctrl_c.after_output(
         [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, "--steps=100000"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        # A shell running the tests in the background may ignore SIGINT, which children inherit.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        lambda seen: re.search(r"^step 1: ", seen, re.M),  # placed, and training
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
-    try:
-        seen = ""
-        while not re.search(r"^step 1: ", seen, re.M):  # placed, and training
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    assert proc.returncode == 130, seen + err
+    assert status == 130, seen + err
     assert err.strip().splitlines()[-1] == "gnmt_v2: interrupted", err
     assert "Traceback" not in err, err
 

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import ctrl_c
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
@@ -51,33 +53,12 @@ def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
 
 
-# Runs `python -m baechi_tf ...` after adding an import hook that sends the process a real SIGINT
-# when matplotlib is first imported: while the reports are made, after --out is written.
-_CTRL_C_AT_IMPORT = """
-import os, runpy, signal, sys
-
-class CtrlCAtImport:
-    def find_spec(self, name, path=None, target=None):
-        if name == "matplotlib":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-
-sys.argv = ["baechi"] + sys.argv[1:]
-sys.meta_path.insert(0, CtrlCAtImport())
-runpy.run_module("baechi_tf", run_name="__main__")
-"""
-
-
 def test_ctrl_c_while_the_reports_are_made_says_what_was_written(tmp_path):
     # The message said "nothing was written" with --out written and some reports in the folder.
     out, reports = tmp_path / "p.json", tmp_path / "reports"
-    done = subprocess.run(
-        [sys.executable, "-c", _CTRL_C_AT_IMPORT, "place-json", os.path.join(ROOT, "examples", "fork_join.json"),
-         "--out", str(out), "--report_dir", str(reports)],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # A Ctrl-C when matplotlib is first imported: while the reports are made, after --out is written.
+    done = ctrl_c.at_import("matplotlib", "-m baechi_tf", "place-json", os.path.join(ROOT, "examples", "fork_join.json"),
+                            "--out", str(out), "--report_dir", str(reports), cwd=ROOT)
     assert done.returncode == 130, done.stderr
     assert done.stderr == f"baechi place-json: interrupted after writing {out}\n"
     assert json.loads(out.read_text())["placement"]

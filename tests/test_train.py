@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from google.protobuf import text_format
 
+import ctrl_c
 from baechi_tf.cost_model import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,42 +307,16 @@ def test_ctrl_c_during_profiling_writes_no_profile(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# Runs train.py as `python train.py` would (runpy, as __main__) after adding an import hook that
-# sends the process a real SIGINT when train.py first imports the module named first: a Ctrl-C
-# at a known point of the start-up, without a timer.
-_CTRL_C_AT_IMPORT = """
-import os, runpy, signal, sys
-
-class CtrlCAtImport:
-    def find_spec(self, name, path=None, target=None):
-        if name == module:
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGINT)
-        return None
-
-module, sys.argv = sys.argv[1], sys.argv[2:]
-sys.meta_path.insert(0, CtrlCAtImport())
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 @pytest.mark.parametrize("module", [
     "baechi_tf",  # train.py's own imports, before main
     "tensorflow",  # TensorFlow's import, in main
     "baechi_tf.models",  # the graph's build, after TensorFlow's import
 ])
 def test_ctrl_c_during_start_up_is_one_line(tmp_path, module):
-    import signal
-
+    # A Ctrl-C when train.py first imports `module`: at a known point of the start-up.
     cost = tmp_path / "cost.pb"
-    done = subprocess.run(
-        [sys.executable, "-c", _CTRL_C_AT_IMPORT, module, os.path.join(ROOT, "train.py"),
-         "--costgen", f"--cost_path={cost}", *GNMT, *FAST_PROFILE],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        # A shell running the tests in the background may ignore SIGINT, which children inherit.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    done = ctrl_c.at_import(module, os.path.join(ROOT, "train.py"), "--costgen", f"--cost_path={cost}",
+                            *GNMT, *FAST_PROFILE, cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stderr == "train: interrupted; no partial file was written\n", done.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []
