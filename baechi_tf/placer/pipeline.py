@@ -18,6 +18,7 @@ from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.fusion import FusedGraph, FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.heft import place_heft
@@ -136,11 +137,15 @@ def _run_auto(
                 thunks.append(
                     (f"{m}+coplace", lifted(lambda g, cutoff, p=place_coarse: p(coarse_groups(), cutoff)))
                 )
-    return place_auto(
-        graph, cluster, groups, thunks,
-        options=AutoOptions(RefineOptions(options.refine_seconds, options.seed)),
-        run_first=("single", "packed", "single+unfused", "packed+unfused"),
-    )
+    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
+    try:
+        return place_auto(
+            graph, cluster, groups, thunks, options=auto_options,
+            run_first=("single", "packed", "single+unfused", "packed+unfused"),
+        )
+    except InfeasiblePlacementError as e:
+        found = _fit_instead(graph, cluster, groups, "auto", e, options.seed)
+    return place_auto(graph, cluster, groups, [("fit", lambda cutoff: found)], options=auto_options)
 
 
 def _m_etf(
@@ -303,17 +308,44 @@ class PlacementResult:
 
 
 def _packed_instead(
-    graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError
+    graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError,
+    seed: int = 0,
 ) -> Placement:
-    """A memory-first packing when `method`'s placement ran out of memory; else `error`."""
-    if method in ("single", "auto", "packed"):
+    """A memory-first packing when `method`'s placement ran out of memory, else a placement the
+    fit search found (`fit`); else `error`. One device (`single`) has nothing to fall back to."""
+    if method == "single":
         raise error
-    try:
-        packed = place_packed(graph, cluster, groups)
-    except InfeasiblePlacementError:
-        raise error from None
-    log.warning("%s ran out of memory (%s); using a memory-first packing instead", method, error)
-    return Placement(packed.device_of, f"{method}+packed")
+    if method != "packed":
+        try:
+            packed = place_packed(graph, cluster, groups)
+        except InfeasiblePlacementError:
+            pass
+        else:
+            log.warning("%s ran out of memory (%s); using a memory-first packing instead", method, error)
+            return Placement(packed.device_of, f"{method}+packed")
+    return _fit_instead(graph, cluster, groups, method, error, seed)
+
+
+def _fit_instead(
+    graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError,
+    seed: int,
+) -> Placement:
+    """The placement `fit.FitSearch` finds when `method` (and the packing) ran out of memory;
+    `error`, with what was searched, when it finds none."""
+    search = FitSearch(graph, cluster, groups, seed=seed)
+    found = search.run()
+    if found is None and search.tried == 0:
+        raise error  # it says why; no placement can fit (`FitSearch.cannot_fit`)
+    if found is None:
+        raise InfeasiblePlacementError(
+            f"{error}; nor did any of the {search.tried} placements a search for one that fits "
+            f"tried{' (all there are)' if search.exhaustive else ''}"
+        ) from None
+    log.warning(
+        "%s ran out of memory (%s); using a placement that a search found to fit instead, after "
+        "%d tries", method, error, search.tried,
+    )
+    return Placement(found.device_of, f"{method}+fit")
 
 
 def _checked(
@@ -323,8 +355,10 @@ def _checked(
     placement: Placement,
     method: str,
     schedule: Optional[Schedule] = None,
+    seed: int = 0,
 ):
-    """(placement, schedule) after `check_placement`, packed instead when it does not fit.
+    """(placement, schedule) after `check_placement`, packed (or searched for, `_packed_instead`)
+    instead when it does not fit.
 
     `schedule`, when given, is the simulator's schedule of `placement` (auto's, which simulated
     it already: on 100k ops a simulation takes some 5 s).
@@ -332,7 +366,7 @@ def _checked(
     try:
         return placement, check_placement(graph, cluster, groups, placement, schedule)
     except InfeasiblePlacementError as e:
-        placement = _packed_instead(graph, cluster, groups, method, e)
+        placement = _packed_instead(graph, cluster, groups, method, e, seed)
         return placement, check_placement(graph, cluster, groups, placement)
 
 
@@ -343,7 +377,7 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         try:
             return _METHODS[options.placement_method](g, cluster, gr, options)
         except InfeasiblePlacementError as e:
-            return _packed_instead(g, cluster, gr, options.placement_method, e)
+            return _packed_instead(g, cluster, gr, options.placement_method, e, options.seed)
 
     fused = None
     if options.placer_type == "fusion":
@@ -383,7 +417,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     simulated = auto.schedule if auto is not None else None
     placement, schedule = step(
         "check",
-        lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method, simulated),
+        lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed),
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))

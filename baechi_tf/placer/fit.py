@@ -1,0 +1,205 @@
+"""Fit search: a placement whose schedule fits in memory, when every placer failed to find one.
+
+The placers are greedy and never take a decision back. m-ETF puts an op where it can start first,
+and a tensor it leaves on a device may keep a later op from ever fitting there (one pinned there,
+say), while the same op one device over would have left room: fuzzing found a five-op graph whose
+only fitting placement every placer missed. The memory-first packing (`pack`) counts nothing as
+freed, so it misses placements that fit only because tensors are freed as the step goes on.
+
+This search looks for any placement of whole groups (pins kept) that the simulator runs to the
+end under every device's capacity:
+
+* When a group cannot fit on any device it may go to, even alone, it tries nothing.
+* When trying every assignment of the unpinned groups costs at most the budget (devices to the
+  power of free groups, times the ops), it tries them all: it finds one whenever one exists.
+* Otherwise it starts from a worst-fit packing by static memory that lets devices overflow, and
+  when a simulation gets stuck it tries moving each of the largest groups on the devices where
+  ops wait for memory to each other device, and keeps the move whose simulation schedules the
+  most ops (ties: the least static memory over capacity, then the order tried). When no move
+  gains, it takes one of them at random (seeded), and it never tries a placement twice.
+
+It ignores time: it is a last resort, so that a graph is placed wherever a placement exists,
+and `auto` then refines what it finds. Deterministic for a given seed.
+
+Time: at most `budget_steps` units of work, about one scheduling step of the simulator each: a
+simulation counts its steps, plus one per `_SETUP_SHARE` ops of the graph for its set-up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from typing import Optional
+
+import numpy as np
+
+from baechi_tf.cluster import Cluster
+from baechi_tf.graph import OpGraph
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler, pinned_group_devices
+from baechi_tf.placer.m_topo import static_group_bytes
+from baechi_tf.placer.schedule import Placement
+from baechi_tf.progress import Progress
+
+__all__ = ["DEFAULT_BUDGET_STEPS", "FitSearch", "search_fit"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_STEPS = 200_000  # about 3 s of simulation on a 2-core machine
+_SETUP_SHARE = 4  # setting up a simulation costs a step per this many ops
+_CANDIDATES = 12  # groups tried per stuck simulation
+
+
+class FitSearch:
+    """The search of the module docstring; `run` returns a fitting placement or None."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups, *, seed: int = 0,
+                 budget_steps: int = DEFAULT_BUDGET_STEPS) -> None:
+        self.graph, self.cluster, self.groups = graph, cluster, groups
+        self.pinned = pinned_group_devices(graph, cluster, groups)  # ConfigError on a bad pin
+        self.free = [g for g in range(groups.num_groups) if self.pinned[g] < 0]
+        self.need = static_group_bytes(graph, groups).tolist()
+        self.capacity = [d.memory_bytes for d in cluster.devices]
+        self.budget_steps = budget_steps
+        self.steps = 0  # scheduling steps spent
+        self.tried = 0  # placements simulated
+        # Whether `run` tries every placement (then None means that none fits).
+        nd = cluster.num_devices
+        per_run = graph.num_ops + graph.num_ops // _SETUP_SHARE + 1
+        self.exhaustive = nd ** len(self.free) * per_run <= budget_steps
+        self.rng = random.Random(seed)
+        self._tables = GraphTables(graph)
+        self._singletons = Groups.singletons(graph)
+        self._bar: Optional[Progress] = None
+
+    def cannot_fit(self) -> bool:
+        """Whether no placement can fit, for a reason seen without simulating: a group whose
+        persistent memory plus its largest op's outputs and scratch exceeds every device it may
+        go to, or more persistent memory than all devices hold."""
+        graph, groups = self.graph, self.groups
+        persistent = groups.byte_sums(graph.persistent_bytes)
+        largest = np.zeros(groups.num_groups, dtype=np.int64)
+        np.maximum.at(largest, groups.group_of, graph.output_total_bytes + graph.temp_bytes)
+        floor = (persistent + largest).tolist()
+        roomiest = max(self.capacity)
+        for g, d in enumerate(self.pinned.tolist()):
+            if floor[g] > (self.capacity[d] if d >= 0 else roomiest):
+                return True
+        return int(persistent.sum()) > sum(self.capacity)
+
+    def run(self) -> Optional[Placement]:
+        if self.cannot_fit():
+            return None
+        with Progress("fit search", self.budget_steps, unit="steps", counts=False) as self._bar:
+            if self.exhaustive:
+                found = self._exhaustive()
+            else:
+                found = self._local()
+        if found is None:
+            return None
+        return Placement(found[self.groups.group_of].astype(np.int32), "fit")
+
+    # ------------------------------------------------------------------ searches
+
+    def _exhaustive(self) -> Optional[np.ndarray]:
+        group_device = self.pinned.copy()
+        for combo in itertools.product(range(self.cluster.num_devices), repeat=len(self.free)):
+            group_device[self.free] = combo
+            if self._simulate(group_device).done:
+                return group_device
+        return None
+
+    def _local(self) -> Optional[np.ndarray]:
+        current = self._overflowing_packing()
+        seen = {current.tobytes()}
+        run = self._simulate(current)
+        while not run.done:
+            if self.steps >= self.budget_steps:
+                return None
+            moves = self._moves(current, run)
+            best: Optional[tuple[tuple[int, int], np.ndarray, ListScheduler]] = None
+            tried: list[np.ndarray] = []
+            for g, d in moves:
+                if self.steps >= self.budget_steps:
+                    return None
+                moved = current.copy()
+                moved[g] = d
+                if moved.tobytes() in seen:
+                    continue
+                seen.add(moved.tobytes())
+                trial = self._simulate(moved)
+                if trial.done:
+                    return moved
+                tried.append(moved)
+                score = (trial.scheduled, -self._overflow(moved))
+                if best is None or score > best[0]:
+                    best = (score, moved, trial)
+            if best is None:
+                return None  # every neighbour was tried before: nowhere left to go
+            if best[0] > (run.scheduled, -self._overflow(current)):
+                current, run = best[1], best[2]
+            else:  # a plateau: walk on at random
+                current = self.rng.choice(tried)
+                run = self._simulate(current)
+        return current
+
+    # ------------------------------------------------------------------ helpers
+
+    def _simulate(self, group_device: np.ndarray) -> ListScheduler:
+        device_of = group_device[self.groups.group_of].tolist()
+        run = ListScheduler(self.graph, self.cluster, self._singletons, FixedPolicy(device_of),
+                            initial_group_device=device_of, tables=self._tables)
+        while run.step() is not None:
+            pass
+        self.steps += run.scheduled + self.graph.num_ops // _SETUP_SHARE + 1
+        self.tried += 1
+        if self._bar is not None:
+            self._bar.update(min(self.steps, self.budget_steps), note=f"{self.tried} placements")
+        return run
+
+    def _overflowing_packing(self) -> np.ndarray:
+        """Worst-fit by static memory (largest groups first), devices allowed to overflow."""
+        group_device = self.pinned.copy()
+        room = list(self.capacity)
+        for g in range(self.groups.num_groups):
+            if group_device[g] >= 0:
+                room[group_device[g]] -= self.need[g]
+        for g in sorted(self.free, key=lambda g: (-self.need[g], g)):
+            d = max(range(self.cluster.num_devices), key=lambda d: (room[d], -d))
+            group_device[g] = d
+            room[d] -= self.need[g]
+        return group_device
+
+    def _overflow(self, group_device: np.ndarray) -> int:
+        used = [0] * self.cluster.num_devices
+        for g, d in enumerate(group_device.tolist()):
+            used[d] += self.need[g]
+        return sum(max(0, u - c) for u, c in zip(used, self.capacity))
+
+    def _moves(self, group_device: np.ndarray, run: ListScheduler) -> list[tuple[int, int]]:
+        """(group, device) moves off the devices where the stuck simulation's ops wait: the
+        groups of the waiting ops first, then the largest groups there."""
+        state = run.state
+        stuck_ops = [op for op in range(self.graph.num_ops) if state.device[op] < 0 and state.preds_left[op] == 0]
+        group_of = self.groups.group_of
+        stuck_devices = {int(group_device[group_of[op]]) for op in stuck_ops}
+        first = [int(group_of[op]) for op in stuck_ops]
+        there = [g for g in self.free if int(group_device[g]) in stuck_devices]
+        order: list[int] = []
+        for g in first + sorted(there, key=lambda g: (-self.need[g], g)):
+            if self.pinned[g] < 0 and g not in order:
+                order.append(g)
+        nd = self.cluster.num_devices
+        return [(g, d) for g in order[:_CANDIDATES] for d in range(nd) if d != group_device[g]]
+
+
+def search_fit(graph: OpGraph, cluster: Cluster, groups: Groups, *, seed: int = 0,
+               budget_steps: int = DEFAULT_BUDGET_STEPS) -> Optional[Placement]:
+    """A placement of whole groups whose simulation fits every device's memory, or None when the
+    search (see the module docstring) found none within `budget_steps`."""
+    search = FitSearch(graph, cluster, groups, seed=seed, budget_steps=budget_steps)
+    found = search.run()
+    log.info("fit search: %s after %d placements (%d scheduling steps)",
+             "found one" if found is not None else "none found", search.tried, search.steps)
+    return found

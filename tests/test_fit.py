@@ -1,0 +1,199 @@
+"""The fit search: a graph is placed wherever a placement that fits in memory exists.
+
+The cases below are graphs found by fuzzing (the strategy of test_properties.py, with memory near
+the limit) on which every greedy placer and the packing ran out of memory although a placement
+that fits exists; each was checked by trying every placement in the simulator.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from baechi_tf.cluster import Cluster, CommCost, Device
+from baechi_tf.errors import InfeasiblePlacementError
+from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.json_io import parse_graph_json
+from baechi_tf.placer import colocation_groups
+from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.fit import FitSearch
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
+from baechi_tf.placer.schedule import Placement
+from baechi_tf.placer.simulator import simulate
+from invariants import assert_valid_schedule
+from test_properties import graphs_with_memory, static_needs
+
+MiB = 1 << 20
+COMM = {"slope_us_per_byte": 0.0001754, "intercept_us": 134}
+
+
+def _doc(capacity, num_devices, ops, edges):
+    return {
+        "devices": [{"name": f"/device:GPU:{i}", "memory_bytes": capacity} for i in range(num_devices)],
+        "comm": COMM,
+        "ops": [dict(zip(("name", "compute_us", "output_bytes", "temp_bytes"), op[:4]), **op[4])
+                for op in ops],
+        "edges": [{"src": s, "dst": d} for s, d in edges],
+    }
+
+
+# Two devices: the op pinned to GPU:1 needs 2 MiB of scratch while its group's persistent
+# memory and the tensors the greedy placers leave beside it fill the rest (auto too failed).
+TWO_DEVICES = _doc(35557123, 2, [
+    ("a", 0.0, [83563, 5416], 46, {"colocation_group": "g1"}),
+    ("b", 0.0, [5642644, 5378693], 36, {"persistent_bytes": 16 * MiB}),
+    ("c", 0.0, [1925], 7764, {"persistent_bytes": 1 * MiB}),
+    ("d", 2000.0, [7600411], 454, {}),
+    ("e", 0.0, [4752, 347], 16999, {"persistent_bytes": 16 * MiB, "colocation_group": "g1"}),
+    ("f", 1015.4, [5000], 4785, {"persistent_bytes": 16 * MiB}),
+    ("g", 0.0001, [5384], 2 * MiB, {"colocation_group": "g2", "device": "/device:GPU:1"}),
+], [("a", "c"), ("a", "d"), ("e", "f"), ("e", "g")])
+
+# One device, which every placer must use: m-ETF, m-SCT and m-TOPO placed groups in an order in
+# which memory ran out, and the packing counts nothing as freed (one device fits it: 'single').
+ONE_DEVICE = _doc(43640314, 1, [
+    ("a", 153.2, [2298569], 172597, {"persistent_bytes": 1 * MiB}),
+    ("b", 432.5, [3526, 8388608], 1, {"device": "/device:GPU:0"}),
+    ("c", 1859.2, [188], 1339, {}),
+    ("d", 529.2, [297], 1428439, {"device": "/device:GPU:0"}),
+    ("e", 1.0, [94, 213066], 592635, {}),
+    ("f", 832.5, [27074], 2357, {"persistent_bytes": 16 * MiB, "device": "/device:GPU:0"}),
+    ("g", 472.0, [154], 124381, {}),
+    ("h", 0.0, [157], 47859, {}),
+    ("i", 0.0, [26037, 36837], 13167, {"persistent_bytes": 16 * MiB, "colocation_group": "g0"}),
+], [("a", "d"), ("c", "d"), ("b", "e"), ("d", "g"), ("h", "i")])
+
+METHODS = sorted(set(PLACEMENT_METHODS) - {"expert", "single"})
+
+
+def _every_placement(graph, cluster, groups):
+    """The placements of whole groups (pins kept) whose simulation fits: the oracle, written
+    apart from the search it checks."""
+    pinned = {}
+    for op, name in enumerate(graph.pinned_device):
+        if name is not None:
+            pinned[int(groups.group_of[op])] = cluster.find(name)
+    free = [g for g in range(groups.num_groups) if g not in pinned]
+    for combo in itertools.product(range(cluster.num_devices), repeat=len(free)):
+        where = {**pinned, **dict(zip(free, combo))}
+        device_of = np.asarray([where[int(g)] for g in groups.group_of], dtype=np.int32)
+        try:
+            simulate(graph, cluster, Placement(device_of, "every"))
+        except InfeasiblePlacementError:
+            continue
+        yield device_of
+
+
+@pytest.mark.parametrize("doc", [TWO_DEVICES, ONE_DEVICE], ids=["two_devices", "one_device"])
+def test_fuzzed_graphs_that_the_placers_missed_are_placed_by_every_method(doc):
+    graph, cluster = parse_graph_json(doc)
+    groups = colocation_groups(graph)
+    assert next(_every_placement(graph, cluster, groups), None) is not None
+    methods = {}
+    for method in METHODS:
+        if method == "layers":
+            continue  # no numbered scopes
+        result = place(graph, cluster, PlacementOptions(placement_method=method, refine_seconds=0.2))
+        assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+        methods[method] = result.placement.method
+    # m-ETF ran out of memory, and so did the packing: the search placed it.
+    assert methods["m_etf"] == "m_etf+fit" and methods["packed"] == "packed+fit", methods
+
+
+def test_the_search_alone_finds_the_one_placement_that_fits():
+    graph, cluster = parse_graph_json(TWO_DEVICES)
+    groups = colocation_groups(graph)
+    fitting = list(_every_placement(graph, cluster, groups))
+    search = FitSearch(graph, cluster, groups)
+    found = search.run()
+    assert search.exhaustive
+    assert any((found.device_of == p).all() for p in fitting)
+    check_placement(graph, cluster, groups, found)
+
+
+def test_local_search_finds_it_deterministically():
+    graph, cluster = parse_graph_json(TWO_DEVICES)
+    groups = colocation_groups(graph)
+    # 2 ** 5 free groups (a+e, b, c, d, f) times 9 units a run is over this budget: no
+    # exhaustive search. A run may start just under the budget: 9 units over at most.
+    runs = [FitSearch(graph, cluster, groups, seed=3, budget_steps=200) for _ in range(2)]
+    found = [r.run() for r in runs]
+    assert not runs[0].exhaustive
+    assert found[0] is not None and (found[0].device_of == found[1].device_of).all()
+    assert runs[0].tried == runs[1].tried and runs[0].steps <= 200 + 9
+    check_placement(graph, cluster, groups, found[0])
+
+
+def test_when_no_placement_fits_the_error_says_every_one_was_tried():
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [6 * MiB])
+    b.add_op("b", 10, [6 * MiB])
+    b.add_op("c", 10, [4])
+    b.add_edge("a", "c")
+    b.add_edge("b", "c")
+    graph = b.build()
+    cluster = Cluster(tuple(Device(f"/device:GPU:{i}", 10 * MiB) for i in range(2)), CommCost(0.0001754, 134))
+    groups = colocation_groups(graph)
+    assert next(_every_placement(graph, cluster, groups), None) is None  # c needs 12 MiB + 4 B
+    for method in ("auto", "m_etf", "packed"):
+        with pytest.raises(InfeasiblePlacementError, match=r"nor did any of the 8 placements a search for "
+                                                           r"one that fits tried \(all there are\)$"):
+            place(graph, cluster, PlacementOptions(placement_method=method))
+
+
+@given(graphs_with_memory())
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_auto_places_every_small_graph_that_some_placement_fits(case):
+    graph, num_devices, _, scale = case
+    groups = colocation_groups(graph)
+    # Memory between a quarter and 1.5 times an even share of the graph's static needs: the
+    # range where the greedy placers run out and some placement still fits.
+    capacity = max(1, int((0.25 + scale / 3 * 1.25) * sum(static_needs(graph, groups)) / num_devices))
+    cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(num_devices)),
+                      CommCost(0.0001754, 134))
+    if num_devices ** groups.num_groups > 4096:
+        return
+    exists = next(_every_placement(graph, cluster, groups), None) is not None
+    try:
+        result = place(graph, cluster, PlacementOptions(placement_method="auto", refine_seconds=0.05))
+    except InfeasiblePlacementError:
+        assert not exists
+        return
+    assert exists
+    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+
+
+def _smallest_capacity(graph, num_devices, groups):
+    """The least memory per device (to 1/64 of the graph's static needs) at which some
+    placement fits, by bisection over the oracle; None if even all of them does not fit."""
+
+    def fits(capacity):
+        cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(num_devices)),
+                          CommCost(0.0001754, 134))
+        return next(_every_placement(graph, cluster, groups), None) is not None
+
+    hi = max(1, sum(static_needs(graph, groups)))
+    if not fits(hi):
+        return None
+    lo, step = 0, max(1, hi // 64)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+@given(graphs_with_memory())
+@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+def test_at_the_least_memory_that_fits_auto_places_the_graph(case):
+    graph, num_devices, _, _ = case
+    groups = colocation_groups(graph)
+    if num_devices ** groups.num_groups > 256:
+        return
+    capacity = _smallest_capacity(graph, num_devices, groups)
+    if capacity is None:
+        return
+    cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(num_devices)),
+                      CommCost(0.0001754, 134))
+    result = place(graph, cluster, PlacementOptions(placement_method="auto", refine_seconds=0.05))
+    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
