@@ -183,17 +183,27 @@ def _smallest_capacity(graph, num_devices, groups):
     return hi
 
 
-@given(graphs_with_memory())
-@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-def test_at_the_least_memory_that_fits_auto_places_the_graph(case):
-    graph, num_devices, _, _ = case
-    groups = colocation_groups(graph)
-    if num_devices ** groups.num_groups > 256:
-        return
-    capacity = _smallest_capacity(graph, num_devices, groups)
-    if capacity is None:
-        return
-    cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(num_devices)),
-                      CommCost(0.0001754, 134))
-    result = place(graph, cluster, PlacementOptions(placement_method="auto", refine_seconds=0.05))
-    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+def test_at_the_least_memory_that_fits_auto_places_the_graph():
+    outcomes = {"placed": 0, "by the fit search": 0}
+
+    @given(graphs_with_memory())
+    @settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    def check(case):
+        graph, num_devices, _, _ = case
+        groups = colocation_groups(graph)
+        if num_devices ** groups.num_groups > 256:
+            return
+        capacity = _smallest_capacity(graph, num_devices, groups)
+        if capacity is None:
+            return
+        cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(num_devices)),
+                          CommCost(0.0001754, 134))
+        result = place(graph, cluster, PlacementOptions(placement_method="auto", refine_seconds=0.05))
+        assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+        outcomes["placed"] += 1
+        outcomes["by the fit search"] += result.placement.method == "auto(fit)"
+
+    check()
+    # Not vacuous: most graphs were placed at their least memory, a few only by the search (3 of
+    # 493 when this was written; every placer had run out of memory on them).
+    assert outcomes["placed"] > 400 and outcomes["by the fit search"] >= 1, outcomes
