@@ -126,20 +126,37 @@ def test_local_search_finds_it_deterministically():
 
 
 def test_when_no_placement_fits_the_error_says_every_one_was_tried():
+    # Each op's weights fit a device, and all of them fit the two devices' memory together, but
+    # two of the three share a device in every placement.
+    b = OpGraphBuilder()
+    for name in "abc":
+        b.add_op(name, 10, [4], persistent_bytes=6 * MiB)
+    graph = b.build()
+    cluster = Cluster(tuple(Device(f"/device:GPU:{i}", 10 * MiB) for i in range(2)), CommCost(0.0001754, 134))
+    groups = colocation_groups(graph)
+    assert next(_every_placement(graph, cluster, groups), None) is None
+    assert not FitSearch(graph, cluster, groups).cannot_fit()
+    for method in ("auto", "m_etf", "packed"):
+        with pytest.raises(InfeasiblePlacementError, match=r"nor did any of the 8 placements a search for "
+                                                           r"one that fits tried \(all there are\)$"):
+            place(graph, cluster, PlacementOptions(placement_method=method))
+
+
+def test_a_group_that_fits_nowhere_alone_is_refused_without_a_search():
     b = OpGraphBuilder()
     b.add_op("a", 10, [6 * MiB])
     b.add_op("b", 10, [6 * MiB])
-    b.add_op("c", 10, [4])
+    b.add_op("c", 10, [4])  # holds both inputs while it runs: 12 MiB and 4 B
     b.add_edge("a", "c")
     b.add_edge("b", "c")
     graph = b.build()
     cluster = Cluster(tuple(Device(f"/device:GPU:{i}", 10 * MiB) for i in range(2)), CommCost(0.0001754, 134))
     groups = colocation_groups(graph)
-    assert next(_every_placement(graph, cluster, groups), None) is None  # c needs 12 MiB + 4 B
-    for method in ("auto", "m_etf", "packed"):
-        with pytest.raises(InfeasiblePlacementError, match=r"nor did any of the 8 placements a search for "
-                                                           r"one that fits tried \(all there are\)$"):
-            place(graph, cluster, PlacementOptions(placement_method=method))
+    assert next(_every_placement(graph, cluster, groups), None) is None
+    assert FitSearch(graph, cluster, groups).cannot_fit()
+    with pytest.raises(InfeasiblePlacementError) as e:
+        place(graph, cluster, PlacementOptions(placement_method="auto"))
+    assert "search" not in str(e.value)
 
 
 @given(graphs_with_memory())

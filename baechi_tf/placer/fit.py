@@ -9,7 +9,8 @@ freed, so it misses placements that fit only because tensors are freed as the st
 This search looks for any placement of whole groups (pins kept) that the simulator runs to the
 end under every device's capacity:
 
-* When a group cannot fit on any device it may go to, even alone, it tries nothing.
+* When a group cannot fit on any device it may go to, even alone, it tries nothing
+  (`FitSearch.cannot_fit`).
 * When trying every assignment of the unpinned groups costs at most the budget (devices to the
   power of free groups, times the ops), it tries them all: it finds one whenever one exists.
 * Otherwise it starts from a worst-fit packing by static memory that lets devices overflow, and
@@ -75,12 +76,16 @@ class FitSearch:
 
     def cannot_fit(self) -> bool:
         """Whether no placement can fit, for a reason seen without simulating: a group whose
-        persistent memory plus its largest op's outputs and scratch exceeds every device it may
-        go to, or more persistent memory than all devices hold."""
+        persistent memory plus what one of its ops holds while it runs (its outputs, its scratch
+        and its inputs, which are all on its device then) exceeds every device it may go to, or
+        more persistent memory than all devices hold."""
         graph, groups = self.graph, self.groups
         persistent = groups.byte_sums(graph.persistent_bytes)
+        holds = graph.output_total_bytes + graph.temp_bytes
+        inputs = np.zeros(graph.num_ops, dtype=np.int64)
+        np.add.at(inputs, graph.edge_dst, graph.tensor_bytes[graph.edge_tensor])  # one edge a tensor
         largest = np.zeros(groups.num_groups, dtype=np.int64)
-        np.maximum.at(largest, groups.group_of, graph.output_total_bytes + graph.temp_bytes)
+        np.maximum.at(largest, groups.group_of, holds + inputs)
         floor = (persistent + largest).tolist()
         roomiest = max(self.capacity)
         for g, d in enumerate(self.pinned.tolist()):
