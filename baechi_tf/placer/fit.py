@@ -17,13 +17,15 @@ end under every device's capacity:
   when a simulation gets stuck it tries moving each of the largest groups on the devices where
   ops wait for memory to each other device, and keeps the move whose simulation schedules the
   most ops (ties: the least static memory over capacity, then the order tried). When no move
-  gains, it takes one of them at random (seeded), and it never tries a placement twice.
+  gains, it takes one of them at random (seeded); it never tries a placement twice, and gives up
+  after `_PATIENCE` rounds without a new best.
 
 It ignores time: it is a last resort, so that a graph is placed wherever a placement exists,
 and `auto` then refines what it finds. Deterministic for a given seed.
 
 Time: at most `budget_steps` units of work, about one scheduling step of the simulator each: a
-simulation counts its steps, plus one per `_SETUP_SHARE` ops of the graph for its set-up.
+simulation counts its steps, plus one per `_SETUP_SHARE` ops of the graph and `_RUN_COST` for
+its set-up.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 DEFAULT_BUDGET_STEPS = 200_000  # about 3 s of simulation on a 2-core machine
 _SETUP_SHARE = 4  # setting up a simulation costs a step per this many ops
 _CANDIDATES = 12  # groups tried per stuck simulation
+_PATIENCE = 12  # rounds of moves without a new best score before the local search gives up
+_RUN_COST = 48  # setting up and ending a simulation costs about this many steps
 
 
 class FitSearch:
@@ -67,7 +71,7 @@ class FitSearch:
         self.tried = 0  # placements simulated
         # Whether `run` tries every placement (then None means that none fits).
         nd = cluster.num_devices
-        per_run = graph.num_ops + graph.num_ops // _SETUP_SHARE + 1
+        per_run = graph.num_ops + graph.num_ops // _SETUP_SHARE + _RUN_COST
         self.exhaustive = nd ** len(self.free) * per_run <= budget_steps
         self.rng = random.Random(seed)
         self._tables = GraphTables(graph)
@@ -119,12 +123,12 @@ class FitSearch:
         current = self._overflowing_packing()
         seen = {current.tobytes()}
         run = self._simulate(current)
+        score = (run.scheduled, -self._overflow(current))
+        record, stale = score, 0  # the best score yet, and the rounds since it last rose
         while not run.done:
-            if self.steps >= self.budget_steps:
-                return None
             moves = self._moves(current, run)
             best: Optional[tuple[tuple[int, int], np.ndarray, ListScheduler]] = None
-            tried: list[np.ndarray] = []
+            tried: list[tuple[tuple[int, int], np.ndarray, ListScheduler]] = []
             for g, d in moves:
                 if self.steps >= self.budget_steps:
                     return None
@@ -136,17 +140,19 @@ class FitSearch:
                 trial = self._simulate(moved)
                 if trial.done:
                     return moved
-                tried.append(moved)
-                score = (trial.scheduled, -self._overflow(moved))
-                if best is None or score > best[0]:
-                    best = (score, moved, trial)
+                tried.append(((trial.scheduled, -self._overflow(moved)), moved, trial))
+                if best is None or tried[-1][0] > best[0]:
+                    best = tried[-1]
             if best is None:
                 return None  # every neighbour was tried before: nowhere left to go
-            if best[0] > (run.scheduled, -self._overflow(current)):
-                current, run = best[1], best[2]
-            else:  # a plateau: walk on at random
-                current = self.rng.choice(tried)
-                run = self._simulate(current)
+            # The best move when it gains, else one at random (a plateau).
+            score, current, run = best if best[0] > score else self.rng.choice(tried)
+            if score > record:
+                record, stale = score, 0
+            else:
+                stale += 1
+                if stale == _PATIENCE:
+                    return None
         return current
 
     # ------------------------------------------------------------------ helpers
@@ -157,7 +163,7 @@ class FitSearch:
                             initial_group_device=device_of, tables=self._tables)
         while run.step() is not None:
             pass
-        self.steps += run.scheduled + self.graph.num_ops // _SETUP_SHARE + 1
+        self.steps += run.scheduled + self.graph.num_ops // _SETUP_SHARE + _RUN_COST
         self.tried += 1
         if self._bar is not None:
             self._bar.update(min(self.steps, self.budget_steps), note=f"{self.tried} placements")
