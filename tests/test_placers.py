@@ -111,6 +111,18 @@ def test_m_topo_moves_on_when_live_memory_is_full():
     assert max(result.schedule.peak_memory_bytes) <= 25 << 20
 
 
+def test_m_topo_says_a_device_over_its_memory_has_none_free():
+    # The weights pinned to GPU:0 already exceed it; c fits nowhere. The error listed GPU:0 as
+    # having "-2.00 MiB free".
+    b = OpGraphBuilder()
+    for name in ("a", "b"):
+        b.add_op(name, 10, [4], persistent_bytes=6 << 20, device="/device:GPU:0")
+    b.add_op("c", 10, [11 << 20])
+    with pytest.raises(InfeasiblePlacementError) as e:
+        run(b.build(), graphs.cluster(2, 10 << 20), "m_topo")
+    assert "'c'" in str(e.value) and "GPU:0: 0 B free" in str(e.value) and "-" not in str(e.value).split("(")[-1]
+
+
 def test_graph_too_big_for_one_device_uses_both():
     graph, cluster = graphs.too_big_for_one()
     for method in MULTI:

@@ -76,7 +76,7 @@ def place_m_topo(
                 dev = max(range(nd), key=lambda d: (live.room(op, d), -d))
                 if live.room(op, dev) < 0:
                     free = ", ".join(
-                        f"{cluster.names[d]}: {format_bytes(capacity[d] - live.peak[d])} free"
+                        f"{cluster.names[d]}: {format_bytes(max(capacity[d] - live.peak[d], 0))} free"
                         for d in range(nd)
                     )
                     raise InfeasiblePlacementError(
