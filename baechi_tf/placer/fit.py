@@ -12,7 +12,8 @@ end under every device's capacity:
 * When a group cannot fit on any device it may go to, even alone, it tries nothing
   (`FitSearch.cannot_fit`).
 * When trying every assignment of the unpinned groups costs at most the budget (devices to the
-  power of free groups, times the ops), it tries them all: it finds one whenever one exists.
+  power of free groups, times a simulation's cost), it tries them all: it finds one whenever one
+  exists.
 * Otherwise it starts from a worst-fit packing by static memory that lets devices overflow, and
   when a simulation gets stuck it tries moving each of the largest groups on the devices where
   ops wait for memory to each other device, and keeps the move whose simulation schedules the
@@ -31,7 +32,6 @@ its set-up.
 from __future__ import annotations
 
 import itertools
-import logging
 import random
 from typing import Optional
 
@@ -45,9 +45,7 @@ from baechi_tf.placer.m_topo import static_group_bytes
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.progress import Progress
 
-__all__ = ["DEFAULT_BUDGET_STEPS", "FitSearch", "search_fit"]
-
-log = logging.getLogger(__name__)
+__all__ = ["DEFAULT_BUDGET_STEPS", "FitSearch"]
 
 DEFAULT_BUDGET_STEPS = 200_000  # about 3 s of simulation on a 2-core machine
 _SETUP_SHARE = 4  # setting up a simulation costs a step per this many ops
@@ -67,7 +65,7 @@ class FitSearch:
         self.need = static_group_bytes(graph, groups).tolist()
         self.capacity = [d.memory_bytes for d in cluster.devices]
         self.budget_steps = budget_steps
-        self.steps = 0  # scheduling steps spent
+        self.steps = 0  # units of work spent (see the module docstring)
         self.tried = 0  # placements simulated
         # Whether `run` tries every placement (then None means that none fits).
         nd = cluster.num_devices
@@ -98,6 +96,8 @@ class FitSearch:
         return int(persistent.sum()) > sum(self.capacity)
 
     def run(self) -> Optional[Placement]:
+        """A placement of whole groups whose simulation fits every device's memory, or None when
+        none can (`cannot_fit`, then `tried` stays 0) or the search found none in its budget."""
         if self.cannot_fit():
             return None
         with Progress("fit search", self.budget_steps, unit="steps", counts=False) as self._bar:
@@ -192,7 +192,9 @@ class FitSearch:
         """(group, device) moves off the devices where the stuck simulation's ops wait: the
         groups of the waiting ops first, then the largest groups there."""
         state = run.state
-        stuck_ops = [op for op in range(self.graph.num_ops) if state.device[op] < 0 and state.preds_left[op] == 0]
+        stuck_ops = [
+            op for op in range(self.graph.num_ops) if state.device[op] < 0 and state.preds_left[op] == 0
+        ]
         group_of = self.groups.group_of
         stuck_devices = {int(group_device[group_of[op]]) for op in stuck_ops}
         first = [int(group_of[op]) for op in stuck_ops]
@@ -204,13 +206,3 @@ class FitSearch:
         nd = self.cluster.num_devices
         return [(g, d) for g in order[:_CANDIDATES] for d in range(nd) if d != group_device[g]]
 
-
-def search_fit(graph: OpGraph, cluster: Cluster, groups: Groups, *, seed: int = 0,
-               budget_steps: int = DEFAULT_BUDGET_STEPS) -> Optional[Placement]:
-    """A placement of whole groups whose simulation fits every device's memory, or None when the
-    search (see the module docstring) found none within `budget_steps`."""
-    search = FitSearch(graph, cluster, groups, seed=seed, budget_steps=budget_steps)
-    found = search.run()
-    log.info("fit search: %s after %d placements (%d scheduling steps)",
-             "found one" if found is not None else "none found", search.tried, search.steps)
-    return found

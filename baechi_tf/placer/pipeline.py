@@ -417,7 +417,9 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     simulated = auto.schedule if auto is not None else None
     placement, schedule = step(
         "check",
-        lambda: _checked(graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed),
+        lambda: _checked(
+            graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed
+        ),
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
