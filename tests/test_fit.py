@@ -39,8 +39,9 @@ def _doc(capacity, num_devices, ops, edges):
     }
 
 
-# Two devices: the op pinned to GPU:1 needs 2 MiB of scratch while its group's persistent
-# memory and the tensors the greedy placers leave beside it fill the rest (auto too failed).
+# Two devices of 33.9 MiB and three groups with 16 MiB of weights each (b, a+e, f): two must
+# share a device, and only GPU:0 can take two (g, pinned to GPU:1, needs 2 MiB of scratch beside
+# the third). The greedy placers put the first two apart, and then f fit nowhere (auto too).
 TWO_DEVICES = _doc(35557123, 2, [
     ("a", 0.0, [83563, 5416], 46, {"colocation_group": "g1"}),
     ("b", 0.0, [5642644, 5378693], 36, {"persistent_bytes": 16 * MiB}),

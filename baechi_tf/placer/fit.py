@@ -1,9 +1,9 @@
 """Fit search: a placement whose schedule fits in memory, when every placer failed to find one.
 
 The placers are greedy and never take a decision back. m-ETF puts an op where it can start first,
-and a tensor it leaves on a device may keep a later op from ever fitting there (one pinned there,
-say), while the same op one device over would have left room: fuzzing found a five-op graph whose
-only fitting placement every placer missed. The memory-first packing (`pack`) counts nothing as
+and the weights or a tensor it leaves on a device may keep a later op from ever fitting there,
+while the same choice one device over would have left room: fuzzing found graphs of five and seven
+ops whose fitting placements every placer missed. The memory-first packing (`pack`) counts nothing as
 freed, so it misses placements that fit only because tensors are freed as the step goes on.
 
 This search looks for any placement of whole groups (pins kept) that the simulator runs to the
