@@ -6,13 +6,15 @@ that fits exists; each was checked by trying every placement in the simulator.
 """
 
 import itertools
+import os
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from baechi_tf.cluster import Cluster, CommCost, Device
-from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
+from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.json_io import parse_graph_json
 from baechi_tf.placer import colocation_groups
@@ -22,8 +24,10 @@ from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import simulate
 from invariants import assert_valid_schedule
-from graphs import random_dag
 from test_properties import graphs_with_memory, static_needs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from tight_memory import planted_case  # noqa: E402
 
 MiB = 1 << 20
 COMM = {"slope_us_per_byte": 0.0001754, "intercept_us": 134}
@@ -230,33 +234,19 @@ def test_at_the_least_memory_that_fits_auto_places_the_graph():
 
 
 def test_graphs_at_the_peak_of_a_planted_placement_are_placed():
-    # Random DAGs of 20 to 80 ops (too many groups to try every placement) on 2 to 4 devices
-    # whose memory is the peak of a random placement's simulation: that placement fits, so the
-    # graph must be placed. m-ETF alone ran out of memory on 11 of 139 such graphs, auto on 3.
+    # bench/tight_memory.py's 20-80-op graphs (too many groups to try every placement): memory is
+    # the peak of a random placement's simulation, so that placement fits and the graph must be
+    # placed. Before the fit search, m-ETF ran out of memory on 4 of these 39 graphs, auto on 1.
     placed = {"auto": 0, "m_etf": 0}
     searched = {"auto": 0, "m_etf": 0}
-    for seed in range(60):
-        rng = np.random.default_rng(seed)
-        nd = int(rng.integers(2, 5))
-        graph = random_dag(seed, int(rng.integers(20, 80)), edge_prob=float(rng.uniform(0.05, 0.3)),
-                           max_bytes=8 * MiB, group_prob=0.2, pin_prob=0.1, num_devices=nd,
-                           persistent_prob=0.2)
-        try:
-            groups = colocation_groups(graph)
-        except InvalidGraphError:  # a group pinned to two devices
+    for seed in range(40):
+        case = planted_case(seed, 20, 80)
+        if case is None:  # a group pinned to two devices
             continue
-        planted = rng.integers(0, nd, groups.num_groups)
-        for op, name in enumerate(graph.pinned_device):
-            if name is not None:
-                planted[groups.group_of[op]] = int(name.rsplit(":", 1)[1])
-        planted = Placement(planted[groups.group_of].astype(np.int32), "planted")
-        roomy = Cluster(tuple(Device(f"/device:GPU:{i}", 1 << 40) for i in range(nd)), CommCost(0.0001754, 134))
-        capacity = max(simulate(graph, roomy, planted).peak_memory_bytes)
-        cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(nd)), CommCost(0.0001754, 134))
-        simulate(graph, cluster, planted)  # fits
+        graph, cluster, _ = case
         for method in placed:
             result = place(graph, cluster, PlacementOptions(placement_method=method, refine_seconds=0.2))
             assert_valid_schedule(graph, cluster, result.groups, result.schedule)
             placed[method] += 1
             searched[method] += result.placement.method in ("auto(fit)", "m_etf+fit")
-    assert placed["auto"] > 40 and searched["m_etf"] >= 2 and searched["auto"] >= 1, (placed, searched)
+    assert placed["auto"] > 30 and searched["m_etf"] >= 2 and searched["auto"] >= 1, (placed, searched)

@@ -31,6 +31,7 @@ its set-up.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from typing import Optional
@@ -72,9 +73,15 @@ class FitSearch:
         per_run = graph.num_ops + graph.num_ops // _SETUP_SHARE + _RUN_COST
         self.exhaustive = nd ** len(self.free) * per_run <= budget_steps
         self.rng = random.Random(seed)
-        self._tables = GraphTables(graph)
-        self._singletons = Groups.singletons(graph)
         self._bar: Optional[Progress] = None
+
+    @functools.cached_property
+    def _tables(self) -> GraphTables:  # made on the first simulation: `cannot_fit` needs none
+        return GraphTables(self.graph)
+
+    @functools.cached_property
+    def _singletons(self) -> Groups:
+        return Groups.singletons(self.graph)
 
     def cannot_fit(self) -> bool:
         """Whether no placement can fit, for a reason seen without simulating: a group whose
@@ -85,7 +92,7 @@ class FitSearch:
         persistent = groups.byte_sums(graph.persistent_bytes)
         holds = graph.output_total_bytes + graph.temp_bytes
         inputs = np.zeros(graph.num_ops, dtype=np.int64)
-        np.add.at(inputs, graph.edge_dst, graph.tensor_bytes[graph.edge_tensor])  # one edge a tensor
+        np.add.at(inputs, graph.edge_dst, graph.edge_bytes)  # an op's edges carry distinct tensors
         largest = np.zeros(groups.num_groups, dtype=np.int64)
         np.maximum.at(largest, groups.group_of, holds + inputs)
         floor = (persistent + largest).tolist()
