@@ -34,7 +34,7 @@ apart and groups update ops by device, so its training graph would not be the pr
 With ``--only_forward`` only the forward graph was profiled and placed, and the training step is
 built after placement with ``colocate_gradients_with_ops=True``: TF builds each gradient inside
 ``colocate_with(forward op)``, so it takes the forward op's device and colocation group, and the
-optimizer's slots and updates are colocated with their variables (spec 1.5). An optimizer needs
+optimizer's slots and updates are colocated with their variables. An optimizer needs
 ``tf.Variable`` objects, which an imported GraphDef lacks, so here the forward graph is rebuilt
 (same flags, same op names: the build is deterministic; its fingerprint and devices are checked
 against the placed GraphDef) under a device function that gives each op the device of its name in
