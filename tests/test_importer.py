@@ -156,6 +156,31 @@ def test_pins_with_stand_ins():
     assert len(result.default_compute_ops) == len(gd.node)
 
 
+
+def test_pins_to_gpus_written_in_full_map_to_stand_ins():
+    # A pin taken from sess.list_devices() names the job, replica and task; it was refused.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+        with tf.device(f"{TASK}/device:GPU:1"):
+            tf.square(x, name="full")
+        with tf.device("/job:localhost/device:GPU:0"):
+            tf.negative(x, name="job_only")
+    gd = g.as_graph_def()
+    setup = standin_cluster(2, prefix=TASK)
+    result = import_graph_def(
+        gd, empty_profile(gd), setup.cluster, host_device=setup.host, device_aliases=setup.aliases
+    )
+    pins = dict(zip(result.graph.names, result.graph.pinned_device))
+    assert pins["full"] == f"{TASK}/device:CPU:2" and pins["job_only"] == f"{TASK}/device:CPU:1"
+    # Another job's GPU is not this process's: it stays refused.
+    with g.as_default():
+        with tf.device("/job:worker/task:1/device:GPU:0"):
+            tf.abs(x, name="remote")
+    gd = g.as_graph_def()
+    with pytest.raises(ConfigError, match=r"'remote' is pinned to '/job:worker/task:1/device:GPU:0'.*ignore"):
+        import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host, device_aliases=setup.aliases)
+
 def test_pins_on_gpus_and_unknown_devices():
     gd = _pinned_graph()
     setup = gpu_cluster(2, 1 * GiB)

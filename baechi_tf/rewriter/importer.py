@@ -219,7 +219,7 @@ class _DeviceResolver:
         if spec.device_type is None or spec.device_index is None:
             return None, False  # a job or task only: no single device
         local = f"device:{spec.device_type.upper()}:{spec.device_index}"
-        if spec.job is None and local in self.aliases:
+        if local in self.aliases and self._same_task(spec, self.aliases[local]):
             return self.aliases[local], False
         i = self.cluster.find(text)
         if i is not None:
@@ -231,8 +231,19 @@ class _DeviceResolver:
             return None, False
         raise ConfigError(
             f"op {op_name!r} is pinned to {text!r}, which is not one of the devices "
-            f"({', '.join(self.cluster.names)}); give that many devices, or ignore the pins "
-            "the graph carries (ignore_user_devices=True, --ignore_user_devices)"
+            f"({', '.join(self.cluster.names)}); give a device of that name (more devices, if "
+            "its index is past theirs), or ignore the pins the graph carries "
+            "(ignore_user_devices=True, --ignore_user_devices)"
+        )
+
+    @classmethod
+    def _same_task(cls, spec, stand_in: str) -> bool:
+        """Whether the job, replica and task that `spec` names, if any, are the stand-in's (a GPU
+        of this process written in full, ``/job:localhost/replica:0/task:0/device:GPU:0``)."""
+        own = cls._spec(stand_in)
+        return own is not None and all(
+            mine is None or mine == theirs
+            for mine, theirs in ((spec.job, own.job), (spec.replica, own.replica), (spec.task, own.task))
         )
 
 
