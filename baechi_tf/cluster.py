@@ -17,7 +17,10 @@ from typing import Optional
 
 from baechi_tf.errors import ConfigError
 
-__all__ = ["CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "device_task", "merged_device_name"]
+__all__ = [
+    "CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "check_device_count", "device_task",
+    "merged_device_name",
+]
 
 GiB = 1 << 30
 MAX_MEMORY_BYTES = (1 << 63) - 1
@@ -94,6 +97,13 @@ class Device:
     def task(self) -> str:
         return device_task(self.name)
 
+
+def check_device_count(num_devices: object, per: str = "") -> None:
+    """A `ConfigError` unless `num_devices` is a whole number of at least 1 (`per`: " per task")."""
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int):
+        raise ConfigError(f"num_devices={num_devices!r} is not a whole number; give the number of devices{per}")
+    if num_devices < 1:
+        raise ConfigError(f"num_devices={num_devices!r}; give at least one device{per}")
 
 @dataclasses.dataclass(frozen=True)
 class CommCost:
@@ -174,8 +184,7 @@ class Cluster:
         prefix: str = "",
     ) -> "Cluster":
         """`num_devices` devices named ``{prefix}/device:{type}:{i}`` with equal memory."""
-        if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-            raise ConfigError(f"num_devices={num_devices!r}; give at least one device")
+        check_device_count(num_devices)
         return cls(
             tuple(
                 Device(f"{prefix}/device:{device_type}:{i}", memory_bytes, device_type)

@@ -317,6 +317,29 @@ def test_hash_tables_carry_over_from_the_wrapped_session_and_to_a_new_placement(
     assert results[1] == results[0] == [[2, -1, 3], [10, 20], [11, 21]]
 
 
+def test_failed_first_runs_add_the_table_readers_to_the_users_graph_once():
+    # Each first run that failed added five more baechi_tf_read_tables_N ops to the user's graph.
+    g = tf.Graph()
+    with g.as_default():
+        words = tf.compat.v1.placeholder(tf.string, [None])
+        vocab = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([1, 2], tf.int64)), -1
+        )
+        ids = vocab.lookup(words)
+        with tf.control_dependencies([tf.debugging.assert_non_negative(ids)]):
+            checked = tf.identity(ids)
+        init = tf.compat.v1.tables_initializer()
+    user = tf.compat.v1.Session(graph=g)
+    user.run(init)
+    with BaechiSession(user, num_devices=2, **fast()) as sess:
+        sizes = []
+        for _ in range(3):
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                sess.run(checked, {words: ["a", "z"]})
+            sizes.append(len(g.get_operations()))
+        assert sizes[0] > 0 and sizes == [sizes[0]] * 3
+        assert sess.run(checked, {words: ["b", "a"]}).tolist() == [2, 1]
+
 def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
     # TF's "GetNext() failed because the iterator has not been initialized" did not say that the
     # wrapped session's initialisation does not carry over.
@@ -639,6 +662,19 @@ def test_arguments_are_checked():
         BaechiSession(graph=model.graph, placement_method="nope", num_devices=2)
     with pytest.raises(ConfigError, match="at least one device"):
         BaechiSession(graph=model.graph, num_devices=0)
+    # Arguments of the wrong type failed only at the first run, with errors that did not name
+    # them (AttributeError: 'dict' object has no attribute 'validate', TypeError: 'float' ...).
+    wrong_types = [
+        (dict(num_devices="4"), "num_devices='4' is not a whole number"),
+        (dict(options={"placement_method": "m_etf"}), "options=.* is a dict; give a PlacementOptions"),
+        (dict(comm=(0.0001, 134)), r"comm=\(0.0001, 134\) is a tuple; give a CommCost"),
+        (dict(inter_host_comm=0.5), "inter_host_comm=0.5 is a float; give a CommCost"),
+        (dict(profile_steps=1.5), "profile_steps=1.5 is not a whole number"),
+        (dict(warmup_steps=True), "warmup_steps=True is not a whole number"),
+    ]
+    for kwargs, message in wrong_types:
+        with pytest.raises(ConfigError, match=message):
+            BaechiSession(graph=model.graph, **{"num_devices": 2, **kwargs})
     user = tf.compat.v1.Session(graph=model.graph)
     with pytest.raises(ConfigError, match="differs"):
         BaechiSession(user, graph=tf.Graph(), num_devices=2)

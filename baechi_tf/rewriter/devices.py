@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional
 
-from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, GiB
+from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, GiB, check_device_count
 from baechi_tf.errors import ConfigError
 
 __all__ = [
@@ -60,11 +60,6 @@ def host_device(prefix: str = "") -> Device:
     return Device(f"{prefix}/device:CPU:0", host_memory_bytes(), "CPU")
 
 
-def _check_count(num_devices: int) -> None:
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-        raise ConfigError(f"num_devices={num_devices!r}; give at least one device")
-
-
 def standin_cluster(
     num_devices: int,
     memory_bytes: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
@@ -73,7 +68,7 @@ def standin_cluster(
     prefix: str = "",
 ) -> DeviceSetup:
     """CPU:1..CPU:N standing in for GPU:0..GPU:N-1; CPU:0 is the host."""
-    _check_count(num_devices)
+    check_device_count(num_devices)
     devices = tuple(
         Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU") for i in range(num_devices)
     )
@@ -94,7 +89,7 @@ def gpu_cluster(
     prefix: str = "",
 ) -> DeviceSetup:
     """GPU:0..GPU:N-1 with equal memory; the host is CPU:0 (for graphs placed offline)."""
-    _check_count(num_devices)
+    check_device_count(num_devices)
     return DeviceSetup(
         cluster=Cluster.homogeneous(num_devices, memory_bytes, comm=comm, prefix=prefix),
         host=host_device(prefix),
@@ -115,7 +110,7 @@ def session_devices(
     """The devices of a local session: GPUs when there are `num_devices` of them, else stand-ins."""
     import tensorflow as tf
 
-    _check_count(num_devices)
+    check_device_count(num_devices)
     if not (0 < memory_fraction <= 1):
         raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
     if len(tf.config.list_physical_devices("GPU")) < num_devices:

@@ -51,7 +51,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from baechi_tf import interrupts
-from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, device_task
+from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, check_device_count, device_task
 from baechi_tf.errors import ConfigError
 from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
@@ -374,12 +374,8 @@ def devices_from_listing(
     `num_devices_per_task` of them (None: all). The master's task (default: the first listed
     device's) comes first, then the others by job and index. Pure: no TensorFlow.
     """
-    if num_devices_per_task is not None and (
-        isinstance(num_devices_per_task, bool)
-        or not isinstance(num_devices_per_task, int)
-        or num_devices_per_task < 1
-    ):
-        raise ConfigError(f"num_devices={num_devices_per_task!r}; give at least one device per task")
+    if num_devices_per_task is not None:
+        check_device_count(num_devices_per_task, per=" per task")
     if not (0 < memory_fraction <= 1):
         raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
     by_task: dict[str, list[tuple[str, str, int]]] = collections.OrderedDict()

@@ -191,10 +191,10 @@ class _VariableIO:
         self.tables.load(session, values)
 
 
-def _read_user_state(session: Any) -> dict[str, Any]:
+def _read_user_state(session: Any, tables: "_TableIO") -> dict[str, Any]:
     """Values of the initialised variables and contents of the filled lookup tables of a session
-    whose graph belongs to the user (tables through export ops added to it)."""
-    out: dict[str, Any] = _TableIO(session.graph, "baechi_tf_read_tables").read(session)
+    whose graph belongs to the user (`tables`: export ops added to it once)."""
+    out: dict[str, Any] = tables.read(session)
     out.update(_read_user_variables(session))
     return out
 
@@ -315,6 +315,7 @@ class BaechiSession:
             target = target or wrapped_target
         elif graph is None:
             graph = tf.compat.v1.get_default_graph()
+        _check_arguments(options, comm, inter_host_comm, warmup_steps, profile_steps)
         if options is None:
             options = (
                 PlacementOptions()
@@ -337,6 +338,7 @@ class BaechiSession:
             target = spec.target
         self._graph = graph
         self._user_session = sess
+        self._user_tables: Optional[_TableIO] = None  # export ops added to the user's graph
         self._options = options
         remote = is_remote_target(target)
         if remote:
@@ -721,7 +723,9 @@ class BaechiSession:
         if self._placed is not None:
             return self._placed.io.read(self._placed.session)
         if self._user_session is not None:
-            return _read_user_state(self._user_session)
+            if self._user_tables is None:  # made once: each first run that fails reads again
+                self._user_tables = _TableIO(self._user_session.graph, "baechi_tf_read_tables")
+            return _read_user_state(self._user_session, self._user_tables)
         return {}
 
     def _profile_and_place(
@@ -813,6 +817,27 @@ class BaechiSession:
             len(report.devices_used),
             report.coverage.describe(),
         )
+
+
+def _check_arguments(
+    options: Any, comm: Any, inter_host_comm: Any, warmup_steps: Any, profile_steps: Any
+) -> None:
+    """`ConfigError` for arguments of the wrong type, which would otherwise fail only at the first
+    run, with an error that does not name them."""
+    if options is not None and not isinstance(options, PlacementOptions):
+        raise ConfigError(
+            f"options={options!r} is a {type(options).__name__}; give a PlacementOptions "
+            "(PlacementOptions(placement_method='m_etf', ...))"
+        )
+    for name, value in (("comm", comm), ("inter_host_comm", inter_host_comm)):
+        if value is not None and not isinstance(value, CommCost):
+            raise ConfigError(
+                f"{name}={value!r} is a {type(value).__name__}; give a CommCost "
+                "(CommCost(slope_us_per_byte=..., intercept_us=...))"
+            )
+    for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}={value!r} is not a whole number of steps")
 
 
 def _holds_state(op_type: str) -> bool:
