@@ -34,6 +34,9 @@ def run_main(
         return interrupts.exit_status(e, interrupted=interrupted, failed=f"{prog}: error: ")
 
 
+_HELP_FLAGS = frozenset({"help", "?", "helpshort", "helpfull", "helpxml"})
+
+
 def flag_parser(prog: str) -> Callable[[list[str]], list[str]]:
     """absl's flag parsing, for ``app.run(main, flags_parser=...)``, but a bad flag is one line
     ``{prog}: error: ...`` on stderr and exit status 2 (absl's own is a usage dump and 1)."""
@@ -45,6 +48,12 @@ def flag_parser(prog: str) -> Callable[[list[str]], list[str]]:
         except flags.Error as e:
             print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
             sys.exit(2)
+        except SystemExit as e:
+            # absl's --help (and --helpfull, ...) prints the help and exits with 1; asking for
+            # help is not a failure (argparse exits with 0).
+            if e.code == 1 and any(a.split("=")[0].lstrip("-") in _HELP_FLAGS for a in argv[1:]):
+                sys.exit(0)
+            raise
 
     return parse
 

@@ -29,6 +29,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
+
+import_tensorflow_quietly()  # without TF's C++ start-up lines (oneDNN, absl::InitializeLog)
 import tensorflow as tf  # noqa: E402
 
 from baechi_tf import BaechiSession, CommCost, interrupts  # noqa: E402

@@ -183,18 +183,27 @@ def test_exit_status_of_the_real_command(files, tmp_path):
     assert done.stderr.startswith("baechi place: error: cost profile")
     assert "Traceback" not in done.stderr and "pickle" in done.stderr
     assert not out.exists()
-    # A graph that does not parse fails after TensorFlow is loaded: still one line, exit 2.
+    # A graph that does not parse is refused before TensorFlow loads: one line, exit 2.
     cost.write_bytes(b"")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's
     done = subprocess.run(
         [sys.executable, "-m", "baechi_tf", "place", "--graph", str(cost), "--cost_path",
          str(files[1]["cost"]), "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
     )
     assert done.returncode == 2
-    # TensorFlow's C++ start-up lines (not ours) may come first; ours is the one last line.
-    last = done.stderr.splitlines()[-1]
-    assert last == f"baechi place: error: graph {str(cost)!r} is empty; give a GraphDef or MetaGraphDef"
-    assert "Traceback" not in done.stderr and done.stderr.count("baechi place") == 1
+    assert done.stderr == f"baechi place: error: graph {str(cost)!r} is empty; give a GraphDef or MetaGraphDef\n"
+    # One that does not fit is found after TensorFlow loaded: still the one line (TensorFlow's
+    # C++ start-up lines came first).
+    done = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place", "--graph", str(files[1]["pb"]), "--cost_path",
+         str(files[1]["cost"]), "--out", str(out), "--num_devices", "2", "--device_type", "CPU",
+         "--memory_per_device", "100"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("baechi place: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "no device has room" in done.stderr, done.stderr
     assert not out.exists()
 
 

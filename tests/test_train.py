@@ -234,6 +234,13 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
     assert message in done.stderr
 
 
+
+@pytest.mark.parametrize("flag", ["--help", "--helpfull"])
+def test_help_is_printed_with_exit_status_0(flag):
+    # absl's own --help exits with 1: scripts that check the status saw a failure.
+    done = train(flag, expect=0)
+    assert "--placement_method" in done.stdout and not done.stderr.strip(), done.stderr
+
 @pytest.mark.parametrize(
     "args, message",
     [

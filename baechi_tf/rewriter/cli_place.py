@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from google.protobuf import text_format
 
     from baechi_tf._files import atomic_write
+    from baechi_tf._startup import import_tensorflow_quietly
     from baechi_tf.cli import check_outputs, options_from_args
     from baechi_tf.cluster import CommCost
     from baechi_tf.cost_model.profile import load_profile
@@ -174,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     check_outputs(args, inputs=(args.graph, args.cost_path))
+    # TF's C++ start-up lines would come before any error line (train.py does the same).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow_quietly()
     remote = cluster_from_flags(
         args.cluster_spec,
         num_devices=args.num_devices,
