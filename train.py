@@ -736,7 +736,7 @@ def _check_outputs() -> None:
     if FLAGS.costgen:
         check_writable(FLAGS.cost_path, "--cost_path")
     elif FLAGS.report_dir:  # profiling writes no reports
-        check_output_folder(FLAGS.report_dir, "--report_dir")
+        check_output_folder(FLAGS.report_dir, "--report_dir", keep=(FLAGS.cost_path,))
 
 
 def _placement_options() -> PlacementOptions:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
-__all__ = ["atomic_write", "check_output_folder", "check_writable"]
+__all__ = ["REPORT_FILE", "atomic_write", "check_output_folder", "check_writable"]
+
+REPORT_FILE = re.compile(r"(gantt\.png|memory_\d+\.png|trace\.json|summary\.json|graph\.pbtxt|events\.out\.tfevents\.baechi)\Z")
+"""The names of the files `reports.write_reports` writes into a report folder."""
 
 
 def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
@@ -25,10 +29,19 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} is not writable; write elsewhere")
 
 
-def check_output_folder(path: str, flag: str) -> None:
+def check_output_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> None:
     """Raises `ConfigError` unless a folder `path` (given as `flag`) exists and is writable or
-    can be created: run it before long work, as `check_writable`."""
+    can be created: run it before long work, as `check_writable`. With `keep` (the inputs and
+    other outputs of the run), the folder is a report folder, refused when a report would
+    replace one of those files (an input named graph.pbtxt beside --report_dir .)."""
     from baechi_tf.errors import ConfigError
+
+    for kept in keep:
+        if kept and _report_replaces(path, kept):
+            raise ConfigError(
+                f"{flag} {path!r} would replace {kept!r} with a report of the same name; write "
+                "the reports into another folder"
+            )
 
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a file, not a folder; give a folder (it is created if missing)")
@@ -39,6 +52,16 @@ def check_output_folder(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path!r}: {existing!r} is a file, so the folder cannot be created")
     if not _can_write_in(existing):
         raise ConfigError(f"{flag} {path!r}: {existing!r} is not writable; write elsewhere")
+
+
+def _report_replaces(folder: str, path: str) -> bool:
+    """Whether a report written into `folder` would replace the file `path`."""
+    if REPORT_FILE.match(os.path.basename(path)) and _same_file(os.path.dirname(os.path.abspath(path)), folder):
+        return True
+    if not os.path.isdir(folder) or not os.path.exists(path):
+        return False
+    # Under another name: a link to it in the folder.
+    return any(REPORT_FILE.match(n) and _same_file(os.path.join(folder, n), path) for n in os.listdir(folder))
 
 
 def _can_write_in(folder: str) -> bool:

@@ -163,7 +163,7 @@ def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     if args.out:
         check_writable(args.out, "--out", inputs)
     if args.report_dir:
-        check_output_folder(args.report_dir, "--report_dir")
+        check_output_folder(args.report_dir, "--report_dir", keep=(*inputs, args.out or ""))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,8 @@
 * ``graph.pbtxt`` and ``events.out.tfevents.baechi``: with `graph_def`, the placed graph as text
   and as an events file for TensorBoard's graph view (``tensorboard --logdir report_dir``,
   colour by device).
-* ``summary.json``: the figures of the placement (see `summary`).
+* ``summary.json``: the figures of the placement (see `summary`) and ``files``, the names of the
+  report's files.
 
 The reports are written all at once or not at all (`write_reports`). Figures use matplotlib's Agg
 canvas directly (no pyplot, no global state) and come out the same, byte for byte, for the same
@@ -37,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from baechi_tf._files import REPORT_FILE
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
@@ -75,25 +77,49 @@ def write_reports(
     message (or its serialized bytes) of a real run of the same step, shown next to the
     simulated one in the trace. Returns what was written: key -> path.
 
-    All or nothing: the files are made in a temporary folder beside `report_dir` and moved in
-    when every one is done, so an error or Ctrl-C while they are made leaves `report_dir` as it
-    was.
+    All or nothing: the files are made in a temporary folder (in `report_dir` when it exists,
+    else beside it) and moved in when every one is done, so an error or Ctrl-C while they are made
+    leaves `report_dir` as it was. Files of an earlier report there that this one does not have
+    (``memory_3.png`` of a placement on more devices), as its ``summary.json`` lists them, are
+    removed once the new ones are in.
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     memory = memory_timeline(graph, cluster, schedule)
     critical = schedule.critical_path(graph, cluster)
     report_dir = os.path.abspath(report_dir)
-    parent = os.path.dirname(report_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tmp-", suffix="-" + os.path.basename(report_dir), dir=parent)
+    if os.path.isdir(report_dir):  # needs only report_dir writable (its parent may not be)
+        staging = tempfile.mkdtemp(prefix=".tmp-reports-", dir=report_dir)
+    else:
+        parent = os.path.dirname(report_dir)
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".tmp-", suffix="-" + os.path.basename(report_dir), dir=parent)
     try:
         paths = _write_into(staging, result, memory, critical, graph_def, tf_step_stats)
+        earlier = _report_files(report_dir)
         os.makedirs(report_dir, exist_ok=True)
         for key, name in paths.items():
             os.replace(os.path.join(staging, name), os.path.join(report_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    for name in sorted(earlier - set(paths.values())):
+        try:
+            os.remove(os.path.join(report_dir, name))
+        except FileNotFoundError:
+            pass
     return {key: os.path.join(report_dir, name) for key, name in paths.items()}
+
+
+def _report_files(report_dir: str) -> set[str]:
+    """The files of the report in `report_dir` that its summary.json lists (none when there is
+    no summary, or one this module did not write)."""
+    try:
+        with open(os.path.join(report_dir, "summary.json"), encoding="utf-8") as f:
+            files = json.load(f).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    if not isinstance(files, list):
+        return set()
+    return {n for n in files if isinstance(n, str) and REPORT_FILE.match(n)}
 
 
 def _write_into(
@@ -103,6 +129,7 @@ def _write_into(
     paths: dict[str, str] = {}
 
     def put(key: str, name: str, data: bytes | str) -> None:
+        assert REPORT_FILE.match(name), name  # what a report folder is checked against
         with open(os.path.join(folder, name), "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         paths[key] = name
@@ -112,12 +139,14 @@ def _write_into(
         put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
     trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
     put("trace", "trace.json", json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n")
-    put("summary", "summary.json", json.dumps(summary(result, critical), indent=1, sort_keys=True) + "\n")
     if graph_def is not None:
         from google.protobuf import text_format
 
         put("graph_pbtxt", "graph.pbtxt", text_format.MessageToString(graph_def))
         put("graph_events", "events.out.tfevents.baechi", _graph_events(graph_def))
+    figures = summary(result, critical)
+    figures["files"] = sorted([*paths.values(), "summary.json"])
+    put("summary", "summary.json", json.dumps(figures, indent=1, sort_keys=True) + "\n")
     return paths
 
 

@@ -222,6 +222,41 @@ def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path
     assert "is a file, so the folder cannot be created" in capsys.readouterr().err
 
 
+def test_reports_that_would_replace_an_input_or_the_output_are_refused_first(tmp_path, capsys):
+    # An input named like a report (summary.json) beside --report_dir was replaced by the report,
+    # with exit status 0; so was an --out named trace.json in the report folder.
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(small_doc()))
+    before = src.read_bytes()
+    assert main(["place-json", str(src), "--report_dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"baechi place-json: error: --report_dir {str(tmp_path)!r} would replace {str(src)!r} with a "
+        "report of the same name; write the reports into another folder"
+    )
+    assert src.read_bytes() == before
+    # A link in the report folder, under a report's name, to the input is refused too.
+    other = tmp_path / "g.json"
+    other.write_text(json.dumps(small_doc()))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "trace.json").symlink_to(other)
+    assert main(["place-json", str(other), "--report_dir", str(reports)]) == 2
+    assert "would replace" in capsys.readouterr().err
+    out = tmp_path / "out" / "trace.json"
+    out.parent.mkdir()
+    assert main(["place-json", str(other), "--out", str(out), "--report_dir", str(out.parent)]) == 2
+    assert f"would replace {str(out)!r}" in capsys.readouterr().err
+    assert not out.exists() and other.read_text() == json.dumps(small_doc())
+    # Beside inputs and outputs of other names, reports are written.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    kept = fresh / "g.json"
+    kept.write_text(json.dumps(small_doc()))
+    assert main(["place-json", str(kept), "--out", str(fresh / "p.json"), "--report_dir", str(fresh)]) == 0
+    assert (fresh / "trace.json").exists() and (fresh / "p.json").exists()
+    assert kept.read_text() == json.dumps(small_doc())
+
+
 def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
     # The summary was printed before --out was written: a reader that went away (`| head`) cost
     # the output and gave a BrokenPipeError traceback.

@@ -252,6 +252,44 @@ def test_reports_are_deterministic(fork_join_reports, tmp_path):
                 assert a.read() == b.read(), key
 
 
+
+def test_reports_of_fewer_devices_remove_the_earlier_reports_extra_files(tmp_path):
+    # A report of 2 devices written over one of 4 left memory_2.png and memory_3.png behind.
+    graph, c = load_graph_json(FORK_JOIN)
+    four = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    assert c.num_devices == 4
+    write_reports(four, str(tmp_path))
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "memory_9.png").write_text("mine too")  # not one of the report's
+    two = place(graph, cluster(2), PlacementOptions(placement_method="m_etf"))
+    paths = write_reports(two, str(tmp_path))
+    names = {"gantt.png", "trace.json", "summary.json", "memory_0.png", "memory_1.png"}
+    assert {os.path.basename(p) for p in paths.values()} == names
+    assert set(os.listdir(tmp_path)) == names | {"notes.txt", "memory_9.png"}
+    with open(paths["summary"]) as f:
+        assert json.load(f)["files"] == sorted(names)
+
+
+def test_reports_need_only_their_folder_writable(tmp_path):
+    # The temporary folder was made beside the report folder: a writable folder in a parent the
+    # user cannot write ended in a traceback after the placement.
+    graph, c = load_graph_json(FORK_JOIN)
+    result = place(graph, c, PlacementOptions(placement_method="m_topo"))
+    parent = tmp_path / "locked"
+    folder = parent / "reports"
+    folder.mkdir(parents=True)
+    if subprocess.run(["chattr", "+i", str(parent)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here to make a folder that root cannot write")
+    try:
+        with pytest.raises(OSError):
+            (parent / "probe").write_text("")  # the parent is locked
+        paths = write_reports(result, str(folder))
+    finally:
+        subprocess.run(["chattr", "-i", str(parent)], check=True)
+    assert set(os.listdir(folder)) == {os.path.basename(p) for p in paths.values()}
+    assert os.listdir(parent) == ["reports"]
+
+
 def _trace(path):
     with open(path) as f:
         trace = json.load(f)

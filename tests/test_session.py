@@ -653,7 +653,7 @@ def test_a_saver_saves_and_restores_through_it(tmp_path):
         np.testing.assert_array_equal(plain.run(w), np.full([3, 2], 2.0))
 
 
-def test_arguments_are_checked():
+def test_arguments_are_checked(tmp_path):
     model = build_lstm()
     with pytest.raises(ConfigError, match="contradicts"):
         BaechiSession(graph=model.graph, placement_method="m_topo",
@@ -682,6 +682,9 @@ def test_arguments_are_checked():
     # A report folder that cannot be made was found only after the first placement's run.
     with pytest.raises(ConfigError, match="report_dir '.*README.md' is a file, not a folder"):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=os.path.join(os.path.dirname(__file__), "..", "README.md"))
+    # The profile kept where a report of the same name would replace it.
+    with pytest.raises(ConfigError, match="report_dir .* would replace .*summary.json' with a report"):
+        BaechiSession(graph=model.graph, num_devices=2, report_dir=str(tmp_path), cost_path=str(tmp_path / "summary.json"))
 
 
 def test_import_baechi_tf_does_not_import_tensorflow():

@@ -383,7 +383,7 @@ class BaechiSession:
         if cost_path:
             check_writable(cost_path, "cost_path")
         if report_dir:
-            check_output_folder(report_dir, "report_dir")
+            check_output_folder(report_dir, "report_dir", keep=(cost_path or "",))
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
         self._ignore_user_devices = ignore_user_devices  # place ops the graph pins, too
