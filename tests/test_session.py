@@ -499,7 +499,8 @@ def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
     assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
 
 
-def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
+def test_threads_place_one_at_a_time_and_a_new_placement_waits_for_the_runs_in_flight():
+    import logging
     import threading
 
     hold = threading.Event()  # while set, a run of `slow` waits for `release` in the placed graph
@@ -517,6 +518,9 @@ def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
         w = tf.compat.v1.get_variable("w", [8, 8], initializer=tf.compat.v1.ones_initializer())
         h = tf.tanh(tf.matmul(x, w))
         slow = tf.py_function(wait, [tf.reduce_sum(h)], tf.float32)
+        n = tf.compat.v1.get_variable("n", [], initializer=tf.compat.v1.zeros_initializer())
+        with tf.control_dependencies([slow]):
+            bump = tf.compat.v1.assign_add(n, 1.0)  # a training step, in effect
         fetches = [tf.reduce_mean(h), tf.reduce_max(h), tf.reduce_min(h), tf.reduce_sum(h * h)]
         later = tf.reduce_prod(h)
         init = tf.compat.v1.global_variables_initializer()
@@ -540,21 +544,36 @@ def test_threads_place_one_at_a_time_and_a_replaced_session_outlives_its_runs():
         for t in threads:
             t.join()
         assert errors == []
-        # A run in flight on a placement that a new fetch replaces ends normally; the replaced
-        # session closes after it.
-        assert sess.run(slow, feed) == pytest.approx(32 * np.tanh(8.0))
+        # A new fetch placed while a step runs in another thread: the values it copied into the
+        # new placed session lacked that step's update (a training step lost, silently). It now
+        # waits for the step, which ends normally, then copies.
+        assert sess.run(bump, feed) == 1.0
         first = sess._placed
         hold.set()
         result = []
-        runner = threading.Thread(target=lambda: result.append(sess.run(slow, feed)))
+        runner = threading.Thread(target=lambda: result.append(sess.run(bump, feed)))
         runner.start()
         assert entered.wait(60)
-        sess.run(later, feed)  # a new fetch: profiled and placed again
-        assert sess._placed is not first and not first.session._closed
-        release.set()
+
+        class ReleaseWhenWaited(logging.Handler):
+            def emit(self, record):
+                if "in flight on the placement being replaced" in record.getMessage():
+                    release.set()
+
+        logger = logging.getLogger("baechi_tf.rewriter.session")
+        handler, level = ReleaseWhenWaited(), logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            sess.run(later, feed)  # a new fetch: profiled and placed again
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            release.set()  # the old code placed without waiting, and only then let the step end
         runner.join()
-        assert result == [pytest.approx(32 * np.tanh(8.0))]
-        assert first.session._closed
+        assert result == [2.0]
+        assert sess._placed is not first and first.session._closed
+        assert sess.run(n) == 2.0  # the step's update is in the new placed session
 
 
 def test_a_dequeue_is_not_profiled_and_keeps_the_callers_time_limit():

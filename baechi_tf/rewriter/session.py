@@ -19,7 +19,9 @@ The first `run` of a fetch whose ops were never profiled:
 Later runs of fetches whose ops were all profiled go straight to the placed session. A training
 loop through a `BaechiSession` therefore computes what a plain session computes, step for step.
 Runs from several threads go side by side, as on a Session, but one profiles and places at a
-time; a placed session that a new placement replaces is closed once its last run has ended.
+time; a new placement waits for the runs in flight on the placed session it replaces (but those
+that use a queue, which may wait for runs that cannot start meanwhile; and for at most
+`_DRAIN_TIMEOUT_S`) and copies the variables after them, then closes that session.
 `sess.placement` is the `PlacementReport` of the last placement (``op_to_device``,
 ``makespan_us``, ``lower_bound_us``, ``coverage``).
 
@@ -56,6 +58,7 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
@@ -87,6 +90,9 @@ from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
 __all__ = ["BaechiSession"]
 
 log = logging.getLogger(__name__)
+
+_DRAIN_TIMEOUT_S = 120.0
+"""How long a new placement waits for the runs in flight on the one it replaces."""
 
 
 # Lookup tables whose contents carry into a new session (export, then import): static hash
@@ -262,6 +268,8 @@ class _Placed:
         self.io = _VariableIO(self.graph)
         self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
         self.runs = 0  # runs in flight on `session`
+        self.queue_runs = 0  # those of them that take from or put into a queue (not waited for)
+        self.ended = 0  # runs ended on `session`
         self.retired = False  # replaced by a new placement: closed once no run is in flight
 
 
@@ -390,10 +398,15 @@ class BaechiSession:
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
-        self._ready: dict[tuple, bool] = {}  # fetch keys placed for -> whether they touch state
+        # Fetch keys placed for -> whether they touch state; whether they use a queue.
+        self._ready: dict[tuple, tuple[bool, bool]] = {}
         self._state_in_use = False  # a run used an iterator, queue, ... in the placed session
         self._closed = False
         self._lock = threading.RLock()  # held while a run profiles and places
+        # A new placement waits (`_drain`) for the runs in flight on the one it replaces, so that
+        # their updates reach the variables it copies; meanwhile no run starts.
+        self._drained = threading.Condition(self._lock)
+        self._draining = False
         self._defaults: Optional[contextlib.ExitStack] = None  # what `with` made the defaults
         self.placement: Optional[PlacementReport] = None
 
@@ -447,11 +460,14 @@ class BaechiSession:
         named = _map_fetches(self._fetch_of, fetches)
         feeds = self._feeds_of(feed_dict)
         with self._lock:  # one thread profiles and places at a time; runs go side by side
+            while self._draining:
+                self._drained.wait()
             before = self.placement
             # The caller's time limit holds for each profiling run as for the run itself.
             with self._hints():
-                placed = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
+                placed, queues = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
             placed.runs += 1
+            placed.queue_runs += queues
             report = self.placement if self._report_dir and self.placement is not before else None
         if report is not None:
             # The run right after a placement is traced: the reports, written after it, show TF's
@@ -484,8 +500,11 @@ class BaechiSession:
                 )
             with self._lock:
                 placed.runs -= 1
+                placed.queue_runs -= queues
+                placed.ended += 1
                 if placed.retired and not placed.runs:
                     placed.session.close()
+                self._drained.notify_all()
 
     def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
         """Like ``Session.make_callable``: a function of the values of `feed_list`, in that
@@ -637,9 +656,10 @@ class BaechiSession:
                 feeds[self._name_of(k)] = v
         return feeds
 
-    def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> "_Placed":
-        """The placed session to run `named` in: placed (again) first when it is a new fetch
-        that needs it (see the module docstring). Called with `_lock` held."""
+    def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", bool]:
+        """The placed session to run `named` in, placed (again) first when it is a new fetch
+        that needs it (see the module docstring), and whether the run takes from or puts into a
+        queue. Called with `_lock` held."""
         self._check_open()  # another thread may have closed it while this one waited
         leaves = tuple(sorted(set(_fetch_names(named))))
         key = (leaves, tuple(sorted(feeds)))
@@ -670,10 +690,37 @@ class BaechiSession:
                         "first run to keep them"
                     )
                 self._profile_and_place(named, feeds, closure, timeout_ms)
-            self._ready[key] = any(_holds_state(self._graph.get_operation_by_name(n).type) for n in closure)
-        self._state_in_use = self._state_in_use or self._ready[key]
+            types = {self._graph.get_operation_by_name(n).type for n in closure}
+            self._ready[key] = (any(map(_holds_state, types)), any(map(_blocks_on_state, types)))
+        holds, queues = self._ready[key]
+        self._state_in_use = self._state_in_use or holds
         assert self._placed is not None
-        return self._placed
+        return self._placed, queues
+
+    def _drain(self, old: "_Placed") -> None:
+        """Waits (up to `_DRAIN_TIMEOUT_S`) for the runs in flight on `old` but those that use
+        a queue (which may wait for runs that cannot start meanwhile), so that the values a new
+        placement copies hold their updates; no run starts while it waits. Called with `_lock`
+        held."""
+        if old.runs == old.queue_runs:
+            return
+        log.info("waiting for %d run(s) in flight on the placement being replaced", old.runs - old.queue_runs)
+        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        self._draining = True
+        try:
+            while old.runs > old.queue_runs and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning(
+                        "%d run(s) still in flight on the placement being replaced after %.0f s; "
+                        "placing without them: what they change in variables is lost",
+                        old.runs - old.queue_runs, _DRAIN_TIMEOUT_S,
+                    )
+                    break
+                self._drained.wait(left)
+        finally:
+            self._draining = False
+            self._drained.notify_all()
 
     def _name_of(self, x: Any) -> str:
         import tensorflow as tf
@@ -737,6 +784,8 @@ class BaechiSession:
 
         graph_def = self._graph.as_graph_def()
         values = self._read_values()
+        old = self._placed
+        read_after = (old.ended, old.runs) if old is not None else None  # runs the values may lack
         blocking = sorted(n for n in closure if _blocks_on_state(self._graph.get_operation_by_name(n).type))
         if blocking:
             # Nothing fills or drains the scratch copy's queues: a dequeue there would wait for
@@ -798,11 +847,15 @@ class BaechiSession:
         )
         placed = _Placed(placed_def, self._run_config, self._target)
         try:
+            if old is not None:
+                self._drain(old)
+                self._check_open()  # closed while it waited
+                if (old.ended, old.runs) != read_after or old.runs:
+                    values = self._read_values()  # with the updates of the runs since
             placed.io.load(placed.session, values)
         except BaseException:
             placed.session.close()
             raise
-        old = self._placed
         if old is not None:  # closed now, or by the last run still in flight on it
             old.retired = True
             if not old.runs:
