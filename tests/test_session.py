@@ -359,6 +359,46 @@ def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
         assert [sess.run(value) for _ in range(2)] == [0, 1]
 
 
+
+def test_an_iterator_initialised_through_the_session_lets_the_training_step_be_profiled():
+    # Running the initializer through the BaechiSession (as the error above says to) marked the
+    # iterator as in use, so the training step that followed ran on the placement made for the
+    # initializer: its ops placed by estimated costs, never profiled. The initializer is now run
+    # again in each new session, and the step is profiled and placed.
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            data = tf.compat.v1.placeholder(tf.float32, [None, 4], name="data")
+            it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(data).batch(2))
+            batch = it.get_next()
+            w = tf.compat.v1.get_variable("w", [4, 4], initializer=tf.compat.v1.ones_initializer())
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(batch, w)))
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss)
+            init = tf.compat.v1.global_variables_initializer()
+        return g, data, it, loss, train, init
+
+    first = np.arange(48, dtype=np.float32).reshape(12, 4) / 48
+    second = first[::-1].copy()
+    results = []
+    for wrap in (False, True):
+        g, data, it, loss, train, init = build()
+        user = tf.compat.v1.Session(graph=g)
+        user.run(init)
+        sess = BaechiSession(user, num_devices=2, **fast()) if wrap else user
+        with sess:
+            sess.run(it.initializer, {data: first})
+            out = [sess.run([loss, train])[0] for _ in range(3)]
+            if wrap:
+                profiled = set(sess.profile.ops)
+                assert any(name.startswith("gradients/") for name in profiled), sorted(profiled)
+                assert sess.placement.coverage.op_share > 0.5, sess.placement.coverage.describe()
+            sess.run(it.initializer, {data: second})  # again, with other data: read from its start
+            out += [sess.run(loss) for _ in range(6)]
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(loss)
+        results.append(out)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
     # again in a new session, without it: TF's error said the handle was not in the session store.

@@ -40,8 +40,10 @@ others (code written for more GPUs than the machine has).
 
 Only variables and the contents of hash tables carry over from one session to the next (from the
 wrapped session too): the state of iterators, queues, staging areas and random number generators
-starts afresh in each placed session. So once a run has used an iterator, queue, reader or
-accumulator in the placed session, a new fetch whose ops the
+starts afresh in each placed session. A run that only initialises iterators (an iterator's
+initializer) is run again in each new session, the profiling copies' too. So once a run has used
+an iterator (read from it), queue, reader or accumulator in the placed session, a new fetch whose
+ops the
 placed graph already holds runs there as placed (those of its ops no run had profiled were placed
 by estimated costs) rather than being profiled and placed again, which would restart that
 state: a dataset would be read again from its start. Only a fetch of ops added to the graph
@@ -398,8 +400,10 @@ class BaechiSession:
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
-        # Fetch keys placed for -> whether they touch state; whether they use a queue.
-        self._ready: dict[tuple, tuple[bool, bool]] = {}
+        self._ready: dict[tuple, _FetchKind] = {}  # fetch keys placed for -> what their ops do
+        # Runs that initialise iterators and use no other state (fetch key -> (fetch, feeds)): run
+        # again in each new session, the profiling copies' too (`_replay`).
+        self._replays: dict[tuple, tuple[Any, dict[str, Any]]] = {}
         self._state_in_use = False  # a run used an iterator, queue, ... in the placed session
         self._closed = False
         self._lock = threading.RLock()  # held while a run profiles and places
@@ -466,6 +470,7 @@ class BaechiSession:
             # The caller's time limit holds for each profiling run as for the run itself.
             with self._hints():
                 placed, queues = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
+            replay = self._ready[_fetch_key(named, feeds)].initializes
             placed.runs += 1
             placed.queue_runs += queues
             report = self.placement if self._report_dir and self.placement is not before else None
@@ -484,6 +489,11 @@ class BaechiSession:
             with self._hints():
                 values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
             ran = True
+            if replay:  # the latest run of each initializer, in the order of those runs
+                with self._lock:
+                    key = _fetch_key(named, feeds)
+                    self._replays.pop(key, None)
+                    self._replays[key] = (named, feeds)
             return values
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
@@ -661,8 +671,8 @@ class BaechiSession:
         that needs it (see the module docstring), and whether the run takes from or puts into a
         queue. Called with `_lock` held."""
         self._check_open()  # another thread may have closed it while this one waited
-        leaves = tuple(sorted(set(_fetch_names(named))))
-        key = (leaves, tuple(sorted(feeds)))
+        key = _fetch_key(named, feeds)
+        leaves = key[0]
         if key not in self._ready:
             closure = self._closure(leaves, feeds)
             placed = self._placed is not None and closure <= self._placed.names
@@ -690,12 +700,17 @@ class BaechiSession:
                         "first run to keep them"
                     )
                 self._profile_and_place(named, feeds, closure, timeout_ms)
-            types = {self._graph.get_operation_by_name(n).type for n in closure}
-            self._ready[key] = (any(map(_holds_state, types)), any(map(_blocks_on_state, types)))
-        holds, queues = self._ready[key]
-        self._state_in_use = self._state_in_use or holds
+            self._ready[key] = _FetchKind.of({self._graph.get_operation_by_name(n).type for n in closure})
+        kind = self._ready[key]
+        self._state_in_use = self._state_in_use or kind.uses_state
         assert self._placed is not None
-        return self._placed, queues
+        return self._placed, kind.queues
+
+    def _replay(self, session: Any) -> None:
+        """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
+        then where the placed session's were, initialised and not yet read from."""
+        for named, feeds in list(self._replays.values()):
+            session.run(named, feed_dict=feeds)
 
     def _drain(self, old: "_Placed") -> None:
         """Waits (up to `_DRAIN_TIMEOUT_S`) for the runs in flight on `old` but those that use
@@ -804,6 +819,7 @@ class BaechiSession:
                 io = _VariableIO(scratch)
                 with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
                     io.load(s, values)
+                    self._replay(s)
                     return profile_fetch(
                         s,
                         fetches,
@@ -853,6 +869,7 @@ class BaechiSession:
                 if (old.ended, old.runs) != read_after or old.runs:
                     values = self._read_values()  # with the updates of the runs since
             placed.io.load(placed.session, values)
+            self._replay(placed.session)
         except BaseException:
             placed.session.close()
             raise
@@ -891,6 +908,35 @@ def _check_arguments(
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} is not a whole number of steps")
+
+
+def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
+    """What a placement is made for: the fetched names and the fed ones."""
+    return tuple(sorted(set(_fetch_names(named)))), tuple(sorted(feeds))
+
+
+# Iterator ops that a run of an iterator's initializer executes: it makes the iterator and sets it
+# to the start of its dataset, reading nothing from it (`_FetchKind.initializes`).
+_ITERATOR_SETUP_TYPES = frozenset({"Iterator", "IteratorV2", "MakeIterator"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _FetchKind:
+    """What the ops of a fetch do to state that does not carry into a new session."""
+
+    uses_state: bool  # reads or changes it (`_holds_state`), more than `initializes`
+    initializes: bool  # initialises iterators and nothing more: can be run again in a new session
+    queues: bool  # takes from or puts into a queue (`_blocks_on_state`)
+
+    @classmethod
+    def of(cls, op_types: set[str]) -> "_FetchKind":
+        stateful = {t for t in op_types if _holds_state(t)}
+        initializes = "MakeIterator" in stateful and stateful <= _ITERATOR_SETUP_TYPES
+        return cls(
+            uses_state=bool(stateful) and not initializes,
+            initializes=initializes,
+            queues=any(map(_blocks_on_state, op_types)),
+        )
 
 
 def _holds_state(op_type: str) -> bool:
