@@ -399,6 +399,36 @@ def test_an_iterator_initialised_through_the_session_lets_the_training_step_be_p
         results.append(out)
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
 
+
+def test_seeded_random_ops_do_not_draw_their_numbers_again_after_a_new_placement():
+    # With set_random_seed, a new placement (any new fetch: a metric, Saver.save) started every
+    # random op's sequence again: the same dropout masks as in the first steps.
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            tf.compat.v1.set_random_seed(0)
+            noise = tf.random.uniform([3], seed=1)
+            fresh = tf.random.uniform([3], seed=2)  # first run after the new placement
+            other = tf.constant(1.0, name="other")
+        return g, noise, fresh, other
+
+    draws = []
+    for wrap in (False, True):
+        g, noise, fresh, other = build()
+        sess = BaechiSession(graph=g, num_devices=2, **fast()) if wrap else tf.compat.v1.Session(graph=g)
+        with sess:
+            a, b = sess.run(noise), sess.run(noise)
+            placements = sess.placement if wrap else None
+            sess.run(other)  # a new fetch: placed again
+            if wrap:
+                assert sess.placement is not placements
+            draws.append((a, b, sess.run(noise), sess.run(fresh)))
+    plain, placed = draws
+    for i in (0, 1, 3):  # before the new placement, and an op first run after it: as in a Session
+        np.testing.assert_array_equal(placed[i], plain[i])
+    # After it, `noise` goes on with numbers it has not drawn (a Session's would be plain[2]).
+    assert not np.array_equal(placed[2], placed[0]) and not np.array_equal(placed[2], placed[1])
+
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
     # again in a new session, without it: TF's error said the handle was not in the session store.

@@ -401,6 +401,8 @@ class BaechiSession:
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
         self._ready: dict[tuple, _FetchKind] = {}  # fetch keys placed for -> what their ops do
+        self._ran: set[str] = set()  # ops that runs in placed sessions may have executed
+        self._sessions = 0  # placed sessions made
         # Runs that initialise iterators and use no other state (fetch key -> (fetch, feeds)): run
         # again in each new session, the profiling copies' too (`_replay`).
         self._replays: dict[tuple, tuple[Any, dict[str, Any]]] = {}
@@ -701,6 +703,7 @@ class BaechiSession:
                     )
                 self._profile_and_place(named, feeds, closure, timeout_ms)
             self._ready[key] = _FetchKind.of({self._graph.get_operation_by_name(n).type for n in closure})
+            self._ran |= closure
         kind = self._ready[key]
         self._state_in_use = self._state_in_use or kind.uses_state
         assert self._placed is not None
@@ -861,6 +864,15 @@ class BaechiSession:
             device_aliases=self._setup.aliases,
             ignore_user_devices=self._ignore_user_devices,
         )
+        self._sessions += 1
+        if old is not None:
+            reseeded = _reseed(placed_def, self._ran, self._sessions)
+            if reseeded:
+                log.info(
+                    "%d seeded random ops that earlier runs used draw new numbers in the new placed "
+                    "session (their seed2 changed): they do not start their sequences again",
+                    reseeded,
+                )
         placed = _Placed(placed_def, self._run_config, self._target)
         try:
             if old is not None:
@@ -908,6 +920,30 @@ def _check_arguments(
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} is not a whole number of steps")
+
+
+def _reseed(graph_def: Any, ran: set[str], generation: int) -> int:
+    """Changes, in place, the ``seed2`` of the seeded stateful random ops of `graph_def` named in
+    `ran` to one that depends on `generation`; returns how many it changed.
+
+    A random op's sequence is the kernel's state: a new session starts it again, and with fixed
+    seeds (``tf.compat.v1.set_random_seed``) it would draw the numbers it drew before (the same
+    dropout masks again after each new placement). Ops no run has used keep their seeds, so they
+    draw what they would in a plain session.
+    """
+    from tensorflow.python.framework import op_def_registry
+
+    changed = 0
+    for node in graph_def.node:
+        if node.name not in ran or "seed" not in node.attr or "seed2" not in node.attr:
+            continue
+        op_def = op_def_registry.get(node.op)
+        seed, seed2 = node.attr["seed"].i, node.attr["seed2"].i
+        if op_def is None or not op_def.is_stateful or (seed == 0 and seed2 == 0):
+            continue  # unseeded: each session draws other numbers already
+        node.attr["seed2"].i = (seed2 + generation * 0x9E3779B1) % 0x7FFFFFFF or 1
+        changed += 1
+    return changed
 
 
 def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
