@@ -17,7 +17,8 @@ The first `run` of a fetch whose ops were never profiled:
    and runs the fetch there.
 
 Later runs of fetches whose ops were all profiled go straight to the placed session. A training
-loop through a `BaechiSession` therefore computes what a plain session computes, step for step.
+loop through a `BaechiSession` therefore computes what a plain session computes, step for step
+(seeded random ops once a new fetch is placed again aside: `_reseed`).
 Runs from several threads go side by side, as on a Session, but one profiles and places at a
 time; a new placement waits for the runs in flight on the placed session it replaces (but those
 that use a queue, which may wait for runs that cannot start meanwhile; and for at most
