@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from baechi_tf.placer.list_scheduler import format_bytes
+from baechi_tf.placer.list_scheduler import format_bytes, pinned_device_index
 
-__all__ = ["summary_table"]
+__all__ = ["one_device_label", "summary_table"]
+
+
+def one_device_label(result) -> str:
+    """What the one-device baseline (`single_device_makespan_us`) is: "one device", or, when
+    pinned ops keep it on several, "one device + pins (N devices)"."""
+    graph, cluster = result.graph, result.cluster
+    pinned = {pinned_device_index(graph, cluster, op) for op, name in enumerate(graph.pinned_device) if name}
+    return "one device" if len(pinned) < 2 else f"one device + pins ({len(pinned)} devices)"
 
 
 def summary_table(result) -> str:
@@ -36,7 +44,7 @@ def summary_table(result) -> str:
         f"makespan (simulated)   {result.makespan_us / 1e3:.3f} ms",
         f"lower bound            {result.lower_bound_us / 1e3:.3f} ms"
         f"  (makespan / bound = {_ratio(result.makespan_us, result.lower_bound_us)})",
-        "one device             "
+        f"{one_device_label(result):<22} "
         + (
             f"{single / 1e3:.3f} ms  (speed-up {_ratio(single, result.makespan_us)})"
             if single is not None

@@ -42,6 +42,7 @@ from baechi_tf._files import REPORT_FILE
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
+from baechi_tf.report import one_device_label
 
 __all__ = ["chrome_trace", "summary", "write_reports"]
 
@@ -509,7 +510,7 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
         title = (
             f"{result.placement.method}: makespan {_us(result.makespan_us)}, lower bound "
             f"{_us(result.lower_bound_us)}"
-            + (f", one device {_us(single)}" if single is not None else ", does not fit one device")
+            + (f", {one_device_label(result)} {_us(single)}" if single is not None else ", does not fit one device")
             + f"; {graph.num_ops} ops, {len(schedule.transfers)} transfers"
         )
         if merged:

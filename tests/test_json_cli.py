@@ -75,6 +75,27 @@ def test_place_json_writes_output(tmp_path, capsys):
     assert set(doc["peak_memory_bytes"]) == {"/device:GPU:0", "/device:GPU:1"}
 
 
+
+def test_the_one_device_figure_says_when_pins_keep_it_on_several(tmp_path, capsys):
+    # Two 10 us ops pinned to two devices: "one device 0.010 ms", which one device cannot do.
+    doc = {
+        "devices": [{"name": f"/device:GPU:{i}", "memory_bytes": 1 << 20} for i in range(2)],
+        "ops": [{"name": "a", "compute_us": 10, "output_bytes": [4], "device": "/device:GPU:1"},
+                {"name": "b", "compute_us": 10, "device": "/device:GPU:0"}],
+    }
+    src = tmp_path / "pins.json"
+    src.write_text(json.dumps(doc))
+    assert main(["place-json", str(src), "--placement_method", "m_etf"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [x for x in lines if x.startswith("one device")] == [
+        "one device + pins (2 devices) 0.010 ms  (speed-up 1.00x)"
+    ]
+    doc["ops"][0].pop("device")
+    src.write_text(json.dumps(doc))
+    assert main(["place-json", str(src)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [x for x in lines if x.startswith("one device")] == ["one device             0.020 ms  (speed-up 2.00x)"]
+
 def test_example_runs_as_module():
     proc = subprocess.run(
         [sys.executable, "-m", "baechi_tf", "place-json", EXAMPLE, "--placement_method", "m_topo"],
