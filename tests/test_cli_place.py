@@ -203,7 +203,7 @@ def test_exit_status_of_the_real_command(files, tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.startswith("baechi place: error: ") and done.stderr.count("\n") == 1, done.stderr
-    assert "no device has room" in done.stderr, done.stderr
+    assert "cannot run on any device" in done.stderr, done.stderr
     assert not out.exists()
 
 

@@ -166,6 +166,36 @@ def test_a_group_that_fits_nowhere_alone_is_refused_without_a_search():
     assert "search" not in str(e.value)
 
 
+
+def test_the_refusal_names_the_op_at_fault_in_exact_bytes_when_rounding_would_hide_it():
+    # auto reported m-TOPO's error, about op 'y' (which m-TOPO could not place once the weights
+    # were in), advising more devices; the op that fits nowhere is m1: its group's 1,000 B of
+    # weights plus its own 2,200 B, one byte over each device. And "3.12 KiB over 3.12 KiB".
+    b = OpGraphBuilder()
+    b.add_op("w1", 5, [1000], persistent_bytes=1000, colocation=["w1"])
+    b.add_op("x", 10, [500])
+    b.add_op("m1", 100, [500], temp_bytes=200, colocation=["w1"])
+    b.add_op("w2", 5, [1000], persistent_bytes=1000, colocation=["w2"])
+    b.add_op("m2", 100, [500], temp_bytes=200, colocation=["w2"])
+    b.add_op("y", 10, [4])
+    for u, v in (("w1", "m1"), ("x", "m1"), ("w2", "m2"), ("x", "m2"), ("m1", "y"), ("m2", "y")):
+        b.add_edge(u, v)
+    graph = b.build()
+    for capacity, fits in ((3199, False), (3200, True)):
+        cluster = Cluster(tuple(Device(f"/device:GPU:{i}", capacity) for i in range(2)), CommCost(0.0001754, 134))
+        for method in ("auto", "m_etf", "m_topo"):
+            if fits:
+                place(graph, cluster, PlacementOptions(placement_method=method, refine_seconds=0))
+                continue
+            with pytest.raises(InfeasiblePlacementError) as e:
+                place(graph, cluster, PlacementOptions(placement_method=method))
+            assert str(e.value).endswith(
+                "op 'm1' cannot run on any device, whatever else goes there: its group 'w1' holds "
+                "1,000 B of weights and the op 2,200 B of outputs, scratch and inputs while it runs, "
+                "3,200 B in all, over the 3,199 B of the largest device; give the devices more memory "
+                "(more devices do not help), or split the group"
+            ), str(e.value)
+
 @given(graphs_with_memory())
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_auto_places_every_small_graph_that_some_placement_fits(case):

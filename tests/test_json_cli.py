@@ -139,7 +139,8 @@ BAD = {
     "bad comm": (mutate(lambda d: d["comm"].update(intercept_us=-1)), "intercept_us=-1"),
     "does not fit": (
         mutate(lambda d: d["ops"][2].update(persistent_bytes=2 << 30)),
-        "needs .* but no device can hold it|persistent memory",
+        "op 'c' cannot run on '/device:GPU:1', where it is pinned, whatever else goes there: .* "
+        "over the 1.00 GiB of that device; give it more memory, or pin the op elsewhere$",
     ),
 }
 

@@ -8,7 +8,7 @@ import graphs
 from baechi_tf.cluster import CommCost
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.placer import Groups
-from baechi_tf.placer.list_scheduler import EarliestStartPolicy, FixedPolicy, ListScheduler
+from baechi_tf.placer.list_scheduler import EarliestStartPolicy, FixedPolicy, ListScheduler, byte_formatter
 
 
 class _Forgetful(dict):
@@ -111,3 +111,10 @@ def test_pinned_group_devices():
     assert by_op.tolist() == [-1, 1, 1, 0]
     with pytest.raises(ConfigError, match="not in the cluster"):
         pinned_group_devices(graph, graphs.cluster(1), groups)
+
+
+def test_sizes_that_would_print_alike_are_printed_in_bytes():
+    # An out-of-memory error said that an op needing 1.17 KiB did not fit in 1.17 KiB free.
+    assert byte_formatter(1200, 1199)(1200) == "1,200 B" and byte_formatter(1200, 1199)(1199) == "1,199 B"
+    assert byte_formatter(1200, 1200, 5 << 20)(1200) == "1.17 KiB"  # equal sizes may look equal
+    assert byte_formatter(1200, 5 << 20)(5 << 20) == "5.00 MiB"

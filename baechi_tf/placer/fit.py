@@ -41,7 +41,9 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler, pinned_group_devices
+from baechi_tf.placer.list_scheduler import (
+    FixedPolicy, GraphTables, ListScheduler, byte_formatter, format_bytes, pinned_group_devices,
+)
 from baechi_tf.placer.m_topo import static_group_bytes
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.progress import Progress
@@ -84,10 +86,14 @@ class FitSearch:
         return Groups.singletons(self.graph)
 
     def cannot_fit(self) -> bool:
-        """Whether no placement can fit, for a reason seen without simulating: a group whose
-        persistent memory plus what one of its ops holds while it runs (its outputs, its scratch
-        and its inputs, which are all on its device then) exceeds every device it may go to, or
-        more persistent memory than all devices hold."""
+        """Whether no placement can fit, for a reason seen without simulating (`refusal`)."""
+        return self.refusal() is not None
+
+    def refusal(self) -> Optional[str]:
+        """Why no placement can fit, seen without simulating, or None: a group whose persistent
+        memory plus what one of its ops holds while it runs (its outputs, its scratch and its
+        inputs, which are all on its device then) exceeds every device it may go to, or more
+        persistent memory than all devices hold."""
         graph, groups = self.graph, self.groups
         persistent = groups.byte_sums(graph.persistent_bytes)
         holds = graph.output_total_bytes + graph.temp_bytes
@@ -98,14 +104,36 @@ class FitSearch:
         floor = (persistent + largest).tolist()
         roomiest = max(self.capacity)
         for g, d in enumerate(self.pinned.tolist()):
-            if floor[g] > (self.capacity[d] if d >= 0 else roomiest):
-                return True
-        return int(persistent.sum()) > sum(self.capacity)
+            room = self.capacity[d] if d >= 0 else roomiest
+            if floor[g] > room:
+                members = groups.members[g]
+                op = int(members[np.argmax((holds + inputs)[members])])
+                where = f"'{self.cluster.names[d]}', where it is pinned" if d >= 0 else "any device"
+                fmt = byte_formatter(floor[g], room)
+                return (
+                    f"op {graph.names[op]!r} cannot run on {where}, whatever else goes there: its "
+                    f"group {groups.names[g]!r} holds {fmt(persistent[g])} of weights and the "
+                    f"op {fmt(largest[g])} of outputs, scratch and inputs while it runs, "
+                    f"{fmt(floor[g])} in all, over the {fmt(room)} of "
+                    + (
+                        "that device; give it more memory, or pin the op elsewhere"
+                        if d >= 0
+                        else "the largest device; give the devices more memory (more devices do not help)"
+                    )
+                    + (", or split the group" if len(members) > 1 else "")
+                )
+        if int(persistent.sum()) > sum(self.capacity):
+            return (
+                f"the graph's weights (persistent memory), {format_bytes(int(persistent.sum()))}, "
+                f"exceed the memory of all devices together, {format_bytes(sum(self.capacity))}; "
+                "use more devices or more memory per device"
+            )
+        return None
 
     def run(self) -> Optional[Placement]:
         """A placement of whole groups whose simulation fits every device's memory, or None when
         none can (`cannot_fit`, then `tried` stays 0) or the search found none in its budget."""
-        if self.cannot_fit():
+        if self.refusal() is not None:
             return None
         with Progress("fit search", self.budget_steps, unit="steps", counts=False) as self._bar:
             if self.exhaustive:

@@ -60,6 +60,7 @@ __all__ = [
     "Policy",
     "ScheduleCutOff",
     "SchedulerState",
+    "byte_formatter",
     "format_bytes",
     "free_at_end_bytes",
     "pinned_device_index",
@@ -91,6 +92,16 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def byte_formatter(*sizes: float) -> Callable[[float], str]:
+    """`format_bytes`, or exact bytes ("3,200 B") when it would show two of `sizes` alike: a
+    message comparing sizes must not say that 3.12 KiB exceed 3.12 KiB."""
+    shown: dict[str, float] = {}
+    for n in sizes:
+        if shown.setdefault(format_bytes(n), n) != n:
+            return lambda n: f"{int(n):,} B"
+    return format_bytes
 
 
 class Policy:
@@ -773,23 +784,23 @@ def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerSta
     persistent = state.group_persistent[g] if gdev < 0 else 0
     need = {d: state.alloc[op] + state.ready_time(op, d)[1] + persistent for d in devices}
     d_best = min(devices, key=lambda d: (need[d], d))
-    parts = [f"{format_bytes(state.alloc[op])} for outputs and scratch"]
+    fmt = byte_formatter(need[d_best], *(state.free_bytes(d) for d in range(cluster.num_devices)))
+    parts = [f"{fmt(state.alloc[op])} for outputs and scratch"]
     received = need[d_best] - state.alloc[op] - persistent
     if received:
-        parts.append(f"{format_bytes(received)} of inputs to receive")
+        parts.append(f"{fmt(received)} of inputs to receive")
     if persistent:
         parts.append(
-            f"{format_bytes(persistent)} of persistent memory of its group {groups.names[g]!r} "
+            f"{fmt(persistent)} of persistent memory of its group {groups.names[g]!r} "
             f"({len(groups.members[g])} ops)"
         )
     where = f" on {cluster.names[gdev]!r}, where its group is" if gdev >= 0 else ""
     free = ", ".join(
-        f"{cluster.names[d]}: {format_bytes(state.free_bytes(d))} free of "
-        f"{format_bytes(state.capacity[d])}"
+        f"{cluster.names[d]}: {fmt(state.free_bytes(d))} free of {fmt(state.capacity[d])}"
         for d in range(cluster.num_devices)
     )
     return InfeasiblePlacementError(
-        f"op {graph.names[op]!r} needs {format_bytes(need[d_best])}{where} "
+        f"op {graph.names[op]!r} needs {fmt(need[d_best])}{where} "
         f"({', '.join(parts)}), but no device can hold it once earlier ops hold theirs ({free}); "
         "use more devices, give them more memory (--memory_per_device, a larger --memory_fraction "
         "or --placer_memory_fraction where it is below 1, memory_bytes in place-json's input), or "

@@ -334,8 +334,8 @@ def _fit_instead(
     `error`, with what was searched, when it finds none."""
     search = FitSearch(graph, cluster, groups, seed=seed)
     found = search.run()
-    if found is None and search.tried == 0:
-        raise error  # it says why; no placement can fit (`FitSearch.cannot_fit`)
+    if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
+        raise InfeasiblePlacementError(search.refusal() or str(error)) from None
     if found is None:
         raise InfeasiblePlacementError(
             f"{error}; nor did any of the {search.tried} placements a search for one that fits "
