@@ -2,7 +2,7 @@
 
 Subcommands:
   place-json  place an op graph given as JSON (no TensorFlow needed)
-  place       place a TensorFlow GraphDef or MetaGraphDef with a cost profile
+  place       place a TensorFlow GraphDef or MetaGraphDef with a cost profile or traced runs
 
 Errors in the input end the command with one line on stderr and exit status 2; nothing is
 written to ``--out`` then.
@@ -27,7 +27,7 @@ __all__ = ["main", "add_placement_arguments", "options_from_args"]
 # and imports TensorFlow only inside run(), so that `baechi --help` stays fast.
 _SUBCOMMANDS = {
     "place-json": ("baechi_tf.cli", "place an op graph given as JSON (no TensorFlow needed)"),
-    "place": ("baechi_tf.rewriter.cli_place", "place a TensorFlow GraphDef with a cost profile"),
+    "place": ("baechi_tf.rewriter.cli_place", "place a TensorFlow GraphDef with a cost profile or traced runs"),
 }
 
 

@@ -253,3 +253,75 @@ def test_a_missing_graph_is_reported_before_tensorflow_loads(files, tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr == f"baechi place: error: graph {str(tmp_path / 'nope.pb')!r} does not exist\n"
+
+
+def test_places_with_the_run_metadata_of_traced_steps(files, tmp_path, capsys):
+    # The graph and the RunMetadata of traced runs, as a user of a plain Session has them: no way
+    # in before but a profile written from Python.
+    from baechi_tf.cost_model import profiling_config
+
+    lstm, p = files
+    model = lstm.model
+    paths = []
+    with tf.compat.v1.Session(graph=model.graph, config=profiling_config()) as sess:
+        sess.run(model.init)
+        for i in range(2):
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run([model.loss, model.train_op], model.feed(),
+                     options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                     run_metadata=metadata)
+            paths.append(tmp_path / f"step{i}.pb")
+            paths[-1].write_bytes(metadata.SerializeToString())
+    before = _digest(p["pb"], *paths)
+    out = tmp_path / "placed.pb"
+    assert place("--graph", p["pb"], "--run_metadata", *paths, "--num_devices", 2, "--device_type", "CPU",
+                 "--placement_method", "m_etf", "--out", out) == 0
+    printed = capsys.readouterr().out
+    assert f"placed GraphDef written to {out}" in printed
+    placed = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert _devices_only(placed, lstm.graph_def)
+    assert all(n.device for n in placed.node)
+    assert _digest(p["pb"], *paths) == before
+    # The same placement as from the profile those steps make (the steps' median).
+    out2 = tmp_path / "placed2.pb"
+    from baechi_tf.cost_model.profiler import profile_from_step_stats
+
+    profile = profile_from_step_stats(
+        [tf.compat.v1.RunMetadata.FromString(x.read_bytes()).step_stats for x in paths], lstm.graph_def
+    )
+    save_profile(profile, tmp_path / "cost.pb")
+    assert place("--graph", p["pb"], "--cost_path", tmp_path / "cost.pb", "--num_devices", 2,
+                 "--device_type", "CPU", "--placement_method", "m_etf", "--out", out2) == 0
+    capsys.readouterr()
+    assert out2.read_bytes() == out.read_bytes()
+
+
+def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsys):
+    lstm, p = files
+    out = tmp_path / "placed.pb"
+    # Not a RunMetadata.
+    assert place("--graph", p["pb"], "--run_metadata", p["cost"], "--out", out) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"baechi place: error: run metadata {str(p['cost'])!r} is not a RunMetadata with step "
+        "statistics; trace a step with RunOptions(trace_level=FULL_TRACE) and write its "
+        "run_metadata with SerializeToString()"
+    )
+    # Of another graph.
+    g = tf.Graph()
+    with g.as_default():
+        y = tf.reduce_sum(tf.square(tf.ones([8, 8]), name="other_square"), name="other_sum")
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=g) as sess:
+        sess.run(y, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+    other = tmp_path / "other.pb"
+    other.write_bytes(metadata.SerializeToString())
+    assert place("--graph", p["pb"], "--run_metadata", other, "--out", out) == 2
+    assert "none of the ops traced in" in capsys.readouterr().err
+    # A missing file, before TensorFlow is needed; and a profile and traces at once.
+    assert place("--graph", p["pb"], "--run_metadata", tmp_path / "nope.pb", "--out", out) == 2
+    assert capsys.readouterr().err.strip().endswith(f"run metadata {str(tmp_path / 'nope.pb')!r} does not exist")
+    with pytest.raises(SystemExit) as e:
+        place("--graph", p["pb"], "--run_metadata", other, "--cost_path", p["cost"], "--out", out)
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not out.exists()

@@ -4,7 +4,9 @@
         --out placed.pb
 
 Reads a GraphDef or a MetaGraphDef, binary or text (told apart by parsing), and a cost profile
-(a ``baechi_tf.CostProfile`` file; anything else is refused and never unpickled), places the ops
+(a ``baechi_tf.CostProfile`` file; anything else is refused and never unpickled) or, with
+``--run_metadata``, the RunMetadata of traced steps of the graph (made into a profile, the
+median of the steps, as `profile_fetch` does), places the ops
 on ``--num_devices`` devices, prints the summary and writes the same kind of message with only
 the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``.pbtxt`` or
 ``.txt``), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
@@ -23,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, Optional
 
 from baechi_tf.errors import ConfigError, InvalidGraphError
 
-__all__ = ["add_arguments", "read_graph_file", "run"]
+__all__ = ["add_arguments", "profile_from_run_metadata", "read_graph_bytes", "read_graph_file", "run"]
 
 _TEXT_SUFFIXES = (".pbtxt", ".txt", ".pbtext")
 _DEFAULT_NUM_DEVICES = 4
@@ -39,11 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--graph", required=True, metavar="G.pb", help="GraphDef or MetaGraphDef, binary or text"
     )
-    parser.add_argument(
+    costs = parser.add_mutually_exclusive_group(required=True)
+    costs.add_argument(
         "--cost_path",
-        required=True,
         metavar="P",
         help="cost profile of the graph (a baechi_tf CostProfile file)",
+    )
+    costs.add_argument(
+        "--run_metadata",
+        nargs="+",
+        metavar="RM.pb",
+        help="instead of a profile: RunMetadata of traced runs of the graph (Session.run with "
+        "RunOptions(trace_level=FULL_TRACE) and run_metadata=..., written with "
+        "SerializeToString()), one file per step; the costs are their median",
     )
     parser.add_argument(
         "--out",
@@ -116,13 +126,11 @@ def _well_formed(graph_def: Any) -> bool:
     return len(graph_def.node) > 0 and all(n.name and n.op for n in graph_def.node)
 
 
-def read_graph_file(path: str) -> tuple[Any, bool, bool]:
-    """(message, is_meta_graph, is_text) of a GraphDef or MetaGraphDef file."""
-    from baechi_tf.cost_model.profile import read_bytes
-
-    data = read_bytes(path, "graph", ConfigError)  # before TensorFlow loads, which takes seconds
-    if not data.strip():
-        raise InvalidGraphError(f"graph {path!r} is empty; give a GraphDef or MetaGraphDef")
+def read_graph_file(path: str, data: Optional[bytes] = None) -> tuple[Any, bool, bool]:
+    """(message, is_meta_graph, is_text) of a GraphDef or MetaGraphDef file (`data`: its bytes,
+    when read already by `read_graph_bytes`)."""
+    if data is None:
+        data = read_graph_bytes(path)
     import tensorflow as tf
     from google.protobuf import message, text_format
 
@@ -154,6 +162,47 @@ def read_graph_file(path: str) -> tuple[Any, bool, bool]:
     )
 
 
+def read_graph_bytes(path: str) -> bytes:
+    """The bytes of a graph file; an error (before TensorFlow loads, which takes seconds) when it
+    cannot be read or is empty."""
+    from baechi_tf.cost_model.profile import read_bytes
+
+    data = read_bytes(path, "graph", ConfigError)
+    if not data.strip():
+        raise InvalidGraphError(f"graph {path!r} is empty; give a GraphDef or MetaGraphDef")
+    return data
+
+
+def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def: Any) -> Any:
+    """The cost profile of `graph_def` from the RunMetadata files `paths` (their `contents`)."""
+    import tensorflow as tf
+    from google.protobuf import message
+
+    from baechi_tf.cost_model.profiler import profile_from_step_stats
+    from baechi_tf.errors import ProfileError
+
+    steps = []
+    for path, data in zip(paths, contents):
+        try:
+            metadata = tf.compat.v1.RunMetadata.FromString(data)
+        except (message.DecodeError, RuntimeError, ValueError):
+            metadata = None
+        if metadata is None or not any(d.node_stats for d in metadata.step_stats.dev_stats):
+            raise ProfileError(
+                f"run metadata {path!r} is not a RunMetadata with step statistics; trace a step "
+                "with RunOptions(trace_level=FULL_TRACE) and write its run_metadata with "
+                "SerializeToString()"
+            )
+        steps.append(metadata.step_stats)
+    profile = profile_from_step_stats(steps, graph_def, tf_version=tf.__version__)
+    if not profile.ops:
+        raise ProfileError(
+            f"none of the ops traced in {', '.join(map(repr, paths))} is in the graph; trace runs "
+            "of this graph (the same op names)"
+        )
+    return profile
+
+
 def run(args: argparse.Namespace) -> int:
     from google.protobuf import text_format
 
@@ -161,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from baechi_tf._startup import import_tensorflow_quietly
     from baechi_tf.cli import check_outputs, options_from_args
     from baechi_tf.cluster import CommCost
-    from baechi_tf.cost_model.profile import load_profile
+    from baechi_tf.cost_model.profile import load_profile, read_bytes
     from baechi_tf.rewriter.devices import gpu_cluster, resolve_memory, standin_cluster
     from baechi_tf.rewriter.distributed import cluster_from_flags, placement_by_host
     from baechi_tf.rewriter.graph_pass import place_graph_def
@@ -174,7 +223,14 @@ def run(args: argparse.Namespace) -> int:
         if args.inter_host_comm_cost_coeffs
         else None
     )
-    check_outputs(args, inputs=(args.graph, args.cost_path))
+    # The inputs are read before TensorFlow loads, which takes seconds.
+    graph_bytes = read_graph_bytes(args.graph)
+    traces = args.run_metadata or []
+    if args.cost_path:
+        profile = load_profile(args.cost_path)
+    else:
+        trace_bytes = [read_bytes(path, "run metadata") for path in traces]
+    check_outputs(args, inputs=(args.graph, args.cost_path or "", *traces))
     # TF's C++ start-up lines would come before any error line (train.py does the same).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import_tensorflow_quietly()
@@ -194,9 +250,10 @@ def run(args: argparse.Namespace) -> int:
         make = standin_cluster if args.device_type == "CPU" else gpu_cluster
         num_devices = _DEFAULT_NUM_DEVICES if args.num_devices is None else args.num_devices
         setup = make(num_devices, memory, comm=comm)  # one task: the inter-host line is unused
-    profile = load_profile(args.cost_path)
-    msg, is_meta, _ = read_graph_file(args.graph)
+    msg, is_meta, _ = read_graph_file(args.graph, graph_bytes)
     graph_def = msg.graph_def if is_meta else msg
+    if traces:
+        profile = profile_from_run_metadata(traces, trace_bytes, graph_def)
     placed, report = place_graph_def(
         graph_def,
         profile,
