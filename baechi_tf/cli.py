@@ -159,7 +159,11 @@ def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     """Refuses, before any work, an ``--out`` that cannot be written or is one of `inputs`, and
     a ``--report_dir`` that cannot be made."""
     from baechi_tf._files import check_output_folder, check_writable
+    from baechi_tf.errors import ConfigError
 
+    for flag, value in (("--out", args.out), ("--report_dir", args.report_dir)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is empty; give a path, or leave the flag out")
     if args.out:
         check_writable(args.out, "--out", inputs)
     if args.report_dir:

@@ -42,7 +42,8 @@ def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
     except OSError as e:
         raise BaechiError(f"cannot read {path!r}: {e.strerror}") from None
     try:
-        doc = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        # utf-8-sig: a byte order mark, which some editors write, is no error
+        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise InvalidGraphError(f"{path!r} is not UTF-8 text; give a JSON graph file") from None
     except json.JSONDecodeError as e:

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -135,9 +136,12 @@ def _write_into(
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         paths[key] = name
 
-    put("gantt", "gantt.png", _gantt_png(result, critical))
-    for d, mem in enumerate(memory):
-        put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
+    with warnings.catch_warnings():
+        # Op names in scripts the font lacks are drawn as boxes; a warning per glyph says nothing more.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
+        put("gantt", "gantt.png", _gantt_png(result, critical))
+        for d, mem in enumerate(memory):
+            put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
     trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
     put("trace", "trace.json", json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n")
     if graph_def is not None:

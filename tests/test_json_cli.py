@@ -242,6 +242,18 @@ def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path
     assert not out.exists() and a_file.read_text() == "kept"
     assert main(["place-json", str(src), "--report_dir", str(a_file / "under")]) == 2
     assert "is a file, so the folder cannot be created" in capsys.readouterr().err
+    # Empty paths were taken and nothing written, with exit status 0.
+    for flag in ("--out", "--report_dir"):
+        assert main(["place-json", str(src), f"{flag}="]) == 2
+        assert capsys.readouterr().err.strip() == f"baechi place-json: error: {flag} is empty; give a path, or leave the flag out"
+
+
+def test_a_file_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    # "Unexpected UTF-8 BOM (decode using utf-8-sig)": Python's advice, not ours.
+    src = tmp_path / "g.json"
+    src.write_bytes(b"\xef\xbb\xbf" + json.dumps(small_doc()).encode())
+    assert main(["place-json", str(src), "--placement_method", "m_etf"]) == 0
+    assert "makespan (simulated)" in capsys.readouterr().out
 
 
 def test_reports_that_would_replace_an_input_or_the_output_are_refused_first(tmp_path, capsys):

@@ -493,3 +493,19 @@ def test_reports_are_written_all_at_once_or_not_at_all(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == sorted(os.path.basename(p) for p in paths.values())
     assert json.loads((folder / "summary.json").read_text())["makespan_us"] > 0
     assert [p.name for p in tmp_path.iterdir()] == ["reports"]
+
+
+def test_names_the_font_cannot_draw_give_no_warnings(tmp_path):
+    # Each missing glyph of a name in CJK script was a matplotlib UserWarning on stderr.
+    import warnings
+
+    b = OpGraphBuilder()
+    b.add_op("层一", 10, [4])
+    b.add_op("层二", 10, [4])
+    b.add_edge("层一", "层二")
+    result = place(b.build(), cluster(2), PlacementOptions(placement_method="m_etf"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = write_reports(result, str(tmp_path))
+    assert not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
+    assert os.path.getsize(paths["gantt"]) > 0
