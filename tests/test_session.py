@@ -429,6 +429,24 @@ def test_seeded_random_ops_do_not_draw_their_numbers_again_after_a_new_placement
     # After it, `noise` goes on with numbers it has not drawn (a Session's would be plain[2]).
     assert not np.array_equal(placed[2], placed[0]) and not np.array_equal(placed[2], placed[1])
 
+
+def test_errors_name_the_ops_of_the_users_graph_with_where_they_were_made():
+    # e.op was an op of the placed copy, and "Original stack trace for 'x':" was empty: the copy
+    # is an imported GraphDef. Both for an error while profiling and one in the placed session.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        y = tf.reduce_sum(tf.square(x), name="y")
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        for feeds in (None, {x: np.ones((1, 2))}):
+            if feeds is not None:
+                assert sess.run(y, feeds) == 2.0  # placed: the next error comes from its session
+            with pytest.raises(tf.errors.InvalidArgumentError) as e:
+                sess.run(y)
+            assert e.value.op is x.op and e.value.op.graph is g
+            trace = str(e.value).split("Original stack trace for 'x':")[1]
+            assert f'File "{__file__}"' in trace, e.value.message
+
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
     # again in a new session, without it: TF's error said the handle was not in the session store.

@@ -60,6 +60,7 @@ import dataclasses
 import contextlib
 import functools
 import logging
+import re
 import threading
 import time
 from typing import Any, Iterator, Optional
@@ -257,10 +258,43 @@ def _read_user_variables(session: Any) -> dict[str, Any]:
     return out
 
 
+_NODE_TAG = re.compile(r"\{\{node ([^} ]+)\}\}")
+
+
+def _session_class_for(user_graph: Any) -> type:
+    """A Session class whose errors are about the ops of `user_graph`, as a Session of it would
+    raise them: ``e.op`` an op of that graph and the message with where the op was made. The
+    sessions here run copies of it (imported GraphDefs, which keep no stack traces), so TF's own
+    errors named the copy's op and an empty "Original stack trace"."""
+    import tensorflow as tf
+    from tensorflow.python.framework import error_interpolation
+
+    class ReportingSession(tf.compat.v1.Session):
+        def _do_call(self, fn: Any, *args: Any) -> Any:
+            try:
+                return fn(*args)
+            except tf.errors.OpError as e:
+                found = _NODE_TAG.search(e.message)
+                try:
+                    op = user_graph.get_operation_by_name(found.group(1)) if found else None
+                except KeyError:
+                    op = None  # one of this module's helper ops: as TF says it
+                if op is None:
+                    return super()._do_call(functools.partial(_reraise, e))
+                message = error_interpolation.interpolate_graph(e.message, user_graph)
+                raise type(e)(op.node_def, op, message) from None
+
+    return ReportingSession
+
+
+def _reraise(error: BaseException) -> Any:
+    raise error
+
+
 class _Placed:
     """A placed GraphDef imported into a graph of its own, with its session."""
 
-    def __init__(self, graph_def: Any, config: Any, target: str) -> None:
+    def __init__(self, graph_def: Any, config: Any, target: str, user_graph: Any) -> None:
         import tensorflow as tf
 
         self.graph_def = graph_def
@@ -269,7 +303,7 @@ class _Placed:
             tf.graph_util.import_graph_def(graph_def, name="")
         self.names = {n.name for n in graph_def.node}
         self.io = _VariableIO(self.graph)
-        self.session = tf.compat.v1.Session(target, graph=self.graph, config=config)
+        self.session = _session_class_for(user_graph)(target, graph=self.graph, config=config)
         self.runs = 0  # runs in flight on `session`
         self.queue_runs = 0  # those of them that take from or put into a queue (not waited for)
         self.ended = 0  # runs ended on `session`
@@ -821,7 +855,8 @@ class BaechiSession:
                 with scratch.as_default():
                     tf.graph_util.import_graph_def(graph_def, name="")
                 io = _VariableIO(scratch)
-                with tf.compat.v1.Session(self._target, graph=scratch, config=self._profile_config) as s:
+                session_class = _session_class_for(self._graph)
+                with session_class(self._target, graph=scratch, config=self._profile_config) as s:
                     io.load(s, values)
                     self._replay(s)
                     return profile_fetch(
@@ -874,7 +909,7 @@ class BaechiSession:
                     "session (their seed2 changed): they do not start their sequences again",
                     reseeded,
                 )
-        placed = _Placed(placed_def, self._run_config, self._target)
+        placed = _Placed(placed_def, self._run_config, self._target, self._graph)
         try:
             if old is not None:
                 self._drain(old)
