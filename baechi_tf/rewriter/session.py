@@ -506,8 +506,8 @@ class BaechiSession:
             before = self.placement
             # The caller's time limit holds for each profiling run as for the run itself.
             with self._hints():
-                placed, queues = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
-            replay = self._ready[_fetch_key(named, feeds)].initializes
+                placed, kind = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
+            queues = kind.queues
             placed.runs += 1
             placed.queue_runs += queues
             report = self.placement if self._report_dir and self.placement is not before else None
@@ -526,7 +526,7 @@ class BaechiSession:
             with self._hints():
                 values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
             ran = True
-            if replay:  # the latest run of each initializer, in the order of those runs
+            if kind.initializes:  # the latest run of each initializer, in the order of those runs
                 with self._lock:
                     key = _fetch_key(named, feeds)
                     self._replays.pop(key, None)
@@ -703,10 +703,10 @@ class BaechiSession:
                 feeds[self._name_of(k)] = v
         return feeds
 
-    def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", bool]:
+    def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", "_FetchKind"]:
         """The placed session to run `named` in, placed (again) first when it is a new fetch
-        that needs it (see the module docstring), and whether the run takes from or puts into a
-        queue. Called with `_lock` held."""
+        that needs it (see the module docstring), and what the fetch's ops do. Called with
+        `_lock` held."""
         self._check_open()  # another thread may have closed it while this one waited
         key = _fetch_key(named, feeds)
         leaves = key[0]
@@ -742,7 +742,7 @@ class BaechiSession:
         kind = self._ready[key]
         self._state_in_use = self._state_in_use or kind.uses_state
         assert self._placed is not None
-        return self._placed, kind.queues
+        return self._placed, kind
 
     def _replay(self, session: Any) -> None:
         """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
