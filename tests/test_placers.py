@@ -179,6 +179,32 @@ def test_group_that_fits_nowhere(method):
         place(graph, graphs.cluster(2, 100 << 20), PlacementOptions(placement_method=method, **FAST))
 
 
+
+def test_a_placement_slower_than_one_device_is_warned_of(caplog):
+    # a and b need no input, so m-ETF starts them at once on two devices, and d waits 134 us for
+    # a copy: 5 times one device's 30 us, said nowhere but in the speed-up figure.
+    import logging
+
+    b = OpGraphBuilder()
+    for name in ("a", "b"):
+        b.add_op(name, 10, [4096])
+    b.add_op("d", 10, [4])
+    b.add_edge("a", "d")
+    b.add_edge("b", "d")
+    graph = b.build()
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
+        result = place(graph, graphs.cluster(2), PlacementOptions(placement_method="m_etf"))
+    assert result.makespan_us > 5 * result.single_device_makespan_us
+    assert [r.getMessage() for r in caplog.records if "slower than one device" in r.getMessage()] == [
+        "m_etf's placement simulates 5.16 times slower than one device (0.155 ms against 0.030 ms: its "
+        "transfers cost more than the parallel work gains); --placement_method auto keeps one device "
+        "when that is faster"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
+        place(graph, graphs.cluster(2), PlacementOptions(placement_method="auto"))
+    assert not [r for r in caplog.records if "slower than one device" in r.getMessage()]
+
 def test_etf_waits_for_memory_instead_of_failing():
     # One device of 10 MiB; two independent 6 MiB producers: the original m-ETF asserted here.
     mib = 1 << 20

@@ -182,6 +182,8 @@ def _m_topo_nonuniform(graph: OpGraph, cluster: Cluster, groups: Groups) -> Plac
 # few devices is common and quick).
 _FEW_DEVICES = 64
 _AUTO_MAX_LP_ARCS = 5000
+# A chosen method's placement this much slower than one device is worth a warning.
+_SLOWER_THAN_ONE_DEVICE = 1.1
 # Above this size auto skips the coplace-group runs: on bench/quality.py they never decide the
 # result (the same table without them), and on 100k ops they took some 28 of 69 s.
 _AUTO_COARSE_MAX_OPS = 20_000
@@ -422,6 +424,18 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         ),
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
+    if (
+        baseline is not None
+        and options.placement_method not in ("auto", "single")
+        and schedule.makespan_us > _SLOWER_THAN_ONE_DEVICE * baseline.makespan_us
+    ):
+        log.warning(
+            "%s's placement simulates %.2f times slower than one device (%.3f ms against %.3f ms: "
+            "its transfers cost more than the parallel work gains); --placement_method auto keeps "
+            "one device when that is faster",
+            placement.method, schedule.makespan_us / baseline.makespan_us, schedule.makespan_us / 1e3,
+            baseline.makespan_us / 1e3,
+        )
     bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
     return PlacementResult(
         graph=graph,
