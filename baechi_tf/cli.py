@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in _SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
+        # Also after the command (baechi place-json g.json -v); SUPPRESS keeps the one given first.
+        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log progress and timings")
         importlib.import_module(module).add_arguments(sp)
         sp.set_defaults(_module=module)
     return parser

@@ -248,6 +248,20 @@ def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path
         assert capsys.readouterr().err.strip() == f"baechi place-json: error: {flag} is empty; give a path, or leave the flag out"
 
 
+
+def test_verbose_goes_before_or_after_the_command(capsys):
+    # "baechi place-json g.json -v" was "unrecognized arguments: -v".
+    import logging
+
+    for argv in (["-v", "place-json", EXAMPLE], ["place-json", EXAMPLE, "-v"], ["place-json", EXAMPLE, "--verbose"]):
+        logging.getLogger().handlers.clear()  # basicConfig sets the level only once
+        assert main([*argv, "--placement_method", "m_etf"]) == 0
+        assert logging.getLogger().level == logging.INFO
+    logging.getLogger().handlers.clear()
+    assert main(["place-json", EXAMPLE, "--placement_method", "m_etf"]) == 0
+    assert logging.getLogger().level == logging.WARNING
+    capsys.readouterr()
+
 def test_a_file_with_a_byte_order_mark_is_read(tmp_path, capsys):
     # "Unexpected UTF-8 BOM (decode using utf-8-sig)": Python's advice, not ours.
     src = tmp_path / "g.json"
