@@ -116,10 +116,12 @@ def _report_files(report_dir: str) -> set[str]:
     no summary, or one this module did not write)."""
     try:
         with open(os.path.join(report_dir, "summary.json"), encoding="utf-8") as f:
-            files = json.load(f).get("files")
-    except (OSError, ValueError, AttributeError):
+            doc = json.load(f)
+        files = doc["files"]
+        ours = "critical_path" in doc and "makespan_over_lower_bound" in doc  # not another tool's
+    except (OSError, ValueError, KeyError, TypeError):
         return set()
-    if not isinstance(files, list):
+    if not ours or not isinstance(files, list):
         return set()
     return {n for n in files if isinstance(n, str) and REPORT_FILE.match(n)}
 

@@ -296,7 +296,9 @@ def test_places_with_the_run_metadata_of_traced_steps(files, tmp_path, capsys):
     assert out2.read_bytes() == out.read_bytes()
 
 
-def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsys):
+def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsys, caplog):
+    import logging
+
     lstm, p = files
     out = tmp_path / "placed.pb"
     # Not a RunMetadata.
@@ -318,6 +320,22 @@ def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsy
     other.write_bytes(metadata.SerializeToString())
     assert place("--graph", p["pb"], "--run_metadata", other, "--out", out) == 2
     assert "none of the ops traced in" in capsys.readouterr().err
+    # Of another graph with an op name in common ('Square'): names are all a trace can be matched
+    # by (TF's kernels may have other type names), so it is placed, with a warning.
+    with g.as_default():
+        z = tf.square(tf.ones([4]), name="Square")
+    with tf.compat.v1.Session(graph=g) as sess:
+        sess.run(z, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+    other.write_bytes(metadata.SerializeToString())
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.rewriter.cli_place"):
+        assert place("--graph", p["pb"], "--run_metadata", other, "--out", out) == 0
+    assert [r.getMessage() for r in caplog.records if "traces hold" in r.getMessage()] == [
+        f"the traces hold 1 of the graph's {len(lstm.graph_def.node)} ops: are they traces of this "
+        "graph? The ops they lack are placed by estimated costs"
+    ]
+    out.unlink()
+    capsys.readouterr()
     # A missing file, before TensorFlow is needed; and a profile and traces at once.
     assert place("--graph", p["pb"], "--run_metadata", tmp_path / "nope.pb", "--out", out) == 2
     assert capsys.readouterr().err.strip().endswith(f"run metadata {str(tmp_path / 'nope.pb')!r} does not exist")

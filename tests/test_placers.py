@@ -204,6 +204,22 @@ def test_a_placement_slower_than_one_device_is_warned_of(caplog):
     with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
         place(graph, graphs.cluster(2), PlacementOptions(placement_method="auto"))
     assert not [r for r in caplog.records if "slower than one device" in r.getMessage()]
+    # Ops of no time: one device takes 0 us, and a placement with a copy more (the ratio divided
+    # by zero: ZeroDivisionError, a traceback, after the placement was made).
+    z = OpGraphBuilder()
+    for i in range(8):  # a chain with a side op at each link; m-TOPO cuts it in two
+        z.add_op(f"a{i}", 0, [4096])
+        z.add_op(f"b{i}", 0, [4096])
+        z.add_edge(f"a{i}", f"b{i}")
+        if i:
+            z.add_edge(f"a{i - 1}", f"a{i}")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
+        result = place(z.build(), graphs.cluster(2), PlacementOptions(placement_method="m_topo"))
+    assert result.makespan_us > 0 and result.single_device_makespan_us == 0
+    assert [r.getMessage()[:60] for r in caplog.records if "slower than one device" in r.getMessage()] == [
+        "m_topo's placement simulates slower than one device (0.135 m"
+    ]
 
 def test_etf_waits_for_memory_instead_of_failing():
     # One device of 10 MiB; two independent 6 MiB producers: the original m-ETF asserted here.

@@ -409,25 +409,34 @@ def test_seeded_random_ops_do_not_draw_their_numbers_again_after_a_new_placement
             tf.compat.v1.set_random_seed(0)
             noise = tf.random.uniform([3], seed=1)
             fresh = tf.random.uniform([3], seed=2)  # first run after the new placement
+            # A random op in a loop's body function (control flow v2): the function's op is seeded.
+            _, looped = tf.while_loop(
+                lambda i, acc: i < 2, lambda i, acc: (i + 1, acc + tf.random.uniform([3], seed=4)),
+                [tf.constant(0), tf.zeros([3])],
+            )
             other = tf.constant(1.0, name="other")
-        return g, noise, fresh, other
+        return g, noise, fresh, looped, other
 
     draws = []
     for wrap in (False, True):
-        g, noise, fresh, other = build()
+        g, noise, fresh, looped, other = build()
+        assert g.as_graph_def().library.function  # the loop's body is a function
         sess = BaechiSession(graph=g, num_devices=2, **fast()) if wrap else tf.compat.v1.Session(graph=g)
         with sess:
-            a, b = sess.run(noise), sess.run(noise)
+            a, b = sess.run([noise, looped]), sess.run([noise, looped])
             placements = sess.placement if wrap else None
             sess.run(other)  # a new fetch: placed again
             if wrap:
                 assert sess.placement is not placements
-            draws.append((a, b, sess.run(noise), sess.run(fresh)))
+            draws.append((a, b, sess.run([noise, looped]), sess.run([fresh])))
     plain, placed = draws
     for i in (0, 1, 3):  # before the new placement, and an op first run after it: as in a Session
-        np.testing.assert_array_equal(placed[i], plain[i])
-    # After it, `noise` goes on with numbers it has not drawn (a Session's would be plain[2]).
-    assert not np.array_equal(placed[2], placed[0]) and not np.array_equal(placed[2], placed[1])
+        for x, y in zip(placed[i], plain[i]):
+            np.testing.assert_array_equal(x, y)
+    # After it, `noise` and the loop go on with numbers they have not drawn (a Session's would be
+    # plain[2]).
+    for k in range(2):
+        assert not np.array_equal(placed[2][k], placed[0][k]) and not np.array_equal(placed[2][k], placed[1][k])
 
 
 def test_errors_name_the_ops_of_the_users_graph_with_where_they_were_made():
@@ -446,6 +455,49 @@ def test_errors_name_the_ops_of_the_users_graph_with_where_they_were_made():
             assert e.value.op is x.op and e.value.op.graph is g
             trace = str(e.value).split("Original stack trace for 'x':")[1]
             assert f'File "{__file__}"' in trace, e.value.message
+
+
+def test_an_initializer_run_with_the_variables_initializer_is_not_run_again():
+    # [global_variables_initializer, iterator.initializer] in one run was taken for an iterator
+    # initializer and run again in the next placed session: the variables went back to their
+    # initial values (3 increments, then 0.0 read by a new fetch).
+    g = tf.Graph()
+    with g.as_default():
+        it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.range(5))
+        value = it.get_next()
+        v = tf.compat.v1.get_variable("v", [], initializer=tf.compat.v1.zeros_initializer())
+        inc = tf.compat.v1.assign_add(v, 1.0)
+        init = tf.compat.v1.global_variables_initializer()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run([init, it.initializer])
+        assert sess.run(value) == 0
+        for _ in range(3):
+            sess.run(inc)
+        with g.as_default():
+            read = tf.identity(v)  # made after the runs: placed again, in a new session
+        before = sess.placement
+        assert sess.run(read) == 3.0
+        assert sess.placement is not before
+
+
+def test_a_run_whose_reports_cannot_be_written_is_not_left_in_flight(tmp_path):
+    # The reports were written before the run was counted as ended: when they failed, the run
+    # stayed "in flight", and the next placement waited two minutes for it, every thread blocked.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        y = tf.reduce_sum(tf.square(x))
+    folder = tmp_path / "reports"
+    with BaechiSession(graph=g, num_devices=2, report_dir=str(folder), **fast()) as sess:
+        folder.rmdir() if folder.exists() else None
+        folder.write_text("in the way")  # after the checks: the reports fail when written
+        with pytest.raises(OSError):
+            sess.run(y, {x: [1.0, 2.0]})
+        assert sess._placed.runs == 0
+        folder.unlink()
+        with g.as_default():
+            z = y + 1.0
+        assert sess.run(z, {x: [1.0, 2.0]}) == 6.0
 
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed

@@ -429,12 +429,15 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         and options.placement_method not in ("auto", "single")
         and schedule.makespan_us > _SLOWER_THAN_ONE_DEVICE * baseline.makespan_us
     ):
+        times = (
+            f"{schedule.makespan_us / baseline.makespan_us:.2f} times slower" if baseline.makespan_us > 0
+            else "slower"  # ops of no time, and transfers
+        )
         log.warning(
-            "%s's placement simulates %.2f times slower than one device (%.3f ms against %.3f ms: "
-            "its transfers cost more than the parallel work gains); --placement_method auto keeps "
-            "one device when that is faster",
-            placement.method, schedule.makespan_us / baseline.makespan_us, schedule.makespan_us / 1e3,
-            baseline.makespan_us / 1e3,
+            "%s's placement simulates %s than one device (%.3f ms against %.3f ms: its transfers "
+            "cost more than the parallel work gains); --placement_method auto keeps one device "
+            "when that is faster",
+            placement.method, times, schedule.makespan_us / 1e3, baseline.makespan_us / 1e3,
         )
     bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
     return PlacementResult(

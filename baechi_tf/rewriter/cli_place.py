@@ -24,14 +24,18 @@ their full names, ``--num_devices`` per task (default: all). Transfers between t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any, Optional
 
 from baechi_tf.errors import ConfigError, InvalidGraphError
 
+log = logging.getLogger(__name__)
+
 __all__ = ["add_arguments", "profile_from_run_metadata", "read_graph_bytes", "read_graph_file", "run"]
 
 _TEXT_SUFFIXES = (".pbtxt", ".txt", ".pbtext")
+_FEW_TRACED = 0.2  # traces holding fewer than this share of the graph's ops are warned of
 _DEFAULT_NUM_DEVICES = 4
 
 
@@ -199,6 +203,14 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
         raise ProfileError(
             f"none of the ops traced in {', '.join(map(repr, paths))} is in the graph; trace runs "
             "of this graph (the same op names)"
+        )
+    if len(profile.ops) < _FEW_TRACED * len(graph_def.node):
+        # A step runs some ops only (not the initializers, ...), and TF's kernels may carry other
+        # type names (oneDNN's _Mkl ops): names are all that can be matched, so only a warning.
+        log.warning(
+            "the traces hold %d of the graph's %d ops: are they traces of this graph? The ops they "
+            "lack are placed by estimated costs",
+            len(profile.ops), len(graph_def.node),
         )
     return profile
 

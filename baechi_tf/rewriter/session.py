@@ -60,7 +60,6 @@ import dataclasses
 import contextlib
 import functools
 import logging
-import re
 import threading
 import time
 from typing import Any, Iterator, Optional
@@ -258,31 +257,36 @@ def _read_user_variables(session: Any) -> dict[str, Any]:
     return out
 
 
-_NODE_TAG = re.compile(r"\{\{node ([^} ]+)\}\}")
-
-
 def _session_class_for(user_graph: Any) -> type:
     """A Session class whose errors are about the ops of `user_graph`, as a Session of it would
     raise them: ``e.op`` an op of that graph and the message with where the op was made. The
     sessions here run copies of it (imported GraphDefs, which keep no stack traces), so TF's own
-    errors named the copy's op and an empty "Original stack trace"."""
+    errors named the copy's op and an empty "Original stack trace". An error about an op the user's
+    graph does not have (this module's helper ops) is TF's, about the copy's op."""
     import tensorflow as tf
     from tensorflow.python.framework import error_interpolation
+
+    node_name = tf.compat.v1.Session._NODEDEF_NAME_RE  # where TF's own _do_call finds the op
 
     class ReportingSession(tf.compat.v1.Session):
         def _do_call(self, fn: Any, *args: Any) -> Any:
             try:
                 return fn(*args)
             except tf.errors.OpError as e:
-                found = _NODE_TAG.search(e.message)
+                found = node_name.search(e.message)
                 try:
-                    op = user_graph.get_operation_by_name(found.group(1)) if found else None
+                    op = user_graph.get_operation_by_name(found.group(3)) if found else None
                 except KeyError:
-                    op = None  # one of this module's helper ops: as TF says it
+                    op = None
                 if op is None:
                     return super()._do_call(functools.partial(_reraise, e))
                 message = error_interpolation.interpolate_graph(e.message, user_graph)
-                raise type(e)(op.node_def, op, message) from None
+                if "only supports NHWC tensor format" in message:
+                    message += (
+                        "\nGrappler's layout rewrite may cause this: BaechiSession turns Grappler "
+                        "off unless grappler=True"
+                    )
+                raise type(e)(op.node_def, op, message)
 
     return ReportingSession
 
@@ -511,18 +515,18 @@ class BaechiSession:
             placed.runs += 1
             placed.queue_runs += queues
             report = self.placement if self._report_dir and self.placement is not before else None
-        if report is not None:
-            # The run right after a placement is traced: the reports, written after it, show TF's
-            # timeline of that step beside the simulated one in trace.json.
-            traced = tf.compat.v1.RunOptions()
-            if options is not None:
-                traced.CopyFrom(options)
-            traced.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
-            options = traced
-            if run_metadata is None:
-                run_metadata = tf.compat.v1.RunMetadata()
         ran = False
-        try:
+        try:  # from here on, the run is counted in placed.runs: the finally ends it in any case
+            if report is not None:
+                # The run right after a placement is traced: the reports, written after it, show
+                # TF's timeline of that step beside the simulated one in trace.json.
+                traced = tf.compat.v1.RunOptions()
+                if options is not None:
+                    traced.CopyFrom(options)
+                traced.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+                options = traced
+                if run_metadata is None:
+                    run_metadata = tf.compat.v1.RunMetadata()
             with self._hints():
                 values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
             ran = True
@@ -538,20 +542,20 @@ class BaechiSession:
             result = self.placement.result if self.placement is not None else None
             raise out_of_memory_error(e, result) from e
         finally:
-            if report is not None:  # also when the run failed (out of memory): without TF's step
-                from baechi_tf.reports import write_reports
-
-                write_reports(
-                    report.result, self._report_dir, graph_def=placed.graph_def,
-                    tf_step_stats=run_metadata.step_stats if ran else None,
-                )
-            with self._lock:
+            with self._lock:  # first, so that an error writing the reports cannot leave it counted
                 placed.runs -= 1
                 placed.queue_runs -= queues
                 placed.ended += 1
                 if placed.retired and not placed.runs:
                     placed.session.close()
                 self._drained.notify_all()
+            if report is not None:  # also when the run failed (out of memory): without TF's step
+                from baechi_tf.reports import write_reports
+
+                write_reports(
+                    report.result, self._report_dir, graph_def=placed.graph_def,
+                    tf_step_stats=run_metadata.step_stats if ran and run_metadata is not None else None,
+                )
 
     def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
         """Like ``Session.make_callable``: a function of the values of `feed_list`, in that
@@ -960,7 +964,8 @@ def _check_arguments(
 
 def _reseed(graph_def: Any, ran: set[str], generation: int) -> int:
     """Changes, in place, the ``seed2`` of the seeded stateful random ops of `graph_def` named in
-    `ran` to one that depends on `generation`; returns how many it changed.
+    `ran`, and of those in the functions they call (control flow v2, ``tf.function``), to one
+    that depends on `generation`; returns how many it changed.
 
     A random op's sequence is the kernel's state: a new session starts it again, and with fixed
     seeds (``tf.compat.v1.set_random_seed``) it would draw the numbers it drew before (the same
@@ -969,16 +974,35 @@ def _reseed(graph_def: Any, ran: set[str], generation: int) -> int:
     """
     from tensorflow.python.framework import op_def_registry
 
-    changed = 0
-    for node in graph_def.node:
-        if node.name not in ran or "seed" not in node.attr or "seed2" not in node.attr:
-            continue
+    def reseeded(node: Any) -> bool:
+        if "seed" not in node.attr or "seed2" not in node.attr:
+            return False
         op_def = op_def_registry.get(node.op)
         seed, seed2 = node.attr["seed"].i, node.attr["seed2"].i
         if op_def is None or not op_def.is_stateful or (seed == 0 and seed2 == 0):
-            continue  # unseeded: each session draws other numbers already
+            return False  # unseeded: each session draws other numbers already
         node.attr["seed2"].i = (seed2 + generation * 0x9E3779B1) % 0x7FFFFFFF or 1
-        changed += 1
+        return True
+
+    def called(node: Any) -> list[str]:
+        names = []
+        for value in node.attr.values():
+            names += [value.func.name] if value.HasField("func") else [f.name for f in value.list.func]
+        return names
+
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    used = [node for node in graph_def.node if node.name in ran]
+    changed = sum(map(reseeded, used))
+    pending = [name for node in used for name in called(node)]
+    reached: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in reached or name not in functions:
+            continue
+        reached.add(name)
+        for node in functions[name].node_def:
+            changed += reseeded(node)
+            pending += called(node)
     return changed
 
 
@@ -1003,12 +1027,27 @@ class _FetchKind:
     @classmethod
     def of(cls, op_types: set[str]) -> "_FetchKind":
         stateful = {t for t in op_types if _holds_state(t)}
-        initializes = "MakeIterator" in stateful and stateful <= _ITERATOR_SETUP_TYPES
+        # Run again in a new session, a fetch that also assigns a variable (an initializer run
+        # with the iterator's) would undo what the runs since did: only iterator set-up, dataset
+        # construction and stateless ops may be in it.
+        initializes = "MakeIterator" in stateful and all(map(_replayable, op_types))
         return cls(
             uses_state=bool(stateful) and not initializes,
             initializes=initializes,
             queues=any(map(_blocks_on_state, op_types)),
         )
+
+
+def _replayable(op_type: str) -> bool:
+    """Whether running an op of `op_type` again in a new session changes nothing but what an
+    iterator's initializer sets up: iterator set-up, dataset construction (and the seed generators
+    and caches datasets make), or an op TF registers as stateless."""
+    from tensorflow.python.framework import op_def_registry
+
+    if op_type in _ITERATOR_SETUP_TYPES or any(w in op_type for w in ("Dataset", "SeedGenerator", "MemoryCache")):
+        return True
+    op_def = op_def_registry.get(op_type)
+    return op_def is not None and not op_def.is_stateful
 
 
 def _holds_state(op_type: str) -> bool:
@@ -1032,8 +1071,8 @@ def _blocks_on_state(op_type: str) -> bool:
         "QueueDequeue" in op_type
         or "QueueEnqueue" in op_type
         or op_type.startswith("ReaderRead")
-        or op_type in ("Stage", "MapStage", "OrderedMapStage")
-        or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage"))
+        or op_type in ("Stage", "MapStage", "OrderedMapStage", "StagePeek", "MapPeek", "OrderedMapPeek")
+        or op_type.endswith(("TakeGradient", "BarrierTakeMany", "Unstage", "UnstageNoKey"))
     )
 
 
