@@ -750,7 +750,8 @@ class BaechiSession:
 
     def _replay(self, session: Any) -> None:
         """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
-        then where the placed session's were, initialised and not yet read from."""
+        then as right after them (where the placed session's were, when no run read them since;
+        otherwise back at their start, as the warning of a new placement with state in use says)."""
         for named, feeds in list(self._replays.values()):
             session.run(named, feed_dict=feeds)
 
