@@ -32,6 +32,7 @@ from baechi_tf.rewriter.distributed import (
     parse_cluster_spec,
     placement_by_host,
     remote_session_config,
+    _tf_config_task,
     resolve_cluster_spec,
     start_local_workers,
 )
@@ -145,7 +146,15 @@ def test_cluster_spec_from_json_a_file_and_tf_config(tmp_path):
     assert resolve_cluster_spec(None, env).as_dict() == {"worker": ["127.0.0.1:3000"]}
     assert resolve_cluster_spec(json.dumps(SPEC), env) == spec  # the flag wins
     assert resolve_cluster_spec(None, {}) is None
-    assert resolve_cluster_spec("", {"TF_CONFIG": "{}"}) is None
+    assert resolve_cluster_spec(None, {"TF_CONFIG": "{}"}) is None
+    # An empty flag ("$SPEC" unset), an empty cluster or a TF_CONFIG that is no object placed on
+    # this machine alone, without a word.
+    with pytest.raises(ConfigError, match="the cluster spec is empty"):
+        resolve_cluster_spec("", {"TF_CONFIG": "{}"})
+    with pytest.raises(ConfigError, match="has no task"):
+        resolve_cluster_spec(None, {"TF_CONFIG": '{"cluster": {}}'})
+    with pytest.raises(ConfigError, match="TF_CONFIG environment variable is not a JSON object"):
+        resolve_cluster_spec(None, {"TF_CONFIG": "[1, 2]"})
 
 
 @pytest.mark.parametrize(
@@ -463,6 +472,36 @@ def test_session_from_a_cluster_spec_or_a_wrapped_grpc_session(workers):
     with pytest.raises(ConfigError, match="is none of the cluster spec's tasks"):
         BaechiSession(graph=model.graph, cluster_spec=workers.spec,
                       target=f"grpc://127.0.0.1:{_free_port()}")
+
+
+
+def test_a_cluster_spec_that_is_not_the_servers_is_refused(workers):
+    # A spec naming only the master placed on the task it left out, without a word.
+    first, _ = workers.spec.as_dict()["worker"]
+    for wrong in ({"worker": [first]},):
+        with pytest.raises(ConfigError, match=(
+            r"the cluster spec lists the tasks .*, but the server at 127\.0\.0\.1:\d+ belongs to a cluster "
+            r"of /job:worker/replica:0/task:0, /job:worker/replica:0/task:1: give the cluster spec its "
+            r"servers were started with"
+        )):
+            discover_devices(workers.target, spec=parse_cluster_spec(json.dumps(wrong)), timeout_s=5)
+    # A target with a trailing slash (TF: "Could not interpret 'host:port/' as a host-port pair").
+    setup = discover_devices(workers.target + "/", spec=workers.spec, timeout_s=10)
+    assert setup.target == workers.target and setup.devices.cluster.num_devices == 4
+
+
+def test_cluster_specs_in_tfs_forms_and_bad_timeouts():
+    spec = tf.train.ClusterSpec({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]})
+    assert parse_cluster_spec(spec).as_dict() == {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+    sparse = {"worker": {"1": "127.0.0.1:2223", "0": "127.0.0.1:2222"}}  # TF's {index: address}
+    assert parse_cluster_spec(sparse).as_dict() == {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+    # A task index that is no number was a traceback (ValueError) in the worker.
+    with pytest.raises(ConfigError, match="TF_CONFIG's task index 'x' is not a whole number"):
+        _tf_config_task({"TF_CONFIG": json.dumps({"task": {"type": "worker", "index": "x"}})})
+    # BaechiSession's timeout was not checked: inf waited for ever on a task that is down.
+    for bad in (float("inf"), 0, -5.0, float("nan"), "3", True):
+        with pytest.raises(ConfigError, match="give a positive number of seconds"):
+            BaechiSession(graph=tf.Graph(), target=f"grpc://127.0.0.1:{_free_port()}", connect_timeout_s=bad)
 
 
 def test_cluster_from_flags_for_train_py(workers, monkeypatch):

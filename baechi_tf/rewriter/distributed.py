@@ -66,6 +66,7 @@ __all__ = [
     "ClusterUnreachableError",
     "DistributedSetup",
     "LocalWorkers",
+    "check_timeout",
     "cluster_from_flags",
     "devices_from_listing",
     "discover_devices",
@@ -158,6 +159,13 @@ class ClusterSpec:
             )
         jobs = []
         for job, addrs in cluster.items():
+            if isinstance(addrs, Mapping):  # TF's sparse form, {index: address}, when complete
+                try:
+                    by_index = {int(i): a for i, a in addrs.items()}
+                except (TypeError, ValueError):
+                    by_index = {}
+                if by_index and sorted(by_index) == list(range(len(by_index))):
+                    addrs = [by_index[i] for i in range(len(by_index))]
             if isinstance(addrs, str) or not isinstance(addrs, Sequence):
                 raise ConfigError(
                     f"job {job!r} of {where} is {addrs!r}; give a list of 'host:port' addresses, "
@@ -206,7 +214,12 @@ def _load_json(text: str, where: str) -> Any:
     except json.JSONDecodeError as e:
         raise ConfigError(
             f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); give e.g. "
-            "'{\"worker\": [\"localhost:2222\", \"localhost:2223\"]}'"
+            + (
+                "'{\"cluster\": {\"worker\": [\"localhost:2222\"]}, \"task\": {\"type\": \"worker\", "
+                "\"index\": 0}}'"
+                if "TF_CONFIG" in where
+                else "'{\"worker\": [\"localhost:2222\", \"localhost:2223\"]}'"
+            )
         ) from None
 
 
@@ -219,8 +232,15 @@ def parse_cluster_spec(value: Union[ClusterSpec, Mapping[str, Any], str, os.Path
     if isinstance(value, ClusterSpec):
         return value
     where = "the cluster spec"
+    if callable(getattr(value, "as_dict", None)) and not isinstance(value, (str, os.PathLike)):
+        value = value.as_dict()  # a tf.train.ClusterSpec
     if isinstance(value, Mapping):
         doc: Any = value
+    elif not str(os.fspath(value) if isinstance(value, os.PathLike) else value).strip():
+        raise ConfigError(
+            "the cluster spec is empty; give a JSON cluster such as '{\"worker\": "
+            "[\"localhost:2222\"]}' or the path of a file holding one, or leave it out"
+        )
     else:
         text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
         if text.lstrip().startswith(("{", "[")):
@@ -245,14 +265,19 @@ def resolve_cluster_spec(
     environ: Optional[Mapping[str, str]] = None,
 ) -> Optional[ClusterSpec]:
     """The cluster of `flag_value` when given, else of ``TF_CONFIG``, else None (one machine)."""
-    if flag_value:
+    if flag_value is not None:  # an empty one too, which is an error, not one machine
         return parse_cluster_spec(flag_value)
     environ = os.environ if environ is None else environ
     text = environ.get("TF_CONFIG", "").strip()
     if not text:
         return None
     doc = _load_json(text, "the TF_CONFIG environment variable")
-    if not isinstance(doc, Mapping) or not doc.get("cluster"):
+    if not isinstance(doc, Mapping):
+        raise ConfigError(
+            "the TF_CONFIG environment variable is not a JSON object; give e.g. '{\"cluster\": "
+            "{\"worker\": [\"localhost:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}', or unset it"
+        )
+    if "cluster" not in doc:
         return None
     return ClusterSpec.from_dict(doc["cluster"], "TF_CONFIG's \"cluster\"")
 
@@ -267,7 +292,15 @@ def _tf_config_task(environ: Mapping[str, str]) -> tuple[Optional[str], Optional
     if not isinstance(task, Mapping):
         return None, None
     index = task.get("index")
-    return task.get("type"), int(index) if index is not None else None
+    if index is None:
+        return task.get("type"), None
+    try:
+        return task.get("type"), int(index)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"TF_CONFIG's task index {index!r} is not a whole number; give e.g. "
+            "'{\"task\": {\"type\": \"worker\", \"index\": 0}}'"
+        ) from None
 
 
 # ---------------------------------------------------------------------------- reaching the tasks
@@ -430,6 +463,15 @@ def devices_from_listing(
     )
 
 
+def check_timeout(timeout_s: Any) -> None:
+    """`ConfigError` unless `timeout_s` is a positive, finite number of seconds."""
+    if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
+        raise ConfigError(
+            f"cluster timeout {timeout_s!r}: give a positive number of seconds (--cluster_timeout, "
+            "BaechiSession's connect_timeout_s=)"
+        )
+
+
 def _address_of(target: str) -> str:
     if not is_remote_target(target):
         raise ConfigError(f"target {target!r} is not 'grpc://host:port'")
@@ -456,11 +498,13 @@ def discover_devices(
     """
     import tensorflow as tf
 
+    check_timeout(timeout_s)
     if target is None:
         if spec is None:
             raise ConfigError("give a target ('grpc://host:port') or a cluster spec")
         target = spec.target
     address = _address_of(target)
+    target = "grpc://" + address  # 'grpc://host:port/' is no host-port pair to TF
     if spec is not None and spec.task_at(address) is None:
         raise ConfigError(
             f"target {target!r} is none of the cluster spec's tasks "
@@ -483,6 +527,15 @@ def discover_devices(
             "and that the addresses are right"
         ) from None
     master = spec.task_at(address).name if spec is not None else None  # type: ignore[union-attr]
+    if spec is not None:
+        served = {device_task(d.name) for d in listed}
+        given = {t.name for t in spec.tasks}
+        if served != given:
+            raise ConfigError(
+                f"the cluster spec lists the tasks {', '.join(sorted(given))}, but the server at "
+                f"{address} belongs to a cluster of {', '.join(sorted(served))}: give the cluster "
+                "spec its servers were started with"
+            )
     devices = devices_from_listing(
         [(d.name, d.device_type, d.memory_limit_bytes) for d in listed],
         master_task=master,
@@ -524,8 +577,7 @@ def cluster_from_flags(
     task (None: every device of each task), `memory_per_device` as '8GiB' or bytes, the
     coefficients as 'slope,intercept' or `CommCost` (`inter_host_comm_cost_coeffs` None: the
     intra-host line), `config` the sessions' base ``ConfigProto``."""
-    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
-        raise ConfigError(f"cluster timeout {timeout_s!r}: give a positive number of seconds (--cluster_timeout)")
+    check_timeout(timeout_s)
     spec = resolve_cluster_spec(cluster_spec, environ)
     if spec is None:
         return None
@@ -761,7 +813,8 @@ def start_local_workers(
         code = workers.processes[failed].returncode
         workers._own_log_dir = False  # keep the log for the message below
         workers.stop()
-        if "address already in use" not in tail.lower() or attempt == 2:
+        taken = any(s in tail.lower() for s in ("address already in use", "could not start grpc server"))
+        if not taken or attempt == 2:
             raise ConfigError(
                 f"local worker {failed} exited with status {code} before it listened; its log "
                 f"({workers.log_path(failed)}) ends with:\n{tail}"

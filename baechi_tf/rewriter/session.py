@@ -391,6 +391,7 @@ class BaechiSession:
         self._options = options
         remote = is_remote_target(target)
         if remote:
+            target = target.rstrip("/")  # 'grpc://host:port/' is no host-port pair to TF
             self._setup: DeviceSetup = discover_devices(
                 target,
                 spec=spec,
