@@ -390,6 +390,28 @@ def test_an_error_inside_stops_the_workers():
     assert wait_gone(pids) == []
 
 
+
+def test_a_port_taken_between_its_choice_and_the_servers_start_is_retried(monkeypatch):
+    # The retry looked for "address already in use" in the worker's log; TF 2.21 says "Could not
+    # start gRPC server", so the workers failed instead (multi_host.py, now and then).
+    import baechi_tf.rewriter.distributed as distributed
+
+    chosen = []
+    real = distributed._free_ports
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+
+        def ports(count, host):  # the first choice is a port that is in use by then
+            chosen.append(1)
+            return [taken.getsockname()[1]] + real(count - 1, host) if len(chosen) == 1 else real(count, host)
+
+        monkeypatch.setattr(distributed, "_free_ports", ports)
+        with start_local_workers(1, 1, timeout_s=60) as workers:
+            assert workers.spec.tasks[0].address != f"127.0.0.1:{taken.getsockname()[1]}"
+            pids = workers.pids
+    assert len(chosen) == 2 and wait_gone(pids) == []
+
 def test_workers_exit_when_their_parent_is_killed(tmp_path):
     code = (
         "import sys\n"
