@@ -238,7 +238,7 @@ def test_outputs_and_flags_that_would_cost_the_work_are_refused_first(files, tmp
                      "--cluster_spec", '{"worker": ["localhost:1"]}', "--cluster_timeout", timeout) == 2
         assert capsys.readouterr().err.strip() == (
             f"baechi place: error: cluster timeout {float(timeout)!r}: give a positive number of seconds "
-            "(--cluster_timeout)"
+            "(--cluster_timeout, BaechiSession's connect_timeout_s=)"
         )
     assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out, "--cluster_spec", "[1, 2]") == 2
     assert "cannot read" not in capsys.readouterr().err  # JSON, not a file name
