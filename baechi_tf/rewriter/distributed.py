@@ -863,6 +863,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     prog = f"python -m {_WORKER_MODULE}"
+    # TF's C++ start-up lines would come before an error line (start_local_workers' do the same).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         with interrupts.recording():
             return _serve(args)  # returns only on an error: a server runs until stopped
