@@ -499,6 +499,31 @@ def test_a_run_whose_reports_cannot_be_written_is_not_left_in_flight(tmp_path):
             z = y + 1.0
         assert sess.run(z, {x: [1.0, 2.0]}) == 6.0
 
+
+def test_an_initializer_that_fails_when_run_again_does_not_fail_the_placement(tmp_path, caplog):
+    # Run again in each new session, an initializer whose file is gone failed every later
+    # placement, for good.
+    import logging
+
+    path = tmp_path / "words.txt"
+    path.write_text("a b c")
+    g = tf.Graph()
+    with g.as_default():
+        words = tf.strings.split(tf.io.read_file(str(path)))
+        it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(words))
+        first = it.get_next()
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        sess.run(it.initializer)
+        path.unlink()
+        with g.as_default():
+            later = tf.constant(2.0) * 3.0  # made after the runs: placed again, in a new session
+        with caplog.at_level(logging.WARNING, logger="baechi_tf.rewriter.session"):
+            assert sess.run(later) == 6.0
+        assert any("could not run the initializer" in r.getMessage() and "NotFoundError" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        with pytest.raises(tf.errors.FailedPreconditionError, match="iterator has not been initialized"):
+            sess.run(first)
+
 def test_a_tensor_kept_by_a_session_handle_is_refused_with_the_reason():
     # get_session_tensor's ops are made after the run that kept the tensor, so they are placed
     # again in a new session, without it: TF's error said the handle was not in the session store.

@@ -752,9 +752,22 @@ class BaechiSession:
     def _replay(self, session: Any) -> None:
         """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
         then as right after them (where the placed session's were, when no run read them since;
-        otherwise back at their start, as the warning of a new placement with state in use says)."""
-        for named, feeds in list(self._replays.values()):
-            session.run(named, feed_dict=feeds)
+        otherwise back at their start, as the warning of a new placement with state in use says).
+        One that fails now (a file it read is gone) is dropped with a warning, not the placement:
+        its iterator is then uninitialised there, and TF's error says so if a run reads it."""
+        import tensorflow as tf
+
+        for key, (named, feeds) in list(self._replays.items()):
+            try:
+                session.run(named, feed_dict=feeds)
+            except tf.errors.OpError as e:
+                self._replays.pop(key, None)
+                first = (str(e.message).strip().splitlines() or [type(e).__name__])[0]
+                log.warning(
+                    "could not run the initializer %s again in a new session (%s: %s); its "
+                    "iterator is not initialised there: run its initializer again",
+                    ", ".join(key[0]), type(e).__name__, first,
+                )
 
     def _drain(self, old: "_Placed") -> None:
         """Waits (up to `_DRAIN_TIMEOUT_S`) for the runs in flight on `old` but those that use
