@@ -87,8 +87,9 @@ class FitSearch:
 
     def cannot_fit(self) -> bool:
         """Whether no placement can fit, for a reason seen without simulating (`refusal`)."""
-        return self.refusal() is not None
+        return self.refusal is not None
 
+    @functools.cached_property
     def refusal(self) -> Optional[str]:
         """Why no placement can fit, seen without simulating, or None: a group whose persistent
         memory plus what one of its ops holds while it runs (its outputs, its scratch and its
@@ -133,7 +134,7 @@ class FitSearch:
     def run(self) -> Optional[Placement]:
         """A placement of whole groups whose simulation fits every device's memory, or None when
         none can (`cannot_fit`, then `tried` stays 0) or the search found none in its budget."""
-        if self.refusal() is not None:
+        if self.refusal is not None:
             return None
         with Progress("fit search", self.budget_steps, unit="steps", counts=False) as self._bar:
             if self.exhaustive:

@@ -337,7 +337,7 @@ def _fit_instead(
     search = FitSearch(graph, cluster, groups, seed=seed)
     found = search.run()
     if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
-        raise InfeasiblePlacementError(search.refusal() or str(error)) from None
+        raise InfeasiblePlacementError(search.refusal or str(error)) from None
     if found is None:
         raise InfeasiblePlacementError(
             f"{error}; nor did any of the {search.tried} placements a search for one that fits "

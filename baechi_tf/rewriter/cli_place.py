@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 from baechi_tf.errors import ConfigError, InvalidGraphError
 
@@ -130,11 +130,9 @@ def _well_formed(graph_def: Any) -> bool:
     return len(graph_def.node) > 0 and all(n.name and n.op for n in graph_def.node)
 
 
-def read_graph_file(path: str, data: Optional[bytes] = None) -> tuple[Any, bool, bool]:
-    """(message, is_meta_graph, is_text) of a GraphDef or MetaGraphDef file (`data`: its bytes,
-    when read already by `read_graph_bytes`)."""
-    if data is None:
-        data = read_graph_bytes(path)
+def read_graph_file(path: str, data: bytes) -> tuple[Any, bool, bool]:
+    """(message, is_meta_graph, is_text) of the GraphDef or MetaGraphDef file `path`, whose bytes
+    `read_graph_bytes` read (`data`)."""
     import tensorflow as tf
     from google.protobuf import message, text_format
 

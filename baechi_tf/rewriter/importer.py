@@ -190,6 +190,7 @@ class _DeviceResolver:
         self.host = host
         self.host_cluster = Cluster((host,)) if host is not None else None
         self.aliases = {self._local(k) or k: v for k, v in aliases.items()}
+        self._alias_specs = {k: self._spec(v) for k, v in self.aliases.items()}  # parsed once
         self.ignore = ignore_user_devices
         self.ignored: list[str] = []
 
@@ -219,7 +220,7 @@ class _DeviceResolver:
         if spec.device_type is None or spec.device_index is None:
             return None, False  # a job or task only: no single device
         local = f"device:{spec.device_type.upper()}:{spec.device_index}"
-        if local in self.aliases and self._same_task(spec, self.aliases[local]):
+        if local in self.aliases and self._same_task(spec, self._alias_specs[local]):
             return self.aliases[local], False
         i = self.cluster.find(text)
         if i is not None:
@@ -236,11 +237,11 @@ class _DeviceResolver:
             "(ignore_user_devices=True, --ignore_user_devices)"
         )
 
-    @classmethod
-    def _same_task(cls, spec, stand_in: str) -> bool:
-        """Whether the job, replica and task that `spec` names, if any, are the stand-in's (a GPU
-        of this process written in full, ``/job:localhost/replica:0/task:0/device:GPU:0``)."""
-        own = cls._spec(stand_in)
+    @staticmethod
+    def _same_task(spec, own) -> bool:
+        """Whether the job, replica and task that `spec` names, if any, are those of `own`, the
+        stand-in's parsed name (a GPU of this process written in full,
+        ``/job:localhost/replica:0/task:0/device:GPU:0``)."""
         return own is not None and all(
             mine is None or mine == theirs
             for mine, theirs in ((spec.job, own.job), (spec.replica, own.replica), (spec.task, own.task))

@@ -298,7 +298,7 @@ def _reraise(error: BaseException) -> Any:
 class _Placed:
     """A placed GraphDef imported into a graph of its own, with its session."""
 
-    def __init__(self, graph_def: Any, config: Any, target: str, user_graph: Any) -> None:
+    def __init__(self, graph_def: Any, config: Any, target: str, session_class: type) -> None:
         import tensorflow as tf
 
         self.graph_def = graph_def
@@ -307,7 +307,7 @@ class _Placed:
             tf.graph_util.import_graph_def(graph_def, name="")
         self.names = {n.name for n in graph_def.node}
         self.io = _VariableIO(self.graph)
-        self.session = _session_class_for(user_graph)(target, graph=self.graph, config=config)
+        self.session = session_class(target, graph=self.graph, config=config)
         self.runs = 0  # runs in flight on `session`
         self.queue_runs = 0  # those of them that take from or put into a queue (not waited for)
         self.ended = 0  # runs ended on `session`
@@ -386,6 +386,7 @@ class BaechiSession:
         if spec is not None and not target:
             target = spec.target
         self._graph = graph
+        self._session_class = _session_class_for(graph)  # its errors name the ops of `graph`
         self._user_session = sess
         self._user_tables: Optional[_TableIO] = None  # export ops added to the user's graph
         self._options = options
@@ -874,8 +875,7 @@ class BaechiSession:
                 with scratch.as_default():
                     tf.graph_util.import_graph_def(graph_def, name="")
                 io = _VariableIO(scratch)
-                session_class = _session_class_for(self._graph)
-                with session_class(self._target, graph=scratch, config=self._profile_config) as s:
+                with self._session_class(self._target, graph=scratch, config=self._profile_config) as s:
                     io.load(s, values)
                     self._replay(s)
                     return profile_fetch(
@@ -928,7 +928,7 @@ class BaechiSession:
                     "session (their seed2 changed): they do not start their sequences again",
                     reseeded,
                 )
-        placed = _Placed(placed_def, self._run_config, self._target, self._graph)
+        placed = _Placed(placed_def, self._run_config, self._target, self._session_class)
         try:
             if old is not None:
                 self._drain(old)
