@@ -63,6 +63,15 @@ def make_profile(name: str, hparams, optimizer: str) -> dict:
     return graph_to_json(imported.graph, setup.cluster)
 
 
+def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The models of a --models value, in its order; a parser error for one not in MODELS."""
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    return names
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,10 +80,7 @@ def main() -> int:
     parser.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "profiles"))
     args = parser.parse_args()
     tf.get_logger().setLevel("ERROR")
-    names = [n for n in args.models.split(",") if n]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    names = model_names(parser, args.models)
     os.makedirs(args.out_dir, exist_ok=True)
     for name in names:
         t0 = time.perf_counter()
