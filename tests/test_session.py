@@ -583,6 +583,51 @@ def test_a_dataset_shorter_than_the_profiling_runs_is_read_as_by_a_session(eleme
         assert "the input ran out after 2 of 5 traced steps" in said and "ops over 2 traced steps" in said
 
 
+@pytest.mark.parametrize("budget", [0, 1, 2, 4, 20])
+def test_a_step_valid_only_so_many_times_runs_as_on_a_session(budget, caplog):
+    # A step asserting on the step count fails on its budget+1-th run. The scratch copy runs it
+    # warmup_steps + profile_steps times from the user's state: that failure was raised from the
+    # first real run (global_step 5 in the message while the user's was 0).
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            step = tf.compat.v1.train.get_or_create_global_step()
+            check = tf.debugging.assert_less(step, tf.constant(budget, tf.int64), message="over budget")
+            with tf.control_dependencies([check]):
+                train = tf.compat.v1.assign_add(step, 1)
+            init = tf.compat.v1.global_variables_initializer()
+        return g, step, train, init
+
+    def run_to_failure(sess, train, step):
+        done = []
+        for _ in range(budget + 1):
+            try:
+                done.append(int(sess.run(train)))
+            except tf.errors.InvalidArgumentError as e:
+                return done, int(sess.run(step)), "over budget" in e.message
+        return done, int(sess.run(step)), False
+
+    g, step, train, init = build()
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = run_to_failure(plain, train, step)
+    assert expected == (list(range(1, budget + 1)), budget, True)
+    g, step, train, init = build()
+    with caplog.at_level("INFO", logger="baechi_tf"):
+        with BaechiSession(graph=g, num_devices=2, warmup_steps=2, profile_steps=5) as sess:
+            sess.run(init)
+            got = run_to_failure(sess, train, step)
+    assert got == expected
+    said = caplog.text
+    if budget in (1, 2):  # a warm-up run or the first traced one failed: one traced on a new copy
+        assert "ops over 1 traced steps" in said
+    elif budget == 4:  # two warm-up runs, two traced, then the fifth run failed
+        assert "profiling run 5 of 7 failed (InvalidArgumentError" in said
+        assert "placing by the 2 step(s) traced before it" in said and "ops over 2 traced steps" in said
+    elif budget == 20:
+        assert "ops over 5 traced steps" in said and "failed" not in said
+
+
 def test_sparse_tensors_are_fed_and_fetched_as_a_session_does():
     g = tf.Graph()
     with g.as_default():

@@ -43,7 +43,13 @@ from baechi_tf.cost_model.profile import (
 )
 from baechi_tf.errors import ConfigError, ProfileError
 
-__all__ = ["fit_outputs_to_graph", "profile_fetch", "profile_from_step_stats", "profiling_config"]
+__all__ = [
+    "ProfilingCutShort",
+    "fit_outputs_to_graph",
+    "profile_fetch",
+    "profile_from_step_stats",
+    "profiling_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +184,21 @@ def _op_us(ns) -> float:
     return float(max(ns.op_end_rel_micros, 0))
 
 
+class ProfilingCutShort(Exception):
+    """`profile_fetch(stop_on_error=True)`: a run after the first failed before any step was
+    traced (`runs` runs had succeeded; `error` is TF's)."""
+
+    def __init__(self, runs: int, error: Exception) -> None:
+        super().__init__(f"profiling run {runs + 1} failed before any step was traced: {_first_line(error)}")
+        self.runs = runs
+        self.error = error
+
+
+def _first_line(error: Exception) -> str:
+    text = str(getattr(error, "message", error)).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def profile_fetch(
     session: Any,
     fetches: Any,
@@ -187,6 +208,7 @@ def profile_fetch(
     traced_steps: int = 5,
     graph_def: Any = None,
     timeout_ms: int = 0,
+    stop_on_error: bool = False,
 ) -> CostProfile:
     """Runs `fetches` in `session` and profiles it.
 
@@ -196,6 +218,11 @@ def profile_fetch(
     ``RunOptions.timeout_in_ms`` does (TF's DeadlineExceededError past it). When the fetch's
     input runs out (TF's OutOfRangeError: a dataset shorter than the steps) after at least one
     traced step, the profile is made of the steps traced so far; before that, the error is raised.
+
+    With `stop_on_error`, any TF error of a run after the first ends the profiling so (a step
+    valid only so many times, such as one asserting on the step count, fails when run again and
+    again); when no step was traced yet, `ProfilingCutShort` is raised instead of the error. The
+    first run's error is raised as it is: the fetch fails from the state it started in.
     """
     import tensorflow as tf
 
@@ -209,23 +236,35 @@ def profile_fetch(
     warmup = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=timeout_ms)
     traces = []
+    runs = 0
     with Progress("profiling", warmup_steps + traced_steps, unit="steps", tick=True) as bar:
-        for _ in range(warmup_steps):
-            session.run(fetches, feed_dict=feed_dict, options=warmup)
-            interrupts.check()
-            bar.update(advance=1, note="warm-up")
-        for _ in range(traced_steps):
-            metadata = tf.compat.v1.RunMetadata()
+        for step in range(warmup_steps + traced_steps):
+            traced = step >= warmup_steps
+            metadata = tf.compat.v1.RunMetadata() if traced else None
             try:
-                session.run(fetches, feed_dict=feed_dict, options=options, run_metadata=metadata)
-            except tf.errors.OutOfRangeError:
-                if not traces:
+                session.run(fetches, feed_dict=feed_dict, options=options if traced else warmup,
+                            run_metadata=metadata)
+            except tf.errors.OpError as e:
+                ran_out = isinstance(e, tf.errors.OutOfRangeError)
+                if not runs or not (stop_on_error or (ran_out and traces)):
                     raise
-                log.info("the input ran out after %d of %d traced steps; profiling those", len(traces), traced_steps)
+                if not traces:
+                    raise ProfilingCutShort(runs, e) from e
+                if ran_out:
+                    log.info("the input ran out after %d of %d traced steps; profiling those",
+                             len(traces), traced_steps)
+                else:
+                    log.warning(
+                        "profiling run %d of %d failed (%s: %s); placing by the %d step(s) traced "
+                        "before it", runs + 1, warmup_steps + traced_steps, type(e).__name__,
+                        _first_line(e), len(traces),
+                    )
                 break
+            runs += 1
             interrupts.check()
-            traces.append(metadata.step_stats)
-            bar.update(advance=1, note="traced")
+            if traced:
+                traces.append(metadata.step_stats)
+            bar.update(advance=1, note="traced" if traced else "warm-up")
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, graph_def, tf_version=tf.__version__), session.graph
     )

@@ -853,7 +853,7 @@ class BaechiSession:
     ) -> None:
         import tensorflow as tf
 
-        from baechi_tf.cost_model.profiler import profile_fetch
+        from baechi_tf.cost_model.profiler import ProfilingCutShort, profile_fetch
 
         graph_def = self._graph.as_graph_def()
         values = self._read_values()
@@ -886,19 +886,22 @@ class BaechiSession:
                         traced_steps=traced_steps,
                         graph_def=graph_def,
                         timeout_ms=timeout_ms,
+                        stop_on_error=True,
                     )
 
-            # The scratch copy reads its datasets from their start. One shorter than the
-            # profiling runs ends them early (profile_fetch keeps the steps traced before); one
-            # that warm-up used up is traced once on a new copy, and one with nothing to read is
-            # placed by estimates (its run then ends as a Session's does, with OutOfRangeError).
+            # The scratch copy runs the fetch from the state the real run starts in, again and
+            # again. A run after the first that fails (a dataset shorter than the profiling runs,
+            # a step valid only so many times) ends the profiling: profile_fetch keeps the steps
+            # traced before; when warm-up left none, one step is traced on a new copy. A dataset
+            # with nothing to read is placed by estimates (its run then ends as a Session's does,
+            # with OutOfRangeError); any other error of the first run is the real run's error.
             attempts = [(self._warmup_steps, self._profile_steps)] + [(0, 1)] * bool(self._warmup_steps)
             profile = None
             for warmup_steps, traced_steps in attempts:
                 try:
                     profile = profile_on_scratch(warmup_steps, traced_steps)
                     break
-                except tf.errors.OutOfRangeError:
+                except (tf.errors.OutOfRangeError, ProfilingCutShort):
                     continue
             else:
                 log.warning(
