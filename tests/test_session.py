@@ -709,6 +709,37 @@ def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
     assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
 
 
+@pytest.mark.parametrize("ignore", [False, True])
+def test_pins_to_a_job_or_task_only_pin_nothing_and_profile(ignore):
+    # replica_device_setter pins to jobs and tasks (/job:ps/task:0); they name no device, so the
+    # placement ignores them, but the profiling copy kept them and TF refused it ("Could not
+    # satisfy explicit device specification"), with ignore_user_devices=True too.
+    def build(setter):
+        g = tf.Graph()
+        with g.as_default(), g.device(setter):
+            x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+            w = tf.compat.v1.get_variable("w", [3, 3], initializer=tf.compat.v1.ones_initializer())
+            loss = tf.reduce_sum(tf.matmul(x, w), name="loss")
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+            init = tf.compat.v1.global_variables_initializer()
+        return g, x, loss, train, init
+
+    feed = np.arange(6, dtype=np.float32).reshape(2, 3)
+    g, x, loss, train, init = build(None)
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = [plain.run([loss, train], {x: feed})[0] for _ in range(3)]
+    g, x, loss, train, init = build(tf.compat.v1.train.replica_device_setter(
+        ps_tasks=2, worker_device="/job:worker/task:0"))
+    assert g.get_operation_by_name("w").device == "/job:ps/task:0"
+    with BaechiSession(graph=g, num_devices=2, ignore_user_devices=ignore, **fast()) as sess:
+        sess.run(init)
+        got = [sess.run([loss, train], {x: feed})[0] for _ in range(3)]
+        assert sess.placement.coverage.num_profiled_ops > 0
+        assert all(n.device.startswith(TASK) for n in sess.placed_graph_def.node)
+    assert got == expected
+
+
 def test_threads_place_one_at_a_time_and_a_new_placement_waits_for_the_runs_in_flight():
     import logging
     import threading

@@ -59,6 +59,7 @@ __all__ = [
     "VARIABLE_OP_TYPES",
     "has_registered_kernel",
     "import_graph_def",
+    "resolve_user_devices",
 ]
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,28 @@ class _DeviceResolver:
             mine is None or mine == theirs
             for mine, theirs in ((spec.job, own.job), (spec.replica, own.replica), (spec.task, own.task))
         )
+
+
+def resolve_user_devices(
+    graph_def: Any,
+    cluster: Cluster,
+    *,
+    host_device: Optional[Device] = None,
+    device_aliases: Optional[Mapping[str, str]] = None,
+    ignore_user_devices: bool = False,
+) -> Any:
+    """A copy of `graph_def` whose device fields name the devices `import_graph_def` pins the
+    nodes to (a stand-in for a GPU, the host), and are empty where it pins nothing (a job or task
+    only, a device ignored with `ignore_user_devices`): a copy TF can run on `cluster`, as a
+    profiling copy must. `ConfigError` for a pin to a device that is not there, as the import's.
+    """
+    resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.device:
+            node.device = resolver.resolve(node.name, node.device)[0] or ""
+    return out
 
 
 def import_graph_def(

@@ -88,7 +88,7 @@ from baechi_tf.rewriter.distributed import (
     remote_session_config,
 )
 from baechi_tf.rewriter.graph_pass import PlacementReport, place_graph_def
-from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
+from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES, resolve_user_devices
 
 __all__ = ["BaechiSession"]
 
@@ -870,10 +870,21 @@ class BaechiSession:
             )
             profile = None
         else:
+            # The copy runs where the placement will keep the ops the graph pins (a stand-in for
+            # a GPU, the host); pins to a job or task only, or ignored, are left out: TF cannot
+            # run a copy pinned to a job this session does not have.
+            scratch_def = resolve_user_devices(
+                graph_def,
+                self._setup.cluster,
+                host_device=self._setup.host,
+                device_aliases=self._setup.aliases,
+                ignore_user_devices=self._ignore_user_devices,
+            )
+
             def profile_on_scratch(warmup_steps: int, traced_steps: int) -> CostProfile:
                 scratch = tf.Graph()
                 with scratch.as_default():
-                    tf.graph_util.import_graph_def(graph_def, name="")
+                    tf.graph_util.import_graph_def(scratch_def, name="")
                 io = _VariableIO(scratch)
                 with self._session_class(self._target, graph=scratch, config=self._profile_config) as s:
                     io.load(s, values)
