@@ -340,6 +340,33 @@ def test_failed_first_runs_add_the_table_readers_to_the_users_graph_once():
         assert sizes[0] > 0 and sizes == [sizes[0]] * 3
         assert sess.run(checked, {words: ["b", "a"]}).tolist() == [2, 1]
 
+def test_the_saved_profile_matches_the_graph_written_before_or_after_the_table_readers(tmp_path):
+    # The ops that read the wrapped session's tables are added to the user's graph: a graph
+    # written after the first run held them, and `baechi place` refused the profile saved by
+    # cost_path= ("5 graph ops not in the profiled graph").
+    from baechi_tf.cost_model.profile import compare_to_graph
+
+    g = tf.Graph()
+    with g.as_default():
+        words = tf.compat.v1.placeholder(tf.string, [None])
+        vocab = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([1.0, 2.0])), 0.0
+        )
+        y = vocab.lookup(words) * 3.0
+        init = tf.compat.v1.tables_initializer()
+    before = g.as_graph_def()
+    user = tf.compat.v1.Session(graph=g)
+    user.run(init)
+    with BaechiSession(user, num_devices=2, cost_path=str(tmp_path / "cost.pb"), **fast()) as sess:
+        assert sess.run(y, {words: ["b", "z"]}).tolist() == [6.0, 0.0]
+    after = g.as_graph_def()
+    assert any(n.name.startswith("baechi_tf_read_tables/") for n in after.node)
+    profile = load_profile(str(tmp_path / "cost.pb"))
+    assert compare_to_graph(profile, before) is None and compare_to_graph(profile, after) is None
+    placed, _ = baechi_tf.place_graph_def(after, profile, baechi_tf.Cluster.homogeneous(2, GiB))
+    assert len(placed.node) == len(after.node)
+
+
 def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
     # TF's "GetNext() failed because the iterator has not been initialized" did not say that the
     # wrapped session's initialisation does not carry over.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import statistics
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -27,6 +28,7 @@ from baechi_tf._files import atomic_write
 from baechi_tf.errors import ProfileError
 
 __all__ = [
+    "READ_TABLES_SCOPE",
     "Coverage",
     "CostProfile",
     "GraphNode",
@@ -161,10 +163,19 @@ def _node_digest(node: Any) -> int:
     return int.from_bytes(h.digest()[:8], "little")
 
 
+READ_TABLES_SCOPE = "baechi_tf_read_tables"
+"""The name scope of the ops `BaechiSession` adds to the graph it wraps to read its lookup tables
+(TF makes it ``baechi_tf_read_tables_1`` for a second BaechiSession of the graph)."""
+_READ_TABLES = re.compile(re.escape(READ_TABLES_SCOPE) + r"(_\d+)?/")
+
+
 def graph_nodes(graph_def) -> tuple[GraphNode, ...]:
     """The name, type and digest (type, inputs, attributes) of every node of `graph_def`, in
-    node order."""
-    return tuple(GraphNode(n.name, n.op, _node_digest(n)) for n in graph_def.node)
+    node order, but those `BaechiSession` added to read lookup tables: a graph written after a
+    BaechiSession ran holds them, and must match a profile taken before."""
+    return tuple(
+        GraphNode(n.name, n.op, _node_digest(n)) for n in graph_def.node if not _READ_TABLES.match(n.name)
+    )
 
 
 def _fingerprint(nodes: Iterable[GraphNode]) -> str:

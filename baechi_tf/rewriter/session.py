@@ -66,6 +66,7 @@ from typing import Any, Iterator, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import (
+    READ_TABLES_SCOPE,
     CostProfile,
     graph_fingerprint,
     graph_nodes,
@@ -124,7 +125,7 @@ class _TableIO:
             return
         with graph.as_default(), tf.name_scope(name_scope):
             for op in tables:
-                with tf.compat.v1.colocate_with(op):
+                with graph.colocate_with(op):
                     handle = op.outputs[0]
                     key_dtype, value_dtype = op.get_attr("key_dtype"), op.get_attr("value_dtype")
                     size = tf.raw_ops.LookupTableSizeV2(table_handle=handle)
@@ -844,7 +845,7 @@ class BaechiSession:
             return self._placed.io.read(self._placed.session)
         if self._user_session is not None:
             if self._user_tables is None:  # made once: each first run that fails reads again
-                self._user_tables = _TableIO(self._user_session.graph, "baechi_tf_read_tables")
+                self._user_tables = _TableIO(self._user_session.graph, READ_TABLES_SCOPE)
             return _read_user_state(self._user_session, self._user_tables)
         return {}
 
