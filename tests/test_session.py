@@ -367,6 +367,32 @@ def test_the_saved_profile_matches_the_graph_written_before_or_after_the_table_r
     assert len(placed.node) == len(after.node)
 
 
+def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
+    # No op can be added to a finalized graph to read its tables: they started empty in the
+    # placed session ("Table not initialized") where a Session looked the keys up.
+    g = tf.Graph()
+    with g.as_default():
+        words = tf.compat.v1.placeholder(tf.string, [None])
+        vocab = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([1, 2], tf.int64)), -1
+        )
+        v = tf.Variable(10, dtype=tf.int64, name="v")
+        ids = vocab.lookup(words) + v
+        doubled = ids * 2  # a new fetch: placed again, in a new session
+        init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
+        assign = v.assign(100)
+    user = tf.compat.v1.Session(graph=g)
+    user.run(init)
+    user.run(assign)
+    g.finalize()
+    with caplog.at_level("WARNING", logger="baechi_tf"):
+        with BaechiSession(user, num_devices=2, **fast()) as sess:
+            assert sess.run(ids, {words: ["a", "z"]}).tolist() == [101, 99]
+            assert sess.run(doubled, {words: ["b"]}).tolist() == [204]
+    assert "cannot read the lookup tables of a finalized graph" in caplog.text
+    assert "their initializers are run again in each new session" in caplog.text
+
+
 def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
     # TF's "GetNext() failed because the iterator has not been initialized" did not say that the
     # wrapped session's initialisation does not carry over.

@@ -120,8 +120,8 @@ class _TableIO:
 
         self.entries: list[tuple[str, Any, Any, Any, Any, Any, Any]] = []
         tables = [op for op in graph.get_operations() if op.type in _TABLE_OP_TYPES]
-        if tables and graph.finalized:
-            log.warning("cannot read the lookup tables of a finalized graph; they start afresh")
+        self.unread = [op.name for op in tables] if graph.finalized else []
+        if self.unread:  # no op can be added to read them
             return
         with graph.as_default(), tf.name_scope(name_scope):
             for op in tables:
@@ -751,6 +751,28 @@ class BaechiSession:
         assert self._placed is not None
         return self._placed, kind
 
+    def _replay_table_initializers(self, tables: list[str]) -> None:
+        """The lookup tables of a finalized graph cannot be read: their initializers (the graph's
+        TABLE_INITIALIZERS) are run again in each new session instead, which gives a static
+        table its contents; what a run put into a mutable table is lost."""
+        import tensorflow as tf
+
+        inits = sorted(
+            op.name
+            for op in self._graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+            if isinstance(op, tf.Operation)
+        )
+        if inits:
+            self._replays[_fetch_key(inits, {})] = (inits, {})
+        log.warning(
+            "cannot read the lookup tables of a finalized graph (%s); %s",
+            ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else ""),
+            "their initializers are run again in each new session: what the wrapped session's "
+            "runs put into a mutable table does not carry over" if inits else
+            "none has an initializer in the graph's TABLE_INITIALIZERS, so they start empty: "
+            "run their initializers through the BaechiSession",
+        )
+
     def _replay(self, session: Any) -> None:
         """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
         then as right after them (where the placed session's were, when no run read them since;
@@ -767,7 +789,7 @@ class BaechiSession:
                 first = (str(e.message).strip().splitlines() or [type(e).__name__])[0]
                 log.warning(
                     "could not run the initializer %s again in a new session (%s: %s); its "
-                    "iterator is not initialised there: run its initializer again",
+                    "iterator or table is not initialised there: run its initializer again",
                     ", ".join(key[0]), type(e).__name__, first,
                 )
 
@@ -846,6 +868,8 @@ class BaechiSession:
         if self._user_session is not None:
             if self._user_tables is None:  # made once: each first run that fails reads again
                 self._user_tables = _TableIO(self._user_session.graph, READ_TABLES_SCOPE)
+                if self._user_tables.unread:
+                    self._replay_table_initializers(self._user_tables.unread)
             return _read_user_state(self._user_session, self._user_tables)
         return {}
 
