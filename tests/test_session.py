@@ -393,6 +393,43 @@ def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
     assert "their initializers are run again in each new session" in caplog.text
 
 
+@pytest.mark.parametrize("init_where", ["wrapped", "baechi"])
+def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
+    # A writer's resource lives in the session: the scratch copy and the placed session had none
+    # ("Resource .../create_file_writer/... does not exist"), whether writer.init() ran in the
+    # wrapped session or through the BaechiSession. Profiling must not write into the user's logs.
+    import glob
+
+    logdir = str(tmp_path / "logs")
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [])
+        step = tf.compat.v1.train.get_or_create_global_step()
+        writer = tf.summary.create_file_writer(logdir)
+        with writer.as_default():
+            write = tf.summary.write("loss", x * 2.0, step=step)
+        with tf.control_dependencies([write]):
+            train = step.assign_add(1)
+        init, writer_init, flush = tf.compat.v1.global_variables_initializer(), writer.init(), writer.flush()
+    user = tf.compat.v1.Session(graph=g)
+    user.run(init)
+    if init_where == "wrapped":
+        user.run(writer_init)
+    with BaechiSession(user, num_devices=2, warmup_steps=1, profile_steps=2) as sess:
+        if init_where == "baechi":
+            sess.run(writer_init)
+        for value in (1.0, 2.0, 3.0):
+            sess.run(train, {x: value})
+        sess.run(flush)
+    written = sorted(
+        (e.step, tf.make_ndarray(v.tensor).item())
+        for f in glob.glob(logdir + "/*")
+        for e in tf.compat.v1.train.summary_iterator(f)
+        for v in e.summary.value
+    )
+    assert written == [(0, 2.0), (1, 4.0), (2, 6.0)]
+
+
 def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
     # TF's "GetNext() failed because the iterator has not been initialized" did not say that the
     # wrapped session's initialisation does not carry over.

@@ -61,8 +61,9 @@ import contextlib
 import functools
 import logging
 import threading
+import tempfile
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import (
@@ -911,9 +912,14 @@ class BaechiSession:
                 with scratch.as_default():
                     tf.graph_util.import_graph_def(scratch_def, name="")
                 io = _VariableIO(scratch)
-                with self._session_class(self._target, graph=scratch, config=self._profile_config) as s:
+                with self._session_class(self._target, graph=scratch, config=self._profile_config) as s, \
+                        tempfile.TemporaryDirectory(prefix="baechi_tf_summaries_") as summaries:
                     io.load(s, values)
                     self._replay(s)
+                    # Summaries that profiling runs write go to a folder of their own, not among
+                    # the user's, where they would repeat the real runs' steps.
+                    for op in _writer_inits(scratch, closure):
+                        s.run(op, feed_dict={op.inputs[1]: summaries} if op.type == "CreateSummaryFileWriter" else None)
                     return profile_fetch(
                         s,
                         fetches,
@@ -976,6 +982,11 @@ class BaechiSession:
                     values = self._read_values()  # with the updates of the runs since
             placed.io.load(placed.session, values)
             self._replay(placed.session)
+            # Summary writers live in the session, as iterators do: those of the fetches placed so
+            # far are created again there (each writes a new events file in its folder).
+            inits = _writer_inits(placed.graph, sorted(self._covered | closure))
+            if inits:
+                placed.session.run(inits)
         except BaseException:
             placed.session.close()
             raise
@@ -1090,6 +1101,25 @@ class _FetchKind:
             initializes=initializes,
             queues=any(map(_blocks_on_state, op_types)),
         )
+
+
+# Ops that create a summary writer (``tf.summary.create_file_writer(...).init()``): its resource
+# lives in the session, so each new session needs them run again.
+_WRITER_INIT_TYPES = frozenset({"CreateSummaryFileWriter", "CreateSummaryDbWriter"})
+
+
+def _writer_inits(graph: Any, op_names: Iterable[str]) -> list[Any]:
+    """The ops of `graph` that create the summary writers the ops named `op_names` write with."""
+    writers = set()
+    for name in op_names:
+        for t in graph.get_operation_by_name(name).inputs:
+            if t.op.type == "SummaryWriter":
+                writers.add(t.op.name)
+    return sorted(
+        (op for op in graph.get_operations()
+         if op.type in _WRITER_INIT_TYPES and op.inputs[0].op.name in writers),
+        key=lambda op: op.name,
+    )
 
 
 def _replayable(op_type: str) -> bool:
