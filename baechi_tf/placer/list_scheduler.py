@@ -73,7 +73,9 @@ _INF = float("inf")
 # A transfer looks for a free gap among at most this many bookings after its earliest start
 # before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
 _MAX_GAPS = 16
-_STEPS_PER_UPDATE = 1024  # scheduling steps between progress bar updates
+# Scheduling steps between progress bar updates: a step can take milliseconds when thousands of
+# ready ops wait for copies over one channel, and the bar redraws only every 0.1 s anyway.
+_STEPS_PER_UPDATE = 64
 
 
 def free_at_end_bytes(graph: OpGraph) -> list[int]:
@@ -685,7 +687,7 @@ def run_list_scheduler(
     scheduler = ListScheduler(
         graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
     )
-    label = "simulating" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
+    label = f"simulating {method}" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
     with Progress(label, graph.num_ops, unit="ops") as bar:
         scheduler.run(bar)
     return scheduler.schedule(method)
