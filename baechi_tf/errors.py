@@ -11,6 +11,7 @@ __all__ = [
     "InvalidGraphError",
     "ProfileError",
     "SolverError",
+    "first_line",
 ]
 
 
@@ -36,3 +37,22 @@ class InfeasiblePlacementError(BaechiError):
 
 class SolverError(BaechiError):
     """An LP solver failed, was infeasible, or is not available."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message that says what went wrong, or its type's name.
+
+    TensorFlow 2.21's session errors start with the line "Graph execution error:", which says
+    nothing, and may then say where the op was made ("Detected at node 'x' defined at ..." up to
+    "Node: 'x'"): both are skipped."""
+    text = getattr(error, "message", None) or str(error)
+    where = False  # within the "Detected at node" block
+    for line in str(text).splitlines():
+        line = line.strip()
+        if line.startswith("Detected at node"):
+            where = True
+        elif where:
+            where = not line.startswith("Node: ")
+        elif line and line != "Graph execution error:":
+            return line
+    return type(error).__name__

@@ -354,13 +354,18 @@ def test_the_saved_profile_matches_the_graph_written_before_or_after_the_table_r
         )
         y = vocab.lookup(words) * 3.0
         init = tf.compat.v1.tables_initializer()
+        # A resource variable no op reads (tf.Variable makes a reader): one is added for it too.
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="unread")
+        set_v = tf.raw_ops.AssignVariableOp(resource=handle, value=2.0)
     before = g.as_graph_def()
     user = tf.compat.v1.Session(graph=g)
-    user.run(init)
+    user.run([init, set_v])
     with BaechiSession(user, num_devices=2, cost_path=str(tmp_path / "cost.pb"), **fast()) as sess:
-        assert sess.run(y, {words: ["b", "z"]}).tolist() == [6.0, 0.0]
+        with g.as_default(), tf.name_scope("eval"):  # the readers are made at the root all the same
+            assert sess.run(y, {words: ["b", "z"]}).tolist() == [6.0, 0.0]
     after = g.as_graph_def()
-    assert any(n.name.startswith("baechi_tf_read_tables/") for n in after.node)
+    added = {n.name for n in after.node} - {n.name for n in before.node}
+    assert len(added) == 6 and all(n.startswith("baechi_tf_read_tables/") for n in added), added
     profile = load_profile(str(tmp_path / "cost.pb"))
     assert compare_to_graph(profile, before) is None and compare_to_graph(profile, after) is None
     placed, _ = baechi_tf.place_graph_def(after, profile, baechi_tf.Cluster.homogeneous(2, GiB))
@@ -377,12 +382,14 @@ def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
             tf.lookup.KeyValueTensorInitializer(["a", "b"], tf.constant([1, 2], tf.int64)), -1
         )
         v = tf.Variable(10, dtype=tf.int64, name="v")
+        fed = tf.compat.v1.placeholder(tf.string, [2])  # an initializer that needs a feed
+        other = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(fed, [7, 8]), -1)
         ids = vocab.lookup(words) + v
         doubled = ids * 2  # a new fetch: placed again, in a new session
         init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.tables_initializer()]
         assign = v.assign(100)
     user = tf.compat.v1.Session(graph=g)
-    user.run(init)
+    user.run(init, {fed: ["x", "y"]})
     user.run(assign)
     g.finalize()
     with caplog.at_level("WARNING", logger="baechi_tf"):
@@ -391,6 +398,9 @@ def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
             assert sess.run(doubled, {words: ["b"]}).tolist() == [204]
     assert "cannot read the lookup tables of a finalized graph" in caplog.text
     assert "their initializers are run again in each new session" in caplog.text
+    # The one that needs a feed cannot run again: the others still do, and the warning says why.
+    assert "could not run the initializer key_value_init_1/LookupTableImportV2 again" in caplog.text
+    assert "You must feed a value for placeholder tensor" in caplog.text
 
 
 @pytest.mark.parametrize("init_where", ["wrapped", "baechi"])
@@ -711,8 +721,10 @@ def test_a_step_valid_only_so_many_times_runs_as_on_a_session(budget, caplog):
     said = caplog.text
     if budget in (1, 2):  # a warm-up run or the first traced one failed: one traced on a new copy
         assert "ops over 1 traced steps" in said
+        assert f"profiling run {budget + 1} of 7 failed before any step was traced" in said
+        assert "assertion failed: [over budget]" in said  # not TF's "Graph execution error:"
     elif budget == 4:  # two warm-up runs, two traced, then the fifth run failed
-        assert "profiling run 5 of 7 failed (InvalidArgumentError" in said
+        assert "profiling run 5 of 7 failed (InvalidArgumentError: assertion failed: [over budget]" in said
         assert "placing by the 2 step(s) traced before it" in said and "ops over 2 traced steps" in said
     elif budget == 20:
         assert "ops over 5 traced steps" in said and "failed" not in said

@@ -164,15 +164,16 @@ def _node_digest(node: Any) -> int:
 
 
 READ_TABLES_SCOPE = "baechi_tf_read_tables"
-"""The name scope of the ops `BaechiSession` adds to the graph it wraps to read its lookup tables
-(TF makes it ``baechi_tf_read_tables_1`` for a second BaechiSession of the graph)."""
+"""The root name scope of the ops `BaechiSession` adds to the graph it wraps to read its lookup
+tables and the resource variables no op reads (``baechi_tf_read_tables_1`` for a second
+BaechiSession of a graph, before they were kept in one)."""
 _READ_TABLES = re.compile(re.escape(READ_TABLES_SCOPE) + r"(_\d+)?/")
 
 
 def graph_nodes(graph_def) -> tuple[GraphNode, ...]:
     """The name, type and digest (type, inputs, attributes) of every node of `graph_def`, in
-    node order, but those `BaechiSession` added to read lookup tables: a graph written after a
-    BaechiSession ran holds them, and must match a profile taken before."""
+    node order, but those `BaechiSession` added to read lookup tables and variables: a graph
+    written after a BaechiSession ran holds them, and must match a profile taken before."""
     return tuple(
         GraphNode(n.name, n.op, _node_digest(n)) for n in graph_def.node if not _READ_TABLES.match(n.name)
     )

@@ -41,7 +41,7 @@ from baechi_tf.cost_model.profile import (
     graph_nodes,
     median,
 )
-from baechi_tf.errors import ConfigError, ProfileError
+from baechi_tf.errors import ConfigError, ProfileError, first_line
 
 __all__ = [
     "ProfilingCutShort",
@@ -189,14 +189,9 @@ class ProfilingCutShort(Exception):
     traced (`runs` runs had succeeded; `error` is TF's)."""
 
     def __init__(self, runs: int, error: Exception) -> None:
-        super().__init__(f"profiling run {runs + 1} failed before any step was traced: {_first_line(error)}")
+        super().__init__(f"profiling run {runs + 1} failed before any step was traced: {first_line(error)}")
         self.runs = runs
         self.error = error
-
-
-def _first_line(error: Exception) -> str:
-    text = str(getattr(error, "message", error)).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def profile_fetch(
@@ -257,7 +252,7 @@ def profile_fetch(
                     log.warning(
                         "profiling run %d of %d failed (%s: %s); placing by the %d step(s) traced "
                         "before it", runs + 1, warmup_steps + traced_steps, type(e).__name__,
-                        _first_line(e), len(traces),
+                        first_line(e), len(traces),
                     )
                 break
             runs += 1

@@ -52,7 +52,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from baechi_tf import interrupts
 from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, check_device_count, device_task
-from baechi_tf.errors import ConfigError
+from baechi_tf.errors import ConfigError, first_line
 from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
     DeviceSetup,
@@ -519,7 +519,7 @@ def discover_devices(
         with tf.compat.v1.Session(target, graph=tf.Graph(), config=probe) as session:
             listed = session.list_devices()
     except tf.errors.OpError as e:
-        first = (str(e.message or e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise ClusterUnreachableError(
             f"the TensorFlow server at {address} did not list its cluster's devices within "
             f"{timeout_s:g} s ({type(e).__name__}: {first}): every task of its cluster spec "
@@ -906,7 +906,7 @@ def _serve(args: argparse.Namespace) -> int:
             start=True,
         )
     except tf.errors.OpError as e:
-        first = (e.message or str(e)).strip().splitlines()[0]
+        first = first_line(e)
         raise ConfigError(
             f"cannot start the server of /job:{job}/task:{index} at {addresses[index]} ({first}): "
             "is the port in use, or the host not this machine's? give another address"

@@ -74,7 +74,7 @@ from baechi_tf.cost_model.profile import (
     merge_profiles,
     save_profile,
 )
-from baechi_tf.errors import ConfigError
+from baechi_tf.errors import ConfigError, first_line
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
@@ -124,7 +124,8 @@ class _TableIO:
         self.unread = [op.name for op in tables] if graph.finalized else []
         if self.unread:  # no op can be added to read them
             return
-        with graph.as_default(), tf.name_scope(name_scope):
+        # At the root, whatever scope the first run is made in: `graph_nodes` knows them by it.
+        with graph.as_default(), graph.name_scope(name_scope + "/"):
             for op in tables:
                 with graph.colocate_with(op):
                     handle = op.outputs[0]
@@ -235,7 +236,8 @@ def _read_user_variables(session: Any) -> dict[str, Any]:
             None,
         )
         if reader is None and not graph.finalized:
-            with graph.as_default(), graph.device(op.device):
+            # Beside the table readers, so that a profile's fingerprint leaves it out too.
+            with graph.as_default(), graph.name_scope(READ_TABLES_SCOPE + "/"), graph.device(op.device):
                 reader = tf.raw_ops.ReadVariableOp(
                     resource=op.outputs[0], dtype=tf.as_dtype(op.get_attr("dtype"))
                 )
@@ -763,8 +765,8 @@ class BaechiSession:
             for op in self._graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
             if isinstance(op, tf.Operation)
         )
-        if inits:
-            self._replays[_fetch_key(inits, {})] = (inits, {})
+        for name in inits:  # one by one: one that fails again (a fed input) leaves the others
+            self._replays[_fetch_key([name], {})] = ([name], {})
         log.warning(
             "cannot read the lookup tables of a finalized graph (%s); %s",
             ", ".join(tables[:3]) + (", ..." if len(tables) > 3 else ""),
@@ -787,7 +789,7 @@ class BaechiSession:
                 session.run(named, feed_dict=feeds)
             except tf.errors.OpError as e:
                 self._replays.pop(key, None)
-                first = (str(e.message).strip().splitlines() or [type(e).__name__])[0]
+                first = first_line(e)
                 log.warning(
                     "could not run the initializer %s again in a new session (%s: %s); its "
                     "iterator or table is not initialised there: run its initializer again",
@@ -943,7 +945,15 @@ class BaechiSession:
                 try:
                     profile = profile_on_scratch(warmup_steps, traced_steps)
                     break
-                except (tf.errors.OutOfRangeError, ProfilingCutShort):
+                except tf.errors.OutOfRangeError:
+                    continue
+                except ProfilingCutShort as e:
+                    if not isinstance(e.error, tf.errors.OutOfRangeError):
+                        log.warning(
+                            "profiling run %d of %d failed before any step was traced (%s: %s); "
+                            "tracing the first run on a new copy instead", e.runs + 1,
+                            warmup_steps + traced_steps, type(e.error).__name__, first_line(e.error),
+                        )
                     continue
             else:
                 log.warning(
