@@ -403,7 +403,7 @@ def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
     assert "You must feed a value for placeholder tensor" in caplog.text
 
 
-@pytest.mark.parametrize("init_where", ["wrapped", "baechi"])
+@pytest.mark.parametrize("init_where", ["wrapped", "baechi", "baechi, logdir fed", "nowhere"])
 def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
     # A writer's resource lives in the session: the scratch copy and the placed session had none
     # ("Resource .../create_file_writer/... does not exist"), whether writer.init() ran in the
@@ -415,7 +415,8 @@ def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [])
         step = tf.compat.v1.train.get_or_create_global_step()
-        writer = tf.summary.create_file_writer(logdir)
+        fed = tf.compat.v1.placeholder(tf.string, [])
+        writer = tf.summary.create_file_writer(fed if "fed" in init_where else logdir)
         with writer.as_default():
             write = tf.summary.write("loss", x * 2.0, step=step)
         with tf.control_dependencies([write]):
@@ -426,8 +427,13 @@ def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
     if init_where == "wrapped":
         user.run(writer_init)
     with BaechiSession(user, num_devices=2, warmup_steps=1, profile_steps=2) as sess:
-        if init_where == "baechi":
-            sess.run(writer_init)
+        if init_where.startswith("baechi"):
+            sess.run(writer_init, {fed: logdir})
+        if init_where == "nowhere":  # as on a Session: no writer, no events file made for it
+            with pytest.raises(tf.errors.NotFoundError, match="create_file_writer"):
+                sess.run(train, {x: 1.0})
+            assert not os.path.exists(logdir)
+            return
         for value in (1.0, 2.0, 3.0):
             sess.run(train, {x: value})
         sess.run(flush)
@@ -438,6 +444,34 @@ def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
         for v in e.summary.value
     )
     assert written == [(0, 2.0), (1, 4.0), (2, 6.0)]
+
+
+def test_profiling_runs_write_no_rows_into_a_summary_database(tmp_path):
+    # A database writer's profiling copy wrote the seven profiling steps into the user's database.
+    import sqlite3
+
+    db = str(tmp_path / "summaries.sqlite")
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [])
+        step = tf.compat.v1.train.get_or_create_global_step()
+        writer = tf.raw_ops.SummaryWriter(shared_name="db", container="")
+        writer_init = tf.raw_ops.CreateSummaryDbWriter(
+            writer=writer, db_uri=db, experiment_name="e", run_name="r", user_name="u")
+        write = tf.raw_ops.WriteScalarSummary(writer=writer, step=step, tag="loss", value=x * 2.0)
+        with tf.control_dependencies([write]):
+            train = tf.compat.v1.assign_add(step, 1)
+        flush = tf.raw_ops.FlushSummaryWriter(writer=writer)
+        init = tf.compat.v1.global_variables_initializer()
+    user = tf.compat.v1.Session(graph=g)
+    user.run([init, writer_init])
+    with BaechiSession(user, num_devices=2, warmup_steps=2, profile_steps=5) as sess:
+        for value in (1.0, 2.0, 3.0):
+            sess.run(train, {x: value})
+        sess.run(flush)
+    user.close()
+    rows = sqlite3.connect(db).execute("select step from Tensors where step is not null order by step")
+    assert rows.fetchall() == [(0,), (1,), (2,)]
 
 
 def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():

@@ -60,10 +60,11 @@ import dataclasses
 import contextlib
 import functools
 import logging
+import os
 import threading
 import tempfile
 import time
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import (
@@ -754,6 +755,42 @@ class BaechiSession:
         assert self._placed is not None
         return self._placed, kind
 
+    def _replay_user_writers(self) -> None:
+        """The summary writers the wrapped session made (``writer.init()``) do not carry over:
+        their initializers are run again in each new session. A flush (an op added beside the
+        table readers) tells which exist there; one whose initializer needs a feed cannot be
+        made again, and a warning says to run it through the BaechiSession."""
+        import tensorflow as tf
+
+        graph = self._user_session.graph
+        writers = [op for op in graph.get_operations() if op.type == "SummaryWriter"]
+        if not writers:
+            return
+        if graph.finalized:
+            log.warning(
+                "cannot tell which summary writers of a finalized graph the wrapped session made; "
+                "none is made in the placed sessions: run their writer.init() through the BaechiSession"
+            )
+            return
+        with graph.as_default(), graph.name_scope(READ_TABLES_SCOPE + "/"):
+            probes = [tf.raw_ops.FlushSummaryWriter(writer=op.outputs[0]) for op in writers]
+        for writer, probe in zip(writers, probes):
+            try:
+                self._user_session.run(probe)
+            except tf.errors.OpError:
+                continue  # not made there: a run that writes with it fails, as on a Session
+            for init in graph.get_operations():
+                if init.type not in _WRITER_INIT_TYPES or init.inputs[0].op is not writer:
+                    continue
+                if _needs_feed(init):
+                    log.warning(
+                        "the summary writer %s made in the wrapped session is not made in the placed "
+                        "sessions: its initializer %s needs a feed; run it through the BaechiSession",
+                        writer.name, init.name,
+                    )
+                else:
+                    self._replays[_fetch_key([init.name], {})] = ([init.name], {})
+
     def _replay_table_initializers(self, tables: list[str]) -> None:
         """The lookup tables of a finalized graph cannot be read: their initializers (the graph's
         TABLE_INITIALIZERS) are run again in each new session instead, which gives a static
@@ -776,17 +813,27 @@ class BaechiSession:
             "run their initializers through the BaechiSession",
         )
 
-    def _replay(self, session: Any) -> None:
-        """Runs the recorded iterator initialisations in `session`, a new one: its iterators are
-        then as right after them (where the placed session's were, when no run read them since;
-        otherwise back at their start, as the warning of a new placement with state in use says).
+    def _replay(self, session: Any, summaries: Optional[str] = None) -> None:
+        """Runs the recorded initialisations (of iterators, summary writers, a finalized graph's
+        tables) in `session`, a new one: its iterators are then as right after them (where the
+        placed session's were, when no run read them since; otherwise back at their start, as
+        the warning of a new placement with state in use says), and its writers write a new
+        events file in their folder. With `summaries` (a profiling copy), the writers write into
+        that folder instead: the profiling runs' summaries would repeat the real runs' steps.
         One that fails now (a file it read is gone) is dropped with a warning, not the placement:
         its iterator is then uninitialised there, and TF's error says so if a run reads it."""
         import tensorflow as tf
 
+        redirect = {}
+        if summaries is not None:
+            for op in session.graph.get_operations():
+                if op.type == "CreateSummaryFileWriter":
+                    redirect[op.inputs[1].name] = summaries
+                elif op.type == "CreateSummaryDbWriter":
+                    redirect[op.inputs[1].name] = os.path.join(summaries, "summaries.sqlite")
         for key, (named, feeds) in list(self._replays.items()):
             try:
-                session.run(named, feed_dict=feeds)
+                session.run(named, feed_dict={**feeds, **redirect} if redirect else feeds)
             except tf.errors.OpError as e:
                 self._replays.pop(key, None)
                 first = first_line(e)
@@ -873,6 +920,7 @@ class BaechiSession:
                 self._user_tables = _TableIO(self._user_session.graph, READ_TABLES_SCOPE)
                 if self._user_tables.unread:
                     self._replay_table_initializers(self._user_tables.unread)
+                self._replay_user_writers()
             return _read_user_state(self._user_session, self._user_tables)
         return {}
 
@@ -917,11 +965,7 @@ class BaechiSession:
                 with self._session_class(self._target, graph=scratch, config=self._profile_config) as s, \
                         tempfile.TemporaryDirectory(prefix="baechi_tf_summaries_") as summaries:
                     io.load(s, values)
-                    self._replay(s)
-                    # Summaries that profiling runs write go to a folder of their own, not among
-                    # the user's, where they would repeat the real runs' steps.
-                    for op in _writer_inits(scratch, closure):
-                        s.run(op, feed_dict={op.inputs[1]: summaries} if op.type == "CreateSummaryFileWriter" else None)
+                    self._replay(s, summaries=summaries)
                     return profile_fetch(
                         s,
                         fetches,
@@ -992,11 +1036,6 @@ class BaechiSession:
                     values = self._read_values()  # with the updates of the runs since
             placed.io.load(placed.session, values)
             self._replay(placed.session)
-            # Summary writers live in the session, as iterators do: those of the fetches placed so
-            # far are created again there (each writes a new events file in its folder).
-            inits = _writer_inits(placed.graph, sorted(self._covered | closure))
-            if inits:
-                placed.session.run(inits)
         except BaseException:
             placed.session.close()
             raise
@@ -1105,7 +1144,8 @@ class _FetchKind:
         # Run again in a new session, a fetch that also assigns a variable (an initializer run
         # with the iterator's) would undo what the runs since did: only iterator set-up, dataset
         # construction and stateless ops may be in it.
-        initializes = "MakeIterator" in stateful and all(map(_replayable, op_types))
+        sets_up = "MakeIterator" in op_types or bool(op_types & _WRITER_INIT_TYPES)
+        initializes = sets_up and all(map(_replayable, op_types))
         return cls(
             uses_state=bool(stateful) and not initializes,
             initializes=initializes,
@@ -1118,18 +1158,19 @@ class _FetchKind:
 _WRITER_INIT_TYPES = frozenset({"CreateSummaryFileWriter", "CreateSummaryDbWriter"})
 
 
-def _writer_inits(graph: Any, op_names: Iterable[str]) -> list[Any]:
-    """The ops of `graph` that create the summary writers the ops named `op_names` write with."""
-    writers = set()
-    for name in op_names:
-        for t in graph.get_operation_by_name(name).inputs:
-            if t.op.type == "SummaryWriter":
-                writers.add(t.op.name)
-    return sorted(
-        (op for op in graph.get_operations()
-         if op.type in _WRITER_INIT_TYPES and op.inputs[0].op.name in writers),
-        key=lambda op: op.name,
-    )
+def _needs_feed(op: Any) -> bool:
+    """Whether running `op` needs a feed: a placeholder without a default among its inputs."""
+    seen, stack = set(), [op]
+    while stack:
+        o = stack.pop()
+        if o.name in seen:
+            continue
+        seen.add(o.name)
+        if o.type in ("Placeholder", "PlaceholderV2"):
+            return True
+        stack.extend(t.op for t in o.inputs)
+        stack.extend(o.control_inputs)
+    return False
 
 
 def _replayable(op_type: str) -> bool:
@@ -1138,7 +1179,9 @@ def _replayable(op_type: str) -> bool:
     and caches datasets make), or an op TF registers as stateless."""
     from tensorflow.python.framework import op_def_registry
 
-    if op_type in _ITERATOR_SETUP_TYPES or any(w in op_type for w in ("Dataset", "SeedGenerator", "MemoryCache")):
+    if op_type in _ITERATOR_SETUP_TYPES or op_type in _WRITER_INIT_TYPES or op_type == "SummaryWriter":
+        return True
+    if any(w in op_type for w in ("Dataset", "SeedGenerator", "MemoryCache")):
         return True
     op_def = op_def_registry.get(op_type)
     return op_def is not None and not op_def.is_stateful
