@@ -623,21 +623,28 @@ def _best_local_set_us(
 def single_device_schedule(
     graph: OpGraph, cluster: Cluster, groups: Optional[Groups] = None
 ) -> Optional[Schedule]:
-    """Everything on the device with the most memory, or None when the graph does not fit.
+    """Everything on one device, or None when the graph does not fit: the device every pinned op
+    is pinned to when they share one and it holds the graph, else the device with the most memory.
 
     Pinned ops (with their `groups`, when given) stay on their pinned devices.
     """
     from baechi_tf.placer.list_scheduler import pinned_device_index
 
     capacities = [d.memory_bytes for d in cluster.devices]
-    device_of = np.full(graph.num_ops, capacities.index(max(capacities)), dtype=np.int32)
+    pins = np.full(graph.num_ops, -1, dtype=np.int32)
     for op, name in enumerate(graph.pinned_device):
         if name is not None:
             dev = pinned_device_index(graph, cluster, op)
             if groups is not None:
-                device_of[groups.members[int(groups.group_of[op])]] = dev
-            device_of[op] = dev
-    try:
-        return simulate(graph, cluster, Placement(device_of, "single"))
-    except InfeasiblePlacementError:
-        return None
+                pins[groups.members[int(groups.group_of[op])]] = dev
+            pins[op] = dev
+    pinned = np.unique(pins[pins >= 0]).tolist()
+    bases = pinned if len(pinned) == 1 else []
+    bases.append(capacities.index(max(capacities)))
+    for base in dict.fromkeys(bases):
+        device_of = np.where(pins >= 0, pins, base).astype(np.int32)
+        try:
+            return simulate(graph, cluster, Placement(device_of, "single"))
+        except InfeasiblePlacementError:
+            continue
+    return None
