@@ -15,10 +15,11 @@ original's ``/tmp/cost.pkl`` is kept as a path only; nothing is ever pickled or 
 
 **Placement** (no ``--costgen``) rebuilds the same graph, loads the profile (taken on the same
 graph: checked by fingerprint), places it with ``--placement_method`` (``m_topo``, ``m_etf``,
-``m_sct``, ``heft``, ``layers``, ``auto``, or the baselines ``single``, everything on one device, and
-``expert``, the model's hand layout), prints the placement summary, the placement time and the
-simulated step time, then runs the placed graph: ``--warmup_steps`` untimed steps, ``--timed_steps``
-timed ones and one traced step, whose step stats show where each op really ran.
+``m_sct``, ``heft``, ``layers``, ``packed``, ``m_topo_nonuniform``, ``auto``, or the baselines
+``single``, everything on one device, and ``expert``, the model's hand layout), prints the
+placement summary, the placement time and the simulated step time, then runs the placed graph:
+``--warmup_steps`` untimed steps, ``--timed_steps`` timed ones and one traced step, whose step
+stats show where each op really ran.
 
 **Devices**: ``--num_gpus`` GPUs when the machine has that many; otherwise ``--num_gpus`` virtual
 CPU devices stand in for them (CPU:1..N, with ``--memory_per_device`` each; CPU:0 is the host,

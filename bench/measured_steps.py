@@ -84,7 +84,8 @@ def measure(name: str, methods: list[str], rounds: int, steps: int, seed: int) -
                 "sim_ms": report.makespan_us / 1e3,
                 "times": [],
             }
-            print(f"  {name} {method}: placed on {rows[method]['devices']} devices",
+            devices = rows[method]["devices"]
+            print(f"  {name} {method}: placed on {devices} device{'s' * (devices != 1)}",
                   file=sys.stderr, flush=True)
         order = random.Random(seed)
         for r in range(rounds):

@@ -286,8 +286,9 @@ def profile_to_bytes(profile: CostProfile) -> bytes:
 
 def _not_a_profile(source: str, why: str) -> ProfileError:
     return ProfileError(
-        f"{source} is not a baechi_tf cost profile ({why}); profile the graph again with "
-        "baechi_tf.cost_model.profile_fetch (or BaechiSession) to make one"
+        f"{source} is not a baechi_tf cost profile ({why}); profile the graph again to make one "
+        "(train.py --costgen, BaechiSession(cost_path=...) or baechi_tf.cost_model.profile_fetch; "
+        "baechi place also takes traced steps' RunMetadata, --run_metadata)"
     )
 
 

@@ -345,7 +345,7 @@ def _fit_instead(
         ) from None
     log.warning(
         "%s ran out of memory (%s); using a placement that a search found to fit instead, after "
-        "%d tries", method, error, search.tried,
+        "%d %s", method, error, search.tried, "try" if search.tried == 1 else "tries",
     )
     return Placement(found.device_of, f"{method}+fit")
 
