@@ -4,6 +4,8 @@ Every error is a :class:`BaechiError`; its message names the op, device or file 
 how to fix it. The command line turns a ``BaechiError`` into one line on stderr and exit status 2.
 """
 
+import re
+
 __all__ = [
     "BaechiError",
     "ConfigError",
@@ -43,16 +45,18 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message that says what went wrong, or its type's name.
 
     TensorFlow 2.21's session errors start with the line "Graph execution error:", which says
-    nothing, and may then say where the op was made ("Detected at node 'x' defined at ..." up to
-    "Node: 'x'"): both are skipped."""
-    text = getattr(error, "message", None) or str(error)
-    where = False  # within the "Detected at node" block
-    for line in str(text).splitlines():
-        line = line.strip()
+    nothing, may then say where the op was made ("Detected at node 'x' defined at ..." up to
+    "Node: 'x'"), and with several causes say "2 root error(s) found." before "(0) ...": those
+    are skipped, and the first cause is given without its "(0) "."""
+    text = str(getattr(error, "message", None) or error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    where = False  # within a "Detected at node" block
+    for line in lines:
         if line.startswith("Detected at node"):
             where = True
         elif where:
             where = not line.startswith("Node: ")
-        elif line and line != "Graph execution error:":
-            return line
-    return type(error).__name__
+        elif line != "Graph execution error:" and not re.fullmatch(r"\d+ root error\(s\) found\.", line):
+            return re.sub(r"^\(\d+\) ", "", line)
+    rest = [line for line in lines if line != "Graph execution error:"]
+    return (rest or lines or [type(error).__name__])[0]

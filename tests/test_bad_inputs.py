@@ -232,3 +232,31 @@ def test_session_graph_that_cannot_fit(tmp_path):
                        memory_bytes_per_device=4096) as sess:
         with pytest.raises(InfeasiblePlacementError, match="cannot run on any device.*give the devices more memory"):
             sess.run(model.init)  # the first run of a fetch profiles and places the graph
+
+
+def test_first_line_gives_the_cause_of_a_tensorflow_session_error():
+    # TF 2.21's messages start "Graph execution error:"; warnings that quoted the first line said
+    # nothing else. Several causes come as "2 root error(s) found." and then "(0) ...".
+    import tensorflow as tf
+
+    from baechi_tf.errors import first_line
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        with tf.device("/cpu:0"):
+            a = tf.debugging.check_numerics(x, "bad0")
+        with tf.device("/cpu:1"):
+            b = tf.debugging.check_numerics(x * 2.0, "bad1")
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    with tf.compat.v1.Session(graph=g, config=config) as sess:
+        with pytest.raises(tf.errors.InvalidArgumentError) as missing:
+            sess.run(a)
+        with pytest.raises(tf.errors.InvalidArgumentError) as two:
+            sess.run([a, b], {x: [float("nan"), 1.0]})
+    assert first_line(missing.value).startswith("You must feed a value for placeholder tensor 'x'")
+    said = first_line(two.value)
+    assert said.startswith("INVALID_ARGUMENT: bad") and "Tensor had NaN values" in said, said
+    assert first_line(ValueError("")) == "ValueError"
+    assert first_line(ValueError("Graph execution error:\nDetected at node 'x'\n  File f")) == (
+        "Detected at node 'x'")

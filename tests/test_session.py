@@ -403,7 +403,8 @@ def test_the_tables_of_a_finalized_graph_are_initialised_again(caplog):
     assert "You must feed a value for placeholder tensor" in caplog.text
 
 
-@pytest.mark.parametrize("init_where", ["wrapped", "baechi", "baechi, logdir fed", "nowhere"])
+@pytest.mark.parametrize(
+    "init_where", ["wrapped", "baechi", "baechi, logdir fed", "baechi, with the variables", "in the step", "nowhere"])
 def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
     # A writer's resource lives in the session: the scratch copy and the placed session had none
     # ("Resource .../create_file_writer/... does not exist"), whether writer.init() ran in the
@@ -417,7 +418,8 @@ def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
         step = tf.compat.v1.train.get_or_create_global_step()
         fed = tf.compat.v1.placeholder(tf.string, [])
         writer = tf.summary.create_file_writer(fed if "fed" in init_where else logdir)
-        with writer.as_default():
+        with writer.as_default(), tf.control_dependencies(
+                [writer.init()] if init_where == "in the step" else []):
             write = tf.summary.write("loss", x * 2.0, step=step)
         with tf.control_dependencies([write]):
             train = step.assign_add(1)
@@ -427,7 +429,9 @@ def test_tf2_summary_writers_write_each_step_once(init_where, tmp_path):
     if init_where == "wrapped":
         user.run(writer_init)
     with BaechiSession(user, num_devices=2, warmup_steps=1, profile_steps=2) as sess:
-        if init_where.startswith("baechi"):
+        if init_where == "baechi, with the variables":  # not replayed whole: it resets step
+            sess.run([init, writer_init])
+        elif init_where.startswith("baechi"):
             sess.run(writer_init, {fed: logdir})
         if init_where == "nowhere":  # as on a Session: no writer, no events file made for it
             with pytest.raises(tf.errors.NotFoundError, match="create_file_writer"):

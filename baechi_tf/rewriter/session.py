@@ -542,6 +542,9 @@ class BaechiSession:
                     key = _fetch_key(named, feeds)
                     self._replays.pop(key, None)
                     self._replays[key] = (named, feeds)
+            if kind.writer_inits:  # each writer the run made, alone, with the feeds it read
+                with self._lock:
+                    self._record_writer_inits(kind.writer_inits, feeds)
             return values
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
@@ -748,12 +751,29 @@ class BaechiSession:
                         "first run to keep them"
                     )
                 self._profile_and_place(named, feeds, closure, timeout_ms)
-            self._ready[key] = _FetchKind.of({self._graph.get_operation_by_name(n).type for n in closure})
+            ops = [self._graph.get_operation_by_name(n) for n in closure]
+            self._ready[key] = _FetchKind.of(
+                {op.type for op in ops},
+                tuple(sorted(op.name for op in ops if op.type in _WRITER_INIT_TYPES)),
+            )
             self._ran |= closure
         kind = self._ready[key]
         self._state_in_use = self._state_in_use or kind.uses_state
         assert self._placed is not None
         return self._placed, kind
+
+    def _record_writer_inits(self, names: tuple[str, ...], feeds: dict[str, Any]) -> None:
+        """Records the summary writer initializers `names`, which a run made with `feeds`, to be
+        run again in each new session (alone: the rest of the run may change state)."""
+        for name in names:
+            used = {
+                t.name
+                for n in self._closure((name,), feeds)
+                for t in self._graph.get_operation_by_name(n).inputs
+                if t.name in feeds
+            }
+            own = {t: feeds[t] for t in sorted(used)}
+            self._replays[_fetch_key([name], own)] = ([name], own)
 
     def _replay_user_writers(self) -> None:
         """The summary writers the wrapped session made (``writer.init()``) do not carry over:
@@ -824,13 +844,7 @@ class BaechiSession:
         its iterator is then uninitialised there, and TF's error says so if a run reads it."""
         import tensorflow as tf
 
-        redirect = {}
-        if summaries is not None:
-            for op in session.graph.get_operations():
-                if op.type == "CreateSummaryFileWriter":
-                    redirect[op.inputs[1].name] = summaries
-                elif op.type == "CreateSummaryDbWriter":
-                    redirect[op.inputs[1].name] = os.path.join(summaries, "summaries.sqlite")
+        redirect = _summary_redirect(session.graph, summaries) if summaries is not None else {}
         for key, (named, feeds) in list(self._replays.items()):
             try:
                 session.run(named, feed_dict={**feeds, **redirect} if redirect else feeds)
@@ -966,6 +980,10 @@ class BaechiSession:
                         tempfile.TemporaryDirectory(prefix="baechi_tf_summaries_") as summaries:
                     io.load(s, values)
                     self._replay(s, summaries=summaries)
+                    # The fetch's own writers too: made now, redirected, its runs find them made.
+                    inits = [n for n in sorted(closure) if scratch.get_operation_by_name(n).type in _WRITER_INIT_TYPES]
+                    if inits:
+                        s.run(inits, feed_dict={**feeds, **_summary_redirect(scratch, summaries)})
                     return profile_fetch(
                         s,
                         fetches,
@@ -1137,25 +1155,38 @@ class _FetchKind:
     uses_state: bool  # reads or changes it (`_holds_state`), more than `initializes`
     initializes: bool  # initialises iterators and nothing more: can be run again in a new session
     queues: bool  # takes from or puts into a queue (`_blocks_on_state`)
+    writer_inits: tuple[str, ...] = ()  # the ops that make summary writers it runs
 
     @classmethod
-    def of(cls, op_types: set[str]) -> "_FetchKind":
+    def of(cls, op_types: set[str], writer_inits: tuple[str, ...] = ()) -> "_FetchKind":
         stateful = {t for t in op_types if _holds_state(t)}
         # Run again in a new session, a fetch that also assigns a variable (an initializer run
         # with the iterator's) would undo what the runs since did: only iterator set-up, dataset
         # construction and stateless ops may be in it.
-        sets_up = "MakeIterator" in op_types or bool(op_types & _WRITER_INIT_TYPES)
-        initializes = sets_up and all(map(_replayable, op_types))
+        initializes = "MakeIterator" in stateful and all(map(_replayable, op_types))
         return cls(
             uses_state=bool(stateful) and not initializes,
             initializes=initializes,
             queues=any(map(_blocks_on_state, op_types)),
+            writer_inits=writer_inits,
         )
 
 
 # Ops that create a summary writer (``tf.summary.create_file_writer(...).init()``): its resource
 # lives in the session, so each new session needs them run again.
 _WRITER_INIT_TYPES = frozenset({"CreateSummaryFileWriter", "CreateSummaryDbWriter"})
+
+
+def _summary_redirect(graph: Any, folder: str) -> dict[str, str]:
+    """Feeds that make the summary writers of `graph` write into `folder` (a database writer
+    into a file there) instead of where the graph says."""
+    redirect = {}
+    for op in graph.get_operations():
+        if op.type == "CreateSummaryFileWriter":
+            redirect[op.inputs[1].name] = folder
+        elif op.type == "CreateSummaryDbWriter":
+            redirect[op.inputs[1].name] = os.path.join(folder, "summaries.sqlite")
+    return redirect
 
 
 def _needs_feed(op: Any) -> bool:
@@ -1179,9 +1210,7 @@ def _replayable(op_type: str) -> bool:
     and caches datasets make), or an op TF registers as stateless."""
     from tensorflow.python.framework import op_def_registry
 
-    if op_type in _ITERATOR_SETUP_TYPES or op_type in _WRITER_INIT_TYPES or op_type == "SummaryWriter":
-        return True
-    if any(w in op_type for w in ("Dataset", "SeedGenerator", "MemoryCache")):
+    if op_type in _ITERATOR_SETUP_TYPES or any(w in op_type for w in ("Dataset", "SeedGenerator", "MemoryCache")):
         return True
     op_def = op_def_registry.get(op_type)
     return op_def is not None and not op_def.is_stateful
