@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baechi_tf.placer.list_scheduler import format_bytes, pinned_device_index
+from baechi_tf.placer.list_scheduler import format_bytes
 
 __all__ = ["one_device_label", "summary_table"]
 
@@ -10,9 +10,8 @@ __all__ = ["one_device_label", "summary_table"]
 def one_device_label(result) -> str:
     """What the one-device baseline (`single_device_makespan_us`) is: "one device", or, when
     pinned ops keep it on several, "one device + pins (N devices)"."""
-    graph, cluster = result.graph, result.cluster
-    pinned = {pinned_device_index(graph, cluster, op) for op, name in enumerate(graph.pinned_device) if name}
-    return "one device" if len(pinned) < 2 else f"one device + pins ({len(pinned)} devices)"
+    n = result.single_device_count
+    return "one device" if n < 2 else f"one device + pins ({n} devices)"
 
 
 def summary_table(result) -> str:

@@ -332,3 +332,36 @@ def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
     assert proc.wait(timeout=300) == 141, err
     assert err == "" and json.loads(out.read_text())["placement"]
     assert (reports / "summary.json").exists()
+
+
+def test_the_one_device_baseline_and_its_label_with_host_ops_and_small_devices():
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.placer.pipeline import PlacementOptions, place
+    from baechi_tf.report import one_device_label
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    # With ops on the host, the baseline was made again on the largest device, pins and all:
+    # `single` (everything on GPU:1, where 'a' is pinned) showed a 1.73x speed-up over itself.
+    b = OpGraphBuilder()
+    b.add_op("in", compute_us=5, output_bytes=[4_000_000], device="/device:CPU:0")
+    b.add_op("a", compute_us=100, output_bytes=[4_000_000], device="/device:GPU:1")
+    b.add_op("b", compute_us=100, output_bytes=[4_000_000])
+    b.add_edge("in", "a")
+    b.add_edge("a", "b")
+    gpus = Cluster((Device("/device:GPU:0", 10**9), Device("/device:GPU:1", 10**9)))
+    host = Device("/device:CPU:0", 10**10, type="CPU")
+    r = place_with_host(b.build(), gpus, host, PlacementOptions(placement_method="single"))
+    assert r.single_device_makespan_us == pytest.approx(r.makespan_us)
+    assert one_device_label(r) == "one device"
+
+    # The pins share GPU:1, too small for the graph: the baseline runs on GPU:0 and GPU:1, and
+    # the label said "one device".
+    b = OpGraphBuilder()
+    b.add_op("a", compute_us=100, output_bytes=[1_000_000], device="/device:GPU:1")
+    for i in range(4):
+        b.add_op(f"x{i}", compute_us=100, output_bytes=[1_000_000], persistent_bytes=3_000_000)
+        b.add_edge("a" if i == 0 else f"x{i - 1}", f"x{i}")
+    small = Cluster((Device("/device:GPU:0", 10**9), Device("/device:GPU:1", 8_000_000)))
+    r = place(b.build(), small, PlacementOptions(placement_method="m_etf"))
+    assert r.single_device_count == 2 and one_device_label(r) == "one device + pins (2 devices)"

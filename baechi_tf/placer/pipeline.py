@@ -13,6 +13,8 @@ import numbers
 import time
 from typing import Callable, Mapping, Optional
 
+import numpy as np
+
 from baechi_tf.cluster import Cluster
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
@@ -296,6 +298,7 @@ class PlacementResult:
     schedule: Schedule
     lower_bound_us: float
     single_device_makespan_us: Optional[float]  # None when the graph does not fit one device
+    single_device_count: int  # devices the one-device baseline uses (more than 1: pins)
     placement_seconds: float  # wall time of the whole pipeline
     step_seconds: dict[str, float]
     candidates: Optional[dict[str, Optional[float]]] = None  # auto: makespan of each placer
@@ -448,6 +451,7 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
         schedule=schedule,
         lower_bound_us=bound,
         single_device_makespan_us=None if baseline is None else baseline.makespan_us,
+        single_device_count=1 if baseline is None else len(np.unique(baseline.placement.device_of)),
         placement_seconds=time.perf_counter() - t_all,
         step_seconds=step.seconds,
         candidates=auto.candidates if auto else None,

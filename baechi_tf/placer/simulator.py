@@ -623,11 +623,22 @@ def _best_local_set_us(
 def single_device_schedule(
     graph: OpGraph, cluster: Cluster, groups: Optional[Groups] = None
 ) -> Optional[Schedule]:
-    """Everything on one device, or None when the graph does not fit: the device every pinned op
-    is pinned to when they share one and it holds the graph, else the device with the most memory.
+    """Everything on one device, or None when the graph does not fit: the first of
+    `single_device_placements` that fits."""
+    for device_of in single_device_placements(graph, cluster, groups):
+        try:
+            return simulate(graph, cluster, Placement(device_of, "single"))
+        except InfeasiblePlacementError:
+            continue
+    return None
 
-    Pinned ops (with their `groups`, when given) stay on their pinned devices.
-    """
+
+def single_device_placements(
+    graph: OpGraph, cluster: Cluster, groups: Optional[Groups] = None
+) -> list[np.ndarray]:
+    """The one-device placements to try, best first: on the device every pinned op is pinned to
+    when they share one, then on the device with the most memory. Pinned ops (with their
+    `groups`, when given) stay on their pinned devices."""
     from baechi_tf.placer.list_scheduler import pinned_device_index
 
     capacities = [d.memory_bytes for d in cluster.devices]
@@ -641,10 +652,4 @@ def single_device_schedule(
     pinned = np.unique(pins[pins >= 0]).tolist()
     bases = pinned if len(pinned) == 1 else []
     bases.append(capacities.index(max(capacities)))
-    for base in dict.fromkeys(bases):
-        device_of = np.where(pins >= 0, pins, base).astype(np.int32)
-        try:
-            return simulate(graph, cluster, Placement(device_of, "single"))
-        except InfeasiblePlacementError:
-            continue
-    return None
+    return [np.where(pins >= 0, pins, base).astype(np.int32) for base in dict.fromkeys(bases)]

@@ -32,7 +32,7 @@ from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import colocation_groups
 from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
 from baechi_tf.placer.schedule import Placement
-from baechi_tf.placer.simulator import lower_bound_us, simulate
+from baechi_tf.placer.simulator import lower_bound_us, simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
 from baechi_tf.rewriter.devices import host_device as default_host_device
 from baechi_tf.rewriter.importer import KernelLookup, import_graph_def
@@ -125,15 +125,16 @@ def place_with_host(
         options.memory_fraction
     )
     schedule = check_placement(graph, checked, inner.groups, placement)
-    single = inner.single_device_makespan_us
-    if single is not None:
-        capacities = [d.memory_bytes for d in cluster.devices]
-        one = np.full(graph.num_ops, capacities.index(max(capacities)), dtype=np.int32)
-        one[device_of == host_index] = host_index
-        try:
-            single = simulate(graph, checked, Placement(one, "single")).makespan_us
-        except InfeasiblePlacementError:
-            single = None
+    single, single_count = None, 1
+    if inner.single_device_makespan_us is not None:  # the same baselines, host ops on the host
+        for one in single_device_placements(free, cluster, inner.groups):
+            one[device_of == host_index] = host_index
+            try:
+                single = simulate(graph, checked, Placement(one, "single")).makespan_us
+            except InfeasiblePlacementError:
+                continue
+            single_count = len(np.unique(one[one != host_index]))
+            break
     seconds = dict(inner.step_seconds)
     seconds["host"] = time.perf_counter() - t1
     return PlacementResult(
@@ -144,6 +145,7 @@ def place_with_host(
         schedule=schedule,
         lower_bound_us=lower_bound_us(graph, full, groups=tf_groups),
         single_device_makespan_us=single,
+        single_device_count=single_count,
         placement_seconds=time.perf_counter() - t0,
         step_seconds=seconds,
     )
