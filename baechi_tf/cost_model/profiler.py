@@ -231,7 +231,6 @@ def profile_fetch(
     warmup = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=timeout_ms)
     traces = []
-    runs = 0
     with Progress("profiling", warmup_steps + traced_steps, unit="steps", tick=True) as bar:
         for step in range(warmup_steps + traced_steps):
             traced = step >= warmup_steps
@@ -241,21 +240,20 @@ def profile_fetch(
                             run_metadata=metadata)
             except tf.errors.OpError as e:
                 ran_out = isinstance(e, tf.errors.OutOfRangeError)
-                if not runs or not (stop_on_error or (ran_out and traces)):
-                    raise
+                if not step or not (stop_on_error or (ran_out and traces)):
+                    raise  # the first run's error, or one profile_fetch does not stop at
                 if not traces:
-                    raise ProfilingCutShort(runs, e) from e
+                    raise ProfilingCutShort(step, e) from e
                 if ran_out:
                     log.info("the input ran out after %d of %d traced steps; profiling those",
                              len(traces), traced_steps)
                 else:
                     log.warning(
                         "profiling run %d of %d failed (%s: %s); placing by the %d step(s) traced "
-                        "before it", runs + 1, warmup_steps + traced_steps, type(e).__name__,
+                        "before it", step + 1, warmup_steps + traced_steps, type(e).__name__,
                         first_line(e), len(traces),
                     )
                 break
-            runs += 1
             interrupts.check()
             if traced:
                 traces.append(metadata.step_stats)

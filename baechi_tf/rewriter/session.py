@@ -544,7 +544,9 @@ class BaechiSession:
                     self._replays[key] = (named, feeds)
             if kind.writer_inits:  # each writer the run made, alone, with the feeds it read
                 with self._lock:
-                    self._record_writer_inits(kind.writer_inits, feeds)
+                    for name, fed in kind.writer_inits:
+                        own = {t: feeds[t] for t in fed}
+                        self._replays[_fetch_key([name], own)] = ([name], own)
             return values
         except tf.errors.ResourceExhaustedError as e:
             from baechi_tf.rewriter.oom import out_of_memory_error
@@ -752,28 +754,28 @@ class BaechiSession:
                     )
                 self._profile_and_place(named, feeds, closure, timeout_ms)
             ops = [self._graph.get_operation_by_name(n) for n in closure]
-            self._ready[key] = _FetchKind.of(
-                {op.type for op in ops},
-                tuple(sorted(op.name for op in ops if op.type in _WRITER_INIT_TYPES)),
-            )
+            self._ready[key] = _FetchKind.of({op.type for op in ops}, self._writer_inits(ops, feeds))
             self._ran |= closure
         kind = self._ready[key]
         self._state_in_use = self._state_in_use or kind.uses_state
         assert self._placed is not None
         return self._placed, kind
 
-    def _record_writer_inits(self, names: tuple[str, ...], feeds: dict[str, Any]) -> None:
-        """Records the summary writer initializers `names`, which a run made with `feeds`, to be
-        run again in each new session (alone: the rest of the run may change state)."""
-        for name in names:
-            used = {
-                t.name
-                for n in self._closure((name,), feeds)
-                for t in self._graph.get_operation_by_name(n).inputs
-                if t.name in feeds
-            }
-            own = {t: feeds[t] for t in sorted(used)}
-            self._replays[_fetch_key([name], own)] = ([name], own)
+    def _writer_inits(self, ops: list[Any], feeds: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The summary writer initializers among `ops` (a fetch's), each with the fed tensors it
+        reads: a run of the fetch records them to be run again, alone, in each new session (the
+        rest of the run may change state)."""
+        out = []
+        for op in ops:
+            if op.type in _WRITER_INIT_TYPES:
+                fed = {
+                    t.name
+                    for n in self._closure((op.name,), feeds)
+                    for t in self._graph.get_operation_by_name(n).inputs
+                    if t.name in feeds
+                }
+                out.append((op.name, tuple(sorted(fed))))
+        return tuple(sorted(out))
 
     def _replay_user_writers(self) -> None:
         """The summary writers the wrapped session made (``writer.init()``) do not carry over:
@@ -802,7 +804,10 @@ class BaechiSession:
             for init in graph.get_operations():
                 if init.type not in _WRITER_INIT_TYPES or init.inputs[0].op is not writer:
                     continue
-                if _needs_feed(init):
+                if any(
+                    graph.get_operation_by_name(n).type in ("Placeholder", "PlaceholderV2")
+                    for n in self._closure((init.name,), {})
+                ):
                     log.warning(
                         "the summary writer %s made in the wrapped session is not made in the placed "
                         "sessions: its initializer %s needs a feed; run it through the BaechiSession",
@@ -833,18 +838,18 @@ class BaechiSession:
             "run their initializers through the BaechiSession",
         )
 
-    def _replay(self, session: Any, summaries: Optional[str] = None) -> None:
+    def _replay(self, session: Any, redirect: Optional[dict[str, str]] = None) -> None:
         """Runs the recorded initialisations (of iterators, summary writers, a finalized graph's
         tables) in `session`, a new one: its iterators are then as right after them (where the
         placed session's were, when no run read them since; otherwise back at their start, as
         the warning of a new placement with state in use says), and its writers write a new
-        events file in their folder. With `summaries` (a profiling copy), the writers write into
-        that folder instead: the profiling runs' summaries would repeat the real runs' steps.
+        events file in their folder. With `redirect` (a profiling copy: `_summary_redirect`), the
+        writers write into a folder of their own: the profiling runs' summaries would repeat the
+        real runs' steps.
         One that fails now (a file it read is gone) is dropped with a warning, not the placement:
         its iterator is then uninitialised there, and TF's error says so if a run reads it."""
         import tensorflow as tf
 
-        redirect = _summary_redirect(session.graph, summaries) if summaries is not None else {}
         for key, (named, feeds) in list(self._replays.items()):
             try:
                 session.run(named, feed_dict={**feeds, **redirect} if redirect else feeds)
@@ -979,11 +984,12 @@ class BaechiSession:
                 with self._session_class(self._target, graph=scratch, config=self._profile_config) as s, \
                         tempfile.TemporaryDirectory(prefix="baechi_tf_summaries_") as summaries:
                     io.load(s, values)
-                    self._replay(s, summaries=summaries)
+                    redirect = _summary_redirect(scratch, summaries)
+                    self._replay(s, redirect)
                     # The fetch's own writers too: made now, redirected, its runs find them made.
                     inits = [n for n in sorted(closure) if scratch.get_operation_by_name(n).type in _WRITER_INIT_TYPES]
                     if inits:
-                        s.run(inits, feed_dict={**feeds, **_summary_redirect(scratch, summaries)})
+                        s.run(inits, feed_dict={**feeds, **redirect})
                     return profile_fetch(
                         s,
                         fetches,
@@ -1155,10 +1161,11 @@ class _FetchKind:
     uses_state: bool  # reads or changes it (`_holds_state`), more than `initializes`
     initializes: bool  # initialises iterators and nothing more: can be run again in a new session
     queues: bool  # takes from or puts into a queue (`_blocks_on_state`)
-    writer_inits: tuple[str, ...] = ()  # the ops that make summary writers it runs
+    # the ops that make summary writers it runs, each with the fed tensors it reads
+    writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
-    def of(cls, op_types: set[str], writer_inits: tuple[str, ...] = ()) -> "_FetchKind":
+    def of(cls, op_types: set[str], writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> "_FetchKind":
         stateful = {t for t in op_types if _holds_state(t)}
         # Run again in a new session, a fetch that also assigns a variable (an initializer run
         # with the iterator's) would undo what the runs since did: only iterator set-up, dataset
@@ -1187,21 +1194,6 @@ def _summary_redirect(graph: Any, folder: str) -> dict[str, str]:
         elif op.type == "CreateSummaryDbWriter":
             redirect[op.inputs[1].name] = os.path.join(folder, "summaries.sqlite")
     return redirect
-
-
-def _needs_feed(op: Any) -> bool:
-    """Whether running `op` needs a feed: a placeholder without a default among its inputs."""
-    seen, stack = set(), [op]
-    while stack:
-        o = stack.pop()
-        if o.name in seen:
-            continue
-        seen.add(o.name)
-        if o.type in ("Placeholder", "PlaceholderV2"):
-            return True
-        stack.extend(t.op for t in o.inputs)
-        stack.extend(o.control_inputs)
-    return False
 
 
 def _replayable(op_type: str) -> bool:
