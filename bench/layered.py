@@ -50,3 +50,45 @@ def fan_out_graph(num_ops: int) -> OpGraph:
         for u, v in (("src", f"m{k}"), (f"c{k}", f"m{k}"), (f"m{k}", f"r{k}"), (f"r{k}", "sink")):
             b.add_edge(u, v)
     return b.build()
+
+
+def colocated_updates_graph(num_ops: int) -> OpGraph:
+    """About `num_ops` ops: a variable `var` (1 MiB) and, for k < (num_ops - 1) // 2, a
+    producer p{k} (100 us, 4 KiB) feeding an update u{k} (2 us) colocated with the variable and
+    reading it: the shape of many updates of one variable. Placed over several devices the
+    producers run side by side and their copies queue on the channel into the variable's device.
+    """
+    b = OpGraphBuilder()
+    b.add_op("var", 1, [1 << 20], persistent_bytes=1 << 20)
+    for k in range(max(1, (num_ops - 1) // 2)):
+        b.add_op(f"p{k}", 100, [4096])
+        b.add_op(f"u{k}", 2, [4], colocation=["var"])
+        b.add_edge(f"p{k}", f"u{k}")
+        b.add_edge("var", f"u{k}")
+    return b.build()
+
+
+def colocated_gathers_graph(num_ops: int) -> OpGraph:
+    """About `num_ops` ops: an embedding `emb` (8 MiB) and, for k < (num_ops - 2) // 3, an index
+    i{k} (1 us) and a gather g{k} (2 us, 4 KiB, colocated with the embedding) feeding a consumer
+    c{k} (100 us) that feeds `sink`: the shape of many lookups of one embedding, whose results
+    queue on the channels out of the embedding's device."""
+    b = OpGraphBuilder()
+    b.add_op("emb", 1, [1 << 20], persistent_bytes=8 << 20)
+    b.add_op("sink", 5, [4])
+    for k in range(max(1, (num_ops - 2) // 3)):
+        b.add_op(f"i{k}", 1, [64])
+        b.add_op(f"g{k}", 2, [4096], colocation=["emb"])
+        b.add_op(f"c{k}", 100, [4096])
+        for u, v in (("emb", f"g{k}"), (f"i{k}", f"g{k}"), (f"g{k}", f"c{k}"), (f"c{k}", "sink")):
+            b.add_edge(u, v)
+    return b.build()
+
+
+SHAPES = {
+    "layered": lambda n: layered_graph(n, seed=n),
+    "fan_out": fan_out_graph,
+    "updates": colocated_updates_graph,
+    "gathers": colocated_gathers_graph,
+}
+"""Graph makers by shape name, each taking a number of ops (the benches' --shape)."""

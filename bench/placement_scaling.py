@@ -1,6 +1,7 @@
 """Placement time, peak memory and quality of each placer on seeded layered graphs, or on
-fan-out graphs (`--shape fan_out`: thousands of small ops ready at once, the copies queueing on
-the channels; `layered.fan_out_graph`).
+shapes whose copies queue on the channels (`bench/layered.py`): fan-outs (`--shape fan_out`:
+thousands of small ops ready at once), updates colocated with one variable (`updates`) and
+gathers colocated with one embedding (`gathers`), each fed from or feeding other devices.
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
@@ -8,6 +9,7 @@ over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB (`--devi
 
     .venv/bin/python bench/placement_scaling.py [--sizes 1000,10000,100000] [--methods m_topo,m_etf]
     .venv/bin/python bench/placement_scaling.py --shape fan_out --sizes 1200,2400,4800 --methods m_etf,auto
+    .venv/bin/python bench/placement_scaling.py --shape updates --sizes 2000,4000,8000 --methods m_etf,auto
     .venv/bin/python bench/placement_scaling.py --sizes 200 --methods auto --devices 200   # many devices
 """
 
@@ -30,9 +32,9 @@ def one(size: int, method: str, shape: str, devices: int) -> dict:
     from baechi_tf.placer.grouping import make_groups
     from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
     from baechi_tf.placer.simulator import lower_bound_us, simulate
-    from layered import fan_out_graph, layered_graph
+    from layered import SHAPES
 
-    graph = layered_graph(size, seed=size) if shape == "layered" else fan_out_graph(size)
+    graph = SHAPES[shape](size)
     graph.validate()
     cluster = Cluster.homogeneous(devices, 16 << 30)
     options = PlacementOptions(placement_method=method)
@@ -58,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--methods", default="m_topo,m_etf")
-    parser.add_argument("--shape", choices=("layered", "fan_out"), default="layered")
+    parser.add_argument("--shape", choices=("layered", "fan_out", "updates", "gathers"), default="layered")
     parser.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()

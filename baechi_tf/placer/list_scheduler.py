@@ -25,15 +25,28 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
 
 Start times of successive decisions never decrease, so memory in use can be tracked as a running
 total plus a sorted list of future frees, and the candidate heap can be updated lazily: a stored
-key is never above the pair's true earliest start, except when a free lowers a memory wait, in
-which case the waiting pairs are pushed again.
+key is a lower bound of the pair's earliest start, re-evaluated when it reaches the top. A free
+that lowers a memory wait pushes the waiting pairs again. Three rarer cases can lower an
+estimate without a push, so that an op may start a little later than the earliest start rule
+would give (the schedule stays valid): another op has a tensor sent to the device that the op
+counted a copy of; an op with several copies books them in input order, so that a booking that
+delays its first copy can let a later one take an earlier slot; and the gap search stops after
+`_MAX_GAPS` bookings, so that bookings merged since may let it reach a gap it skipped.
+
+Ops waiting for copies that go after everything booked on busy channels share one heap entry per
+(device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking. The
+schedules are the same as without the queues (tests compare them) but where one of the rare
+cases above meets a queued op, which is then looked at at another moment: 1 of 428 schedules
+compared (seeded random and benchmark graphs, six placers) differed, by 0.6%.
 
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
-D devices, plus one re-evaluation of each stale key that reaches the top of a heap: a booking on a
-channel makes stale the keys of the ready ops that wait for a copy over it, so on a graph with
-thousands of ready ops that all wait for copies over the same busy channels each step may
-re-evaluate most of them (a 4,802-op fan-out of 1 us ops placed by m-ETF: 5.8 million
-evaluations). Memory O(V * D + E).
+D devices, plus one re-evaluation of each stale key that reaches the top of a heap. A booking on a
+channel makes stale the keys of the ready ops that wait for a copy over it: when their copies go
+to the channels' tail they wait in a tail queue (thousands of updates of one variable fed from
+other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting op);
+when they would fill gaps between bookings each step may still re-evaluate most of them (a
+1,200-op fan-out of 1 us ops placed by m-ETF: 161,000 evaluations, 313,000 without the queues).
+Memory O(V * D + E).
 """
 
 from __future__ import annotations
@@ -76,6 +89,17 @@ _MAX_GAPS = 16
 # Scheduling steps between progress bar updates: a step can take milliseconds when thousands of
 # ready ops wait for copies over one channel, and the bar redraws only every 0.1 s anyway.
 _STEPS_PER_UPDATE = 64
+
+
+def _tentative(extra: dict, devices: tuple[int, int], s: float, e: float) -> None:
+    """Books [s, e) in a dry run's `extra` (device -> (starts, ends)) on both devices, unless it
+    is empty (s + w == s: see `SchedulerState.ready_time`)."""
+    if e > s:
+        for d in devices:
+            starts, ends = extra.setdefault(d, ([], []))
+            i = bisect.bisect_left(starts, s)
+            starts.insert(i, s)
+            ends.insert(i, e)
 
 
 def free_at_end_bytes(graph: OpGraph) -> list[int]:
@@ -241,7 +265,12 @@ class SchedulerState:
         # `ready_time` is remembered per (op, device) with the sum of the versions it read (they
         # only grow, so an equal sum means nothing it read has changed).
         self.chan_version = [0] * nd
-        self.ready_memo: dict[tuple[int, int], tuple[int, tuple[float, int]]] = {}
+        self.ready_memo: dict[tuple[int, int], tuple[int, tuple[float, int, Optional[tuple]]]] = {}
+        # Of the last dry run of `ready_time`, when its copies went one after another after
+        # every booking of the channels they use, starting at the tail (`channel_tail`):
+        # (source devices, widths, tail, last arrival, tensors), copies in input order; else None.
+        # `ListScheduler` queues such ops in `_TailQueue`s.
+        self.tail_copy: Optional[tuple[tuple[int, ...], tuple[float, ...], float, float, tuple[int, ...]]] = None
         self.usage = [0] * nd
         self.peak = [0] * nd
         self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
@@ -313,10 +342,12 @@ class SchedulerState:
                 key += version[device[p]]
             memo = self.ready_memo.get((op, dev))
             if memo is not None and memo[0] == key:
-                return memo[1]
+                ready, new_bytes, self.tail_copy = memo[1]
+                return ready, new_bytes
         ready = 0.0
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
+        copies: list[tuple[int, float, float, float, int]] = []  # (source, width, start, arrival, tensor)
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
             if pd == dev:
@@ -329,17 +360,14 @@ class SchedulerState:
                 s = self._slot(pd, dev, self.end[p], w, extra)
                 arrived = s + w
                 new_bytes += nbytes
+                if not commit:
+                    copies.append((pd, w, s, arrived, t))
                 # Only a booking that moves the clock: a transfer shorter than the float spacing
                 # at `s` (s + w == s: a few bytes on a free link late in a long step) occupies
                 # nothing, and a zero-length booking inserted before another of the same start
                 # would leave `ends` unsorted for `_slot`'s bisect, which then missed bookings
                 # and let two transfers share a channel.
-                if arrived > s:
-                    for d in (pd, dev):
-                        starts, ends = extra.setdefault(d, ([], []))
-                        i = bisect.bisect_left(starts, s)
-                        starts.insert(i, s)
-                        ends.insert(i, arrived)
+                _tentative(extra, (pd, dev), s, arrived)
                 if commit:
                     self.arrival[(t, dev)] = arrived
                     copied = 1
@@ -355,9 +383,73 @@ class SchedulerState:
                 for s, e in zip(starts, ends):
                     self._book(d, s, e)
             version[dev] += copied  # new copies on dev (also free ones, which book nothing)
-        elif self.preds_left[op] == 0:  # inputs all placed: the key covers everything read
-            self.ready_memo[(op, dev)] = (key, (ready, new_bytes))
+        else:
+            self.tail_copy = self._at_tail(copies, dev, ready)
+            if self.preds_left[op] == 0:  # inputs all placed: the key covers everything read
+                self.ready_memo[(op, dev)] = (key, (ready, new_bytes, self.tail_copy))
         return ready, new_bytes
+
+    def _at_tail(self, copies: list, dev: int, ready: float) -> Optional[tuple]:
+        """`tail_copy` of a dry run that made these `copies` into `dev` and found `ready`."""
+        if not copies:
+            return None
+        sources = tuple(c[0] for c in copies)
+        widths = tuple(c[1] for c in copies)
+        # Each copy where it would go after its pair's tail: none went into an earlier gap.
+        if self.tail_arrivals(sources, widths, dev) != [c[3] for c in copies] or ready != max(
+            c[3] for c in copies
+        ):
+            return None
+        since = min(self.channel_tail((a,), dev) for a in sources)
+        return sources, widths, since, ready, tuple(c[4] for c in copies)
+
+    def channel_tail(self, sources: Sequence[int], dev: int) -> Optional[float]:
+        """The end of the last booking on the channels of `dev` and `sources`; None when none
+        has one."""
+        tail = None
+        for d in (dev, *sources):
+            ends = self.chan_end[d]
+            if ends and (tail is None or ends[-1] > tail):
+                tail = ends[-1]
+        return tail
+
+    def tail_start(
+        self, sources: Sequence[int], widths: Sequence[float], dev: int, since: float
+    ) -> Optional[float]:
+        """The last of `tail_arrivals`, None if it is None."""
+        arrivals = self.tail_arrivals(sources, widths, dev, since)
+        return max(arrivals) if arrivals is not None else None
+
+    def tail_arrivals(
+        self, sources: Sequence[int], widths: Sequence[float], dev: int, since: Optional[float] = None
+    ) -> Optional[list[float]]:
+        """When copies from `sources` to `dev`, `widths` us long and booked in that order, come
+        in if each goes after the last booking of its pair of channels (`channel_tail`); None
+        when a pair has no booking or a width is not positive.
+
+        With `since`: also None unless, for each source, its channel or dev's is busy without a
+        gap from `since` to the pair's tail (`_book` merges bookings closer than the shortest
+        transfer, so a device's last booking is one solid block). Then a copy whose search for a
+        slot found none before `since` finds none before the tail either, and this is when the
+        copies are in."""
+        extra: dict[int, tuple[list[float], list[float]]] = {}
+        arrivals = []
+        for a, w in zip(sources, widths):
+            tail = self.channel_tail((a,), dev)
+            if tail is None or w <= 0:
+                return None
+            if since is not None:
+                for d in (a, dev):
+                    starts, ends = self.chan_start[d], self.chan_end[d]
+                    if starts and starts[-1] <= since and ends[-1] >= tail:
+                        break
+                else:
+                    return None
+            s = self._slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
+            arrived = s + w
+            _tentative(extra, (a, dev), s, arrived)
+            arrivals.append(arrived)
+        return arrivals
 
     def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
         """Earliest time >= t at which `need` more bytes fit on `dev`, or None if never (yet)."""
@@ -435,12 +527,53 @@ class SchedulerState:
         return sorted(freed)
 
 
+class _TailQueue:
+    """Candidates of one device whose start was the arrival of their copies from `sources`,
+    `widths` us long, booked one after another after everything on the channels they use, from
+    `since` or later.
+
+    While, for each source, its channel or the device's stays busy without a gap from `since` to
+    the channels' tail, every member's copies still go after the tail, one after another, so no
+    member starts before the tail plus the widths: one entry in the device's `later` heap stands
+    for all members (in topological order, as ties between equal starts are broken), instead of
+    each member being evaluated again at every booking. Copies that go to the tail of busy
+    channels are the case where thousands of ready ops wait on one channel (updates colocated
+    with a variable and fed from other devices, ops fanned out from one producer), which was
+    quadratic.
+    """
+
+    __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now")
+
+    def __init__(
+        self, device: int, sources: tuple[int, ...], widths: tuple[float, ...], since: float
+    ) -> None:
+        self.device, self.sources, self.widths, self.since = device, sources, widths, since
+        self.members: list[tuple[int, int, float]] = []  # heap of (topo, op, start when queued)
+        self.entry: Optional[tuple[float, int]] = None  # (key, topo) of the live heap entry
+        self.now = False  # whether that entry is in the device's `now` heap (else `later`)
+
+    def saved(self) -> tuple:
+        """Its state as plain data (a snapshot's), for `restored`."""
+        return self.device, self.sources, self.widths, self.since, list(self.members), self.entry, self.now
+
+    @staticmethod
+    def restored(saved: tuple) -> "_TailQueue":
+        device, sources, widths, since, members, entry, now = saved
+        out = _TailQueue(device, sources, widths, since)
+        out.members, out.entry, out.now = list(members), entry, now
+        return out
+
+
 class ListScheduler:
     """One run of the list scheduler, step by step, with snapshots to resume from.
 
     `run_list_scheduler` is the plain entry point; the refiner uses `snapshot`/`restore` to
     re-simulate only the part of a schedule that a move can change.
     """
+
+    # Whether candidates waiting on a busy channel share one entry (`_TailQueue`); the
+    # schedules are the same either way but in rare cases (see the module's docstring).
+    queue_tails = True
 
     def __init__(
         self,
@@ -470,6 +603,15 @@ class ListScheduler:
         self.waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
+        # Candidates whose start is the arrival of one copy booked after everything on its pair
+        # of channels, queued per (device, source device, copy width) (`_TailQueue`).
+        self.tail_queues: dict[int, _TailQueue] = {}
+        self.tail_ids: dict[tuple[int, int, float], int] = {}
+        self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
+        # (device, tensor) -> (topo, op) of queued members waiting for that copy: when another
+        # op has the tensor sent to the device first, they wait for nothing more on the channel.
+        self.tail_readers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.tail_bound: Optional[tuple[int, float, float, float, int]] = None  # see `evaluate`
         self.scheduled = 0
         self.evaluations = 0  # calls of `evaluate`: with the steps, the work a run has done
         self.last_time = 0.0
@@ -489,8 +631,10 @@ class ListScheduler:
             heapq.heappush(self.later[d], item)
 
     def evaluate(self, op: int, dev: int) -> Optional[float]:
-        """Earliest start of op on dev now, None if impossible for now (memory)."""
+        """Earliest start of op on dev now, None if impossible for now (memory). Sets
+        `tail_bound` to the state's `tail_copy` when that copy's arrival is the start."""
         self.evaluations += 1
+        self.tail_bound = None
         state = self.state
         g = state.group_of[op]
         gdev = state.group_device[g]
@@ -513,18 +657,49 @@ class ListScheduler:
             self.waited[dev] = True
         if t is None:
             return None
-        return self.policy.hold(op, dev, t, state)
+        start = self.policy.hold(op, dev, t, state)
+        copy = state.tail_copy
+        if copy is not None and start == copy[3] and self.queue_tails:
+            self.tail_bound = copy
+        return start
 
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
-        """The (start, topo, device, op) that starts first on device d."""
+        """The (start, topo, device, op) that starts first on device d.
+
+        An entry whose op is negative stands for a tail queue (`_TailQueue`): in `later` its
+        members start no earlier than its key, in `now` (where its members may start when the
+        device is free) it hands them out one at a time in topological order.
+        """
         free = self.state.device_free[d]
         h, p = self.later[d], self.now[d]
         device_of, dead, evaluate = self.state.device, self.dead, self.evaluate
         while h and h[0][0] <= free:
-            _, tp, op = heapq.heappop(h)
+            key, tp, op = h[0]
+            if op < 0:
+                queue = self._tail_entry(h, key, tp, op)
+                if queue is not None:  # its members may start when the device is free
+                    heapq.heappop(h)
+                    queue.entry, queue.now = (free, queue.members[0][0]), True
+                    heapq.heappush(p, (queue.members[0][0], op))
+                continue
+            heapq.heappop(h)
             heapq.heappush(p, (tp, op))
         while p:
             tp, op = p[0]
+            if op < 0:
+                queue = self.tail_queues.get(-1 - op)
+                if queue is None or not queue.now or queue.entry[1] != tp:
+                    heapq.heappop(p)  # an entry the queue no longer has
+                    continue
+                mt, m, _ = heapq.heappop(queue.members)
+                if queue.members:
+                    queue.entry = (free, queue.members[0][0])
+                    heapq.heapreplace(p, (queue.entry[1], op))
+                else:
+                    heapq.heappop(p)
+                    self._drop(queue)
+                heapq.heappush(p, (mt, m))
+                continue
             if device_of[op] >= 0 or (op, d) in dead:
                 heapq.heappop(p)
                 continue
@@ -533,11 +708,20 @@ class ListScheduler:
                 heapq.heappop(p)
             elif v > free:
                 heapq.heappop(p)
-                heapq.heappush(h, (v, tp, op))
+                self._defer(h, d, tp, op, v)
             else:
                 return (v, tp, d, op)
         while h:
             key, tp, op = h[0]
+            if op < 0:
+                queue = self._tail_entry(h, key, tp, op)
+                if queue is not None:  # its first member may start at `key`: look at it alone
+                    mt, m, _ = heapq.heappop(queue.members)
+                    if device_of[m] < 0 and (m, d) not in dead:
+                        v = evaluate(m, d)
+                        if v is not None:
+                            heapq.heappush(h, (v, mt, m))
+                continue
             if device_of[op] >= 0 or (op, d) in dead:
                 heapq.heappop(h)
                 continue
@@ -545,10 +729,88 @@ class ListScheduler:
             if v is None:
                 heapq.heappop(h)
             elif v > key:
-                heapq.heapreplace(h, (v, tp, op))
+                if self.tail_bound is None:
+                    heapq.heapreplace(h, (v, tp, op))
+                else:
+                    heapq.heappop(h)
+                    self._defer(h, d, tp, op, v)
             else:
                 return (v, tp, d, op)
         return None
+
+    # ---------------------------------------------------------------- tail queues
+
+    def _defer(self, h: list, d: int, tp: int, op: int, v: float) -> None:
+        """Puts (op, d), just evaluated to start at v, back among d's later candidates: into
+        the tail queue of its copy when the copy's arrival is its start (`tail_bound`)."""
+        copy = self.tail_bound
+        if copy is None:
+            heapq.heappush(h, (v, tp, op))
+            return
+        sources, widths, start, _, tensors = copy
+        for t in tensors:
+            self.tail_readers.setdefault((d, t), []).append((tp, op))
+        qkey = (d, sources, widths)
+        qid = self.tail_ids.get(qkey)
+        queue = self.tail_queues[qid] if qid is not None else None
+        if queue is not None and queue.now:
+            # Its members were offered as able to start when the device is free; this one's
+            # copy, over the same pair, still goes after the tail, so theirs do too if the pair
+            # stayed solid (they wait in `later` again, from v); if not, they stay in `now`.
+            if self.state.tail_start(sources, widths, d, queue.since) is not None:
+                queue.now, queue.entry = False, (v, queue.members[0][0])
+                heapq.heappush(h, (v, queue.members[0][0], -1 - qid))
+            else:
+                for mt, m, _ in queue.members:
+                    heapq.heappush(self.now[d], (mt, m))
+                self._drop(queue)
+                queue = None
+        if queue is None:
+            qid = self.tail_ids[qkey] = self._next_tail_id
+            self._next_tail_id += 1
+            queue = self.tail_queues[qid] = _TailQueue(d, sources, widths, start)
+        elif start < queue.since:
+            queue.since = start
+        heapq.heappush(queue.members, (tp, op, v))
+        if queue.entry is None or (v, tp) < queue.entry:
+            queue.entry = (v, tp)
+            heapq.heappush(h, (v, tp, -1 - qid))
+
+    def _tail_entry(self, h: list, key: float, tp: int, op: int) -> Optional["_TailQueue"]:
+        """Looks at the entry (key, tp, op) of a tail queue at the top of `h`. Returns the queue
+        when the entry is exact: the queue's first member can start no earlier than `key`, and
+        may start then. Otherwise drops the entry (its queue was emptied or entered again),
+        raises it to the queue's bound now, or, when the channels are no longer solid behind
+        the queue's copies, puts the members back as plain candidates; and returns None."""
+        queue = self.tail_queues.get(-1 - op)
+        if queue is None or queue.now or queue.entry != (key, tp):
+            heapq.heappop(h)
+            return None
+        members, device_of, dead, d = queue.members, self.state.device, self.dead, queue.device
+        while members and (device_of[members[0][1]] >= 0 or (members[0][1], d) in dead):
+            heapq.heappop(members)
+        if not members:
+            heapq.heappop(h)
+            self._drop(queue)
+            return None
+        start = self.state.tail_start(queue.sources, queue.widths, d, queue.since)
+        if start is None:
+            heapq.heappop(h)
+            self._drop(queue)
+            for mt, m, v in members:  # each start they were queued with is still a lower bound
+                if device_of[m] < 0:
+                    heapq.heappush(h, (v, mt, m))
+            return None
+        bound = (start, members[0][0])
+        if bound > queue.entry:
+            queue.entry = bound
+            heapq.heapreplace(h, (bound[0], bound[1], op))
+            return None
+        return queue
+
+    def _drop(self, queue: "_TailQueue") -> None:
+        qkey = (queue.device, queue.sources, queue.widths)
+        del self.tail_queues[self.tail_ids.pop(qkey)]
 
     # ---------------------------------------------------------------- running
 
@@ -570,7 +832,15 @@ class ListScheduler:
             raise ScheduleCutOff(t, self.cutoff_us)
         g = state.group_of[op]
         first_of_group = state.group_device[g] < 0
+        copies = len(state.transfers)
         newly_free = state.commit(op, dev, t)
+        if self.tail_readers:
+            for tr in state.transfers[copies:]:
+                # Queued ops reading a tensor now sent to their device no longer wait for their
+                # own copy: offered again as plain candidates (t bounds their start).
+                for tp, w in self.tail_readers.pop((tr.dst_device, tr.tensor), ()):
+                    if state.device[w] < 0:
+                        heapq.heappush(self.later[tr.dst_device], (t, tp, w))
         self.scheduled += 1
         self.last_time = t
         released = self.policy.committed(op, dev, state)
@@ -642,6 +912,9 @@ class ListScheduler:
         snap["waiting"] = [set(x) for x in self.waiting]
         snap["waited"] = list(self.waited)
         snap["dead"] = set(self.dead)
+        snap["tail_queues"] = {qid: q.saved() for qid, q in self.tail_queues.items()}
+        snap["tail_readers"] = {k: list(v) for k, v in self.tail_readers.items()}
+        snap["next_tail_id"] = self._next_tail_id
         snap["scheduled"] = self.scheduled
         snap["last_time"] = self.last_time
         return snap
@@ -662,6 +935,11 @@ class ListScheduler:
         self.waiting = [set(x) for x in snap["waiting"]]
         self.waited = list(snap["waited"])
         self.dead = set(snap["dead"])
+        self.tail_queues = {qid: _TailQueue.restored(q) for qid, q in snap["tail_queues"].items()}
+        self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
+        self.tail_readers = {k: list(v) for k, v in snap["tail_readers"].items()}
+        # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
+        self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
         self.scheduled = snap["scheduled"]
         self.last_time = snap["last_time"]
 
