@@ -52,11 +52,13 @@ def fan_out_graph(num_ops: int) -> OpGraph:
     return b.build()
 
 
-def colocated_updates_graph(num_ops: int) -> OpGraph:
+def colocated_updates_graph(num_ops: int, chained: bool = False) -> OpGraph:
     """About `num_ops` ops: a variable `var` (1 MiB) and, for k < (num_ops - 1) // 2, a
     producer p{k} (100 us, 4 KiB) feeding an update u{k} (2 us) colocated with the variable and
     reading it: the shape of many updates of one variable. Placed over several devices the
     producers run side by side and their copies queue on the channel into the variable's device.
+    `chained`: each update also waits for the one before (a control edge), so that m-SCT keeps
+    the variable's device for the next update while the producers wait.
     """
     b = OpGraphBuilder()
     b.add_op("var", 1, [1 << 20], persistent_bytes=1 << 20)
@@ -65,6 +67,8 @@ def colocated_updates_graph(num_ops: int) -> OpGraph:
         b.add_op(f"u{k}", 2, [4], colocation=["var"])
         b.add_edge(f"p{k}", f"u{k}")
         b.add_edge("var", f"u{k}")
+        if chained and k:
+            b.add_control_edge(f"u{k - 1}", f"u{k}")
     return b.build()
 
 
@@ -89,6 +93,7 @@ SHAPES = {
     "layered": lambda n: layered_graph(n, seed=n),
     "fan_out": fan_out_graph,
     "updates": colocated_updates_graph,
+    "chained_updates": lambda n: colocated_updates_graph(n, chained=True),
     "gathers": colocated_gathers_graph,
 }
 """Graph makers by shape name, each taking a number of ops (the benches' --shape)."""

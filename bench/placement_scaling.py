@@ -1,7 +1,8 @@
 """Placement time, peak memory and quality of each placer on seeded layered graphs, or on
 shapes whose copies queue on the channels (`bench/layered.py`): fan-outs (`--shape fan_out`:
-thousands of small ops ready at once), updates colocated with one variable (`updates`) and
-gathers colocated with one embedding (`gathers`), each fed from or feeding other devices.
+thousands of small ops ready at once), updates colocated with one variable (`updates`, and
+`chained_updates`, each after the one before) and gathers colocated with one embedding
+(`gathers`), each fed from or feeding other devices.
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
@@ -60,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--methods", default="m_topo,m_etf")
-    parser.add_argument("--shape", choices=("layered", "fan_out", "updates", "gathers"), default="layered")
+    parser.add_argument("--shape", choices=("layered", "fan_out", "updates", "chained_updates", "gathers"), default="layered")
     parser.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()

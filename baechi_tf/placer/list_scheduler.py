@@ -574,6 +574,8 @@ class ListScheduler:
     # Whether candidates waiting on a busy channel share one entry (`_TailQueue`); the
     # schedules are the same either way but in rare cases (see the module's docstring).
     queue_tails = True
+    # Whether the entry of an op a policy held is dropped once a release pushed a new one.
+    drop_stale_holds = True
 
     def __init__(
         self,
@@ -612,6 +614,11 @@ class ListScheduler:
         # op has the tensor sent to the device first, they wait for nothing more on the channel.
         self.tail_readers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.tail_bound: Optional[tuple[int, float, float, float, int]] = None  # see `evaluate`
+        self.was_held = False  # whether the policy held the op `evaluate` last looked at
+        # (op, device) -> key of its entry in `later` made when the policy held it; and the
+        # (op, device, key) of such entries made stale by a release, dropped when they come up.
+        self.held_at: dict[tuple[int, int], float] = {}
+        self.stale_holds: set[tuple[int, int, float]] = set()
         self.scheduled = 0
         self.evaluations = 0  # calls of `evaluate`: with the steps, the work a run has done
         self.last_time = 0.0
@@ -635,6 +642,7 @@ class ListScheduler:
         `tail_bound` to the state's `tail_copy` when that copy's arrival is the start."""
         self.evaluations += 1
         self.tail_bound = None
+        self.was_held = False
         state = self.state
         g = state.group_of[op]
         gdev = state.group_device[g]
@@ -658,9 +666,12 @@ class ListScheduler:
         if t is None:
             return None
         start = self.policy.hold(op, dev, t, state)
-        copy = state.tail_copy
-        if copy is not None and start == copy[3] and self.queue_tails:
-            self.tail_bound = copy
+        if start > t:
+            self.was_held = True
+        else:
+            copy = state.tail_copy
+            if copy is not None and start == copy[3] and self.queue_tails:
+                self.tail_bound = copy
         return start
 
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
@@ -673,6 +684,7 @@ class ListScheduler:
         free = self.state.device_free[d]
         h, p = self.later[d], self.now[d]
         device_of, dead, evaluate = self.state.device, self.dead, self.evaluate
+        held_at, stale = self.held_at, self.stale_holds
         while h and h[0][0] <= free:
             key, tp, op = h[0]
             if op < 0:
@@ -683,6 +695,8 @@ class ListScheduler:
                     heapq.heappush(p, (queue.members[0][0], op))
                 continue
             heapq.heappop(h)
+            if (held_at or stale) and self._held_entry_gone(op, d, key):
+                continue
             heapq.heappush(p, (tp, op))
         while p:
             tp, op = p[0]
@@ -722,6 +736,9 @@ class ListScheduler:
                         if v is not None:
                             heapq.heappush(h, (v, mt, m))
                 continue
+            if (held_at or stale) and self._held_entry_gone(op, d, key):
+                heapq.heappop(h)
+                continue
             if device_of[op] >= 0 or (op, d) in dead:
                 heapq.heappop(h)
                 continue
@@ -731,12 +748,24 @@ class ListScheduler:
             elif v > key:
                 if self.tail_bound is None:
                     heapq.heapreplace(h, (v, tp, op))
+                    if self.was_held:
+                        held_at[(op, d)] = v
                 else:
                     heapq.heappop(h)
                     self._defer(h, d, tp, op, v)
             else:
                 return (v, tp, d, op)
         return None
+
+    def _held_entry_gone(self, op: int, d: int, key: float) -> bool:
+        """Called as the entry (key, op) leaves d's `later` heap: True when it was made stale by
+        a release (`step`), so that it is dropped; forgets it as op's held entry."""
+        if (op, d, key) in self.stale_holds:
+            self.stale_holds.discard((op, d, key))
+            return True
+        if self.held_at.get((op, d)) == key:
+            del self.held_at[(op, d)]
+        return False
 
     # ---------------------------------------------------------------- tail queues
 
@@ -746,6 +775,8 @@ class ListScheduler:
         copy = self.tail_bound
         if copy is None:
             heapq.heappush(h, (v, tp, op))
+            if self.was_held:
+                self.held_at[(op, d)] = v
             return
         sources, widths, start, _, tensors = copy
         for t in tensors:
@@ -848,6 +879,11 @@ class ListScheduler:
         for w, d in released or ():
             if device_of[w] < 0:  # the device's free time is a lower bound of w's start there
                 heapq.heappush(self.later[d], (state.device_free[d], topo[w], w))
+                # The entry w was held with stays in the heap; it is dropped when it comes up
+                # (each release made another: thousands of held ops piled up copies).
+                key = self.held_at.pop((w, d), None)
+                if key is not None and self.drop_stale_holds:
+                    self.stale_holds.add((w, d, key))
         for d in newly_free:
             for w in self.waiting[d]:
                 if device_of[w] < 0:
@@ -915,6 +951,8 @@ class ListScheduler:
         snap["tail_queues"] = {qid: q.saved() for qid, q in self.tail_queues.items()}
         snap["tail_readers"] = {k: list(v) for k, v in self.tail_readers.items()}
         snap["next_tail_id"] = self._next_tail_id
+        snap["held_at"] = dict(self.held_at)
+        snap["stale_holds"] = set(self.stale_holds)
         snap["scheduled"] = self.scheduled
         snap["last_time"] = self.last_time
         return snap
@@ -940,6 +978,8 @@ class ListScheduler:
         self.tail_readers = {k: list(v) for k, v in snap["tail_readers"].items()}
         # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
         self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
+        self.held_at = dict(snap["held_at"])
+        self.stale_holds = set(snap["stale_holds"])
         self.scheduled = snap["scheduled"]
         self.last_time = snap["last_time"]
 
