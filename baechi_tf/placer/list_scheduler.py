@@ -86,6 +86,10 @@ _INF = float("inf")
 # A transfer looks for a free gap among at most this many bookings after its earliest start
 # before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
 _MAX_GAPS = 16
+# Searches and bookings stepped over that a gap search usually takes (at most 5 on average, on
+# every graph of bench/quality.py as auto refines it); `SchedulerState.gap_looks` counts those
+# beyond, which cost the refiner its time on channels of many short gaps.
+_USUAL_LOOKS = 16
 # Scheduling steps between progress bar updates: a step can take milliseconds when thousands of
 # ready ops wait for copies over one channel, and the bar redraws only every 0.1 s anyway.
 _STEPS_PER_UPDATE = 64
@@ -277,6 +281,7 @@ class SchedulerState:
         self.arrival: dict[tuple[int, int], float] = {}  # (tensor, device) -> copy available
         self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
         self.transfers: list[Transfer] = []
+        self.gap_looks = 0  # work of gap searches beyond the usual (`_USUAL_LOOKS`), for the refiner
 
     # ---------------------------------------------------------------- channels
 
@@ -291,12 +296,13 @@ class SchedulerState:
         for d in (a, b):
             if d in extra:
                 lists.append(extra[d])
+        looked = 0  # searches and bookings stepped over
         while True:
             t0 = t
             for starts, ends in lists:
                 n = len(ends)
                 if n and ends[-1] > t:
-                    i = bisect.bisect_right(ends, t)  # first booking ending after t
+                    i = first = bisect.bisect_right(ends, t)  # first booking ending after t
                     stop = i + _MAX_GAPS
                     while i < n and starts[i] < t + w:
                         t = ends[i]
@@ -304,7 +310,10 @@ class SchedulerState:
                         if i == stop:  # a long run of gaps too small: go after the last booking
                             t = ends[-1]
                             break
+                    looked += 1 + i - first
             if t == t0:
+                if looked > _USUAL_LOOKS:
+                    self.gap_looks += looked - _USUAL_LOOKS
                 return t
 
     def _book(self, dev: int, s: float, e: float) -> None:
