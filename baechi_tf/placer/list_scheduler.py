@@ -26,18 +26,18 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
 Start times of successive decisions never decrease, so memory in use can be tracked as a running
 total plus a sorted list of future frees, and the candidate heap can be updated lazily: a stored
 key is a lower bound of the pair's earliest start, re-evaluated when it reaches the top. A free
-that lowers a memory wait pushes the waiting pairs again. Three rarer cases can lower an
-estimate without a push, so that an op may start a little later than the earliest start rule
-would give (the schedule stays valid): another op has a tensor sent to the device that the op
-counted a copy of; an op with several copies books them in input order, so that a booking that
-delays its first copy can let a later one take an earlier slot; and the gap search stops after
-`_MAX_GAPS` bookings, so that bookings merged since may let it reach a gap it skipped.
+that lowers a memory wait pushes the waiting pairs again, and so does a copy to a device of a
+tensor that ready ops there counted a copy of. Two rarer cases can lower an estimate without a
+push, so that an op may start a little later than the earliest start rule would give (the
+schedule stays valid): an op with several copies books them in input order, so that a booking
+that delays its first copy can let a later one take an earlier slot; and the gap search stops
+after `_MAX_GAPS` bookings, so that bookings merged since may let it reach a gap it skipped.
 
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
 (device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking. The
-schedules are the same as without the queues (tests compare them) but where one of the rare
-cases above meets a queued op, which is then looked at at another moment: 1 of 428 schedules
-compared (seeded random and benchmark graphs, six placers) differed, by 0.6%.
+schedules are the same as without the queues (tests compare them; so did all 428 schedules of
+seeded random and benchmark graphs by six placers), unless one of the two rare cases above meets
+a queued op, which is then looked at at another moment.
 
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
 D devices, plus one re-evaluation of each stale key that reaches the top of a heap. A booking on a
@@ -206,6 +206,10 @@ class GraphTables:
             consumers[t] += 1
         self.inputs = tuple(tuple(i) for i in inputs)
         self.consumers = tuple(consumers)
+        readers: list[list[int]] = [[] for _ in range(graph.num_tensors)]
+        for e in range(graph.num_edges):
+            readers[edge_tensor[e]].append(dst[e])
+        self.readers = tuple(tuple(r) for r in readers)  # per tensor, the ops reading it
         self.succ = graph.successors  # a tuple of tuples, cached on the graph
         self.num_preds = tuple(len(p) for p in graph.predecessors)
         self.alloc = tuple((graph.output_total_bytes + graph.temp_bytes).tolist())
@@ -246,6 +250,7 @@ class SchedulerState:
         self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
         self.slope, self.intercept = cluster.link_tables()
         self.inputs = tables.inputs
+        self.readers = tables.readers
         self.tensor_bytes = tables.tensor_bytes
         self.tensor_consumers_left = list(tables.consumers)
         self.succ = tables.succ
@@ -272,9 +277,9 @@ class SchedulerState:
         self.ready_memo: dict[tuple[int, int], tuple[int, tuple[float, int, Optional[tuple]]]] = {}
         # Of the last dry run of `ready_time`, when its copies went one after another after
         # every booking of the channels they use, starting at the tail (`channel_tail`):
-        # (source devices, widths, tail, last arrival, tensors), copies in input order; else None.
+        # (source devices, widths, tail, last arrival), copies in input order; else None.
         # `ListScheduler` queues such ops in `_TailQueue`s.
-        self.tail_copy: Optional[tuple[tuple[int, ...], tuple[float, ...], float, float, tuple[int, ...]]] = None
+        self.tail_copy: Optional[tuple[tuple[int, ...], tuple[float, ...], float, float]] = None
         self.usage = [0] * nd
         self.peak = [0] * nd
         self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
@@ -356,7 +361,7 @@ class SchedulerState:
         ready = 0.0
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
-        copies: list[tuple[int, float, float, float, int]] = []  # (source, width, start, arrival, tensor)
+        copies: list[tuple[int, float, float, float]] = []  # (source, width, start, arrival)
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
             if pd == dev:
@@ -370,7 +375,7 @@ class SchedulerState:
                 arrived = s + w
                 new_bytes += nbytes
                 if not commit:
-                    copies.append((pd, w, s, arrived, t))
+                    copies.append((pd, w, s, arrived))
                 # Only a booking that moves the clock: a transfer shorter than the float spacing
                 # at `s` (s + w == s: a few bytes on a free link late in a long step) occupies
                 # nothing, and a zero-length booking inserted before another of the same start
@@ -410,7 +415,7 @@ class SchedulerState:
         ):
             return None
         since = min(self.channel_tail((a,), dev) for a in sources)
-        return sources, widths, since, ready, tuple(c[4] for c in copies)
+        return sources, widths, since, ready
 
     def channel_tail(self, sources: Sequence[int], dev: int) -> Optional[float]:
         """The end of the last booking on the channels of `dev` and `sources`; None when none
@@ -619,10 +624,7 @@ class ListScheduler:
         self.tail_queues: dict[int, _TailQueue] = {}
         self.tail_ids: dict[tuple[int, int, float], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
-        # (device, tensor) -> (topo, op) of queued members waiting for that copy: when another
-        # op has the tensor sent to the device first, they wait for nothing more on the channel.
-        self.tail_readers: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self.tail_bound: Optional[tuple[int, float, float, float, int]] = None  # see `evaluate`
+        self.tail_bound: Optional[tuple] = None  # `tail_copy` when it gave the start; see `evaluate`
         self.was_held = False  # whether the policy held the op `evaluate` last looked at
         # (op, device) -> key of its entry in `later` made when the policy held it; and the
         # (op, device, key) of such entries made stale by a release, dropped when they come up.
@@ -787,9 +789,7 @@ class ListScheduler:
             if self.was_held:
                 self.held_at[(op, d)] = v
             return
-        sources, widths, start, _, tensors = copy
-        for t in tensors:
-            self.tail_readers.setdefault((d, t), []).append((tp, op))
+        sources, widths, start, _ = copy
         qkey = (d, sources, widths)
         qid = self.tail_ids.get(qkey)
         queue = self.tail_queues[qid] if qid is not None else None
@@ -874,13 +874,16 @@ class ListScheduler:
         first_of_group = state.group_device[g] < 0
         copies = len(state.transfers)
         newly_free = state.commit(op, dev, t)
-        if self.tail_readers:
-            for tr in state.transfers[copies:]:
-                # Queued ops reading a tensor now sent to their device no longer wait for their
-                # own copy: offered again as plain candidates (t bounds their start).
-                for tp, w in self.tail_readers.pop((tr.dst_device, tr.tensor), ()):
-                    if state.device[w] < 0:
-                        heapq.heappush(self.later[tr.dst_device], (t, tp, w))
+        for tr in state.transfers[copies:]:
+            # A tensor is sent to a device once: the ready ops reading it there counted a copy
+            # of their own in their keys, and may start earlier now. Offered again (t bounds
+            # their start), whether their entry waits in `later` or in a tail queue.
+            to = tr.dst_device
+            for w in state.readers[tr.tensor]:
+                if state.device[w] < 0 and state.preds_left[w] == 0:
+                    gdev = state.group_device[state.group_of[w]]
+                    if gdev == to or gdev < 0 and to in self.policy.devices(w, state):
+                        heapq.heappush(self.later[to], (t, state.topo[w], w))
         self.scheduled += 1
         self.last_time = t
         released = self.policy.committed(op, dev, state)
@@ -958,7 +961,6 @@ class ListScheduler:
         snap["waited"] = list(self.waited)
         snap["dead"] = set(self.dead)
         snap["tail_queues"] = {qid: q.saved() for qid, q in self.tail_queues.items()}
-        snap["tail_readers"] = {k: list(v) for k, v in self.tail_readers.items()}
         snap["next_tail_id"] = self._next_tail_id
         snap["held_at"] = dict(self.held_at)
         snap["stale_holds"] = set(self.stale_holds)
@@ -984,7 +986,6 @@ class ListScheduler:
         self.dead = set(snap["dead"])
         self.tail_queues = {qid: _TailQueue.restored(q) for qid, q in snap["tail_queues"].items()}
         self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
-        self.tail_readers = {k: list(v) for k, v in snap["tail_readers"].items()}
         # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
         self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
         self.held_at = dict(snap["held_at"])
