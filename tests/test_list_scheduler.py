@@ -316,3 +316,42 @@ def test_every_step_takes_the_earliest_start(memory):
         graph = graphs.random_dag(seed, 30, edge_prob=0.2, max_bytes=graphs.MiB)
         for policy in (EarliestStartPolicy(), FixedPolicy([op % 3 for op in range(30)])):
             assert _first_not_earliest(graph, cluster, policy) is None, (seed, type(policy).__name__)
+
+
+def _integer_dag(seed: int, num_ops: int, edge_prob: float):
+    """Op times of 50 to 300 us in steps of 50 and 4 KiB outputs: with a flat link, starts and
+    arrivals coincide often, as they rarely do with the default link."""
+    import random
+
+    from baechi_tf.graph import OpGraphBuilder
+
+    rng = random.Random(seed)
+    b = OpGraphBuilder()
+    for i in range(num_ops):
+        b.add_op(f"op{i}", float(rng.choice([50, 100, 150, 200, 300])), [4096])
+    for j in range(num_ops):
+        for i in range(j):
+            if rng.random() < edge_prob:
+                b.add_edge(f"op{i}", f"op{j}")
+    return b.build()
+
+
+def test_m_sct_tail_queues_with_coinciding_times():
+    """m-SCT's holds make dry runs of other ops (the favourite child, the op on every device)
+    after the op's own: its queue was chosen by the last of those, whose arrival could equal the
+    op's start (the review's seeds 426 and 1422: 3,650 us against 3,350 us without queues)."""
+    import random
+
+    from baechi_tf.placer.m_sct import FavouriteChildPolicy, MSCTOptions, favourite_children_of
+
+    for seed in (426, 1422, 2482):
+        rng = random.Random(seed)
+        num_devices = rng.choice([3, 4])
+        graph = _integer_dag(seed, rng.randint(15, 60), rng.uniform(0.05, 0.25))
+        cluster = graphs.cluster(num_devices, comm=CommCost(0.0, 100.0))
+        child = favourite_children_of(graph, cluster, MSCTOptions(lp_solver="highs")).tolist()
+        made = [
+            _run(graph, cluster, FavouriteChildPolicy(child, num_devices), queue=queue)
+            for queue in (True, False)
+        ]
+        assert made[0] is not None and made[0] == made[1], seed

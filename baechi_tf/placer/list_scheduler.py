@@ -414,18 +414,15 @@ class SchedulerState:
             c[3] for c in copies
         ):
             return None
-        since = min(self.channel_tail((a,), dev) for a in sources)
+        since = min(self.channel_tail(a, dev) for a in sources)
         return sources, widths, since, ready
 
-    def channel_tail(self, sources: Sequence[int], dev: int) -> Optional[float]:
-        """The end of the last booking on the channels of `dev` and `sources`; None when none
-        has one."""
-        tail = None
-        for d in (dev, *sources):
-            ends = self.chan_end[d]
-            if ends and (tail is None or ends[-1] > tail):
-                tail = ends[-1]
-        return tail
+    def channel_tail(self, a: int, b: int) -> Optional[float]:
+        """The end of the last booking on the channels of a and b; None when neither has one."""
+        ea, eb = self.chan_end[a], self.chan_end[b]
+        if ea and eb:
+            return ea[-1] if ea[-1] > eb[-1] else eb[-1]
+        return ea[-1] if ea else eb[-1] if eb else None
 
     def tail_start(
         self, sources: Sequence[int], widths: Sequence[float], dev: int, since: float
@@ -449,7 +446,7 @@ class SchedulerState:
         extra: dict[int, tuple[list[float], list[float]]] = {}
         arrivals = []
         for a, w in zip(sources, widths):
-            tail = self.channel_tail((a,), dev)
+            tail = self.channel_tail(a, dev)
             if tail is None or w <= 0:
                 return None
             if since is not None:
@@ -619,10 +616,10 @@ class ListScheduler:
         self.waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
-        # Candidates whose start is the arrival of one copy booked after everything on its pair
-        # of channels, queued per (device, source device, copy width) (`_TailQueue`).
+        # Candidates whose start is the arrival of their copies booked after everything on their
+        # channels, queued per (device, source devices, copy widths) (`_TailQueue`), by id.
         self.tail_queues: dict[int, _TailQueue] = {}
-        self.tail_ids: dict[tuple[int, int, float], int] = {}
+        self.tail_ids: dict[tuple[int, tuple[int, ...], tuple[float, ...]], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
         self.tail_bound: Optional[tuple] = None  # `tail_copy` when it gave the start; see `evaluate`
         self.was_held = False  # whether the policy held the op `evaluate` last looked at
@@ -650,7 +647,8 @@ class ListScheduler:
 
     def evaluate(self, op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory). Sets
-        `tail_bound` to the state's `tail_copy` when that copy's arrival is the start."""
+        `tail_bound` to the `tail_copy` of op's dry run when that copy's arrival is the start,
+        and `was_held` when the policy held op back."""
         self.evaluations += 1
         self.tail_bound = None
         self.was_held = False
@@ -667,6 +665,7 @@ class ListScheduler:
             self.dead.add((op, dev))
             return None
         ready, new_bytes = state.ready_time(op, dev)
+        copy = state.tail_copy  # this op's: a policy's hold may make dry runs of other ops
         free = state.device_free[dev]
         base = ready if ready > free else free
         need = state.alloc[op] + new_bytes + need_persistent
@@ -679,10 +678,8 @@ class ListScheduler:
         start = self.policy.hold(op, dev, t, state)
         if start > t:
             self.was_held = True
-        else:
-            copy = state.tail_copy
-            if copy is not None and start == copy[3] and self.queue_tails:
-                self.tail_bound = copy
+        elif copy is not None and start == copy[3] and self.queue_tails:
+            self.tail_bound = copy
         return start
 
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
@@ -746,6 +743,8 @@ class ListScheduler:
                         v = evaluate(m, d)
                         if v is not None:
                             heapq.heappush(h, (v, mt, m))
+                            if self.was_held:
+                                held_at[(m, d)] = v
                 continue
             if (held_at or stale) and self._held_entry_gone(op, d, key):
                 heapq.heappop(h)
