@@ -361,7 +361,7 @@ class SchedulerState:
         ready = 0.0
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
-        copies: list[tuple[int, float, float, float]] = []  # (source, width, start, arrival)
+        copies: list[tuple[int, float, float, float, float]] = []  # (source, width, start, arrival, sent)
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
             if pd == dev:
@@ -375,7 +375,7 @@ class SchedulerState:
                 arrived = s + w
                 new_bytes += nbytes
                 if not commit:
-                    copies.append((pd, w, s, arrived))
+                    copies.append((pd, w, s, arrived, self.end[p]))
                 # Only a booking that moves the clock: a transfer shorter than the float spacing
                 # at `s` (s + w == s: a few bytes on a free link late in a long step) occupies
                 # nothing, and a zero-length booking inserted before another of the same start
@@ -405,17 +405,18 @@ class SchedulerState:
 
     def _at_tail(self, copies: list, dev: int, ready: float) -> Optional[tuple]:
         """`tail_copy` of a dry run that made these `copies` into `dev` and found `ready`."""
-        if not copies:
+        if not copies or ready != max(c[3] for c in copies):
             return None
-        sources = tuple(c[0] for c in copies)
-        widths = tuple(c[1] for c in copies)
-        # Each copy where it would go after its pair's tail: none went into an earlier gap.
-        if self.tail_arrivals(sources, widths, dev) != [c[3] for c in copies] or ready != max(
-            c[3] for c in copies
-        ):
-            return None
-        since = min(self.channel_tail(a, dev) for a in sources)
-        return sources, widths, since, ready
+        # Each copy searched from before its pair's tail and found no gap before it: after the
+        # tail only the dry run's own earlier copies are booked, so `tail_arrivals` would give
+        # the same arrivals.
+        since = math.inf
+        for source, w, start, _, sent in copies:
+            tail = self.channel_tail(source, dev)
+            if tail is None or w <= 0 or not sent <= tail <= start:
+                return None
+            since = min(since, tail)
+        return tuple(c[0] for c in copies), tuple(c[1] for c in copies), since, ready
 
     def channel_tail(self, a: int, b: int) -> Optional[float]:
         """The end of the last booking on the channels of a and b; None when neither has one."""
