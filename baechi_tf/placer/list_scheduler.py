@@ -408,8 +408,8 @@ class SchedulerState:
         if not copies or ready != max(c[3] for c in copies):
             return None
         # Each copy searched from before its pair's tail and found no gap before it: after the
-        # tail only the dry run's own earlier copies are booked, so `tail_arrivals` would give
-        # the same arrivals.
+        # tail only the dry run's own earlier copies are booked, so `tail_start` would find the
+        # same arrivals.
         since = math.inf
         for source, w, start, _, sent in copies:
             tail = self.channel_tail(source, dev)
@@ -428,40 +428,31 @@ class SchedulerState:
     def tail_start(
         self, sources: Sequence[int], widths: Sequence[float], dev: int, since: float
     ) -> Optional[float]:
-        """The last of `tail_arrivals`, None if it is None."""
-        arrivals = self.tail_arrivals(sources, widths, dev, since)
-        return max(arrivals) if arrivals is not None else None
+        """When copies from `sources` to `dev`, `widths` us long and booked in that order, are
+        all in if each goes after the last booking of its pair of channels (`channel_tail`).
 
-    def tail_arrivals(
-        self, sources: Sequence[int], widths: Sequence[float], dev: int, since: Optional[float] = None
-    ) -> Optional[list[float]]:
-        """When copies from `sources` to `dev`, `widths` us long and booked in that order, come
-        in if each goes after the last booking of its pair of channels (`channel_tail`); None
-        when a pair has no booking or a width is not positive.
-
-        With `since`: also None unless, for each source, its channel or dev's is busy without a
-        gap from `since` to the pair's tail (`_book` merges bookings closer than the shortest
-        transfer, so a device's last booking is one solid block). Then a copy whose search for a
-        slot found none before `since` finds none before the tail either, and this is when the
-        copies are in."""
+        None when a pair has no booking, a width is not positive, or, for some source, neither
+        its channel nor dev's is busy without a gap from `since` to the pair's tail (`_book`
+        merges bookings closer than the shortest transfer, so a device's last booking is one
+        solid block). Otherwise a copy whose search for a slot found none before `since` finds
+        none before the tail either, and this is when the copies are in."""
         extra: dict[int, tuple[list[float], list[float]]] = {}
-        arrivals = []
+        done = -math.inf
         for a, w in zip(sources, widths):
             tail = self.channel_tail(a, dev)
             if tail is None or w <= 0:
                 return None
-            if since is not None:
-                for d in (a, dev):
-                    starts, ends = self.chan_start[d], self.chan_end[d]
-                    if starts and starts[-1] <= since and ends[-1] >= tail:
-                        break
-                else:
-                    return None
+            for d in (a, dev):
+                starts, ends = self.chan_start[d], self.chan_end[d]
+                if starts and starts[-1] <= since and ends[-1] >= tail:
+                    break
+            else:
+                return None
             s = self._slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
             arrived = s + w
             _tentative(extra, (a, dev), s, arrived)
-            arrivals.append(arrived)
-        return arrivals
+            done = max(done, arrived)
+        return done
 
     def memory_time(self, dev: int, need: int, t: float) -> Optional[float]:
         """Earliest time >= t at which `need` more bytes fit on `dev`, or None if never (yet)."""
