@@ -541,8 +541,8 @@ class _TailQueue:
     for all members (in topological order, as ties between equal starts are broken), instead of
     each member being evaluated again at every booking. Copies that go to the tail of busy
     channels are the case where thousands of ready ops wait on one channel (updates colocated
-    with a variable and fed from other devices, ops fanned out from one producer), which was
-    quadratic.
+    with a variable and fed from other devices, gathers of one embedding feeding other devices),
+    which was quadratic.
     """
 
     __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now")
@@ -734,9 +734,7 @@ class ListScheduler:
                     if device_of[m] < 0 and (m, d) not in dead:
                         v = evaluate(m, d)
                         if v is not None:
-                            heapq.heappush(h, (v, mt, m))
-                            if self.was_held:
-                                held_at[(m, d)] = v
+                            self._push(h, d, v, mt, m)
                 continue
             if (held_at or stale) and self._held_entry_gone(op, d, key):
                 heapq.heappop(h)
@@ -769,6 +767,13 @@ class ListScheduler:
             del self.held_at[(op, d)]
         return False
 
+    def _push(self, h: list, d: int, v: float, tp: int, op: int) -> None:
+        """Pushes the entry (v, op) onto d's `later` heap `h`, remembered as op's held entry
+        when the policy held op back in the evaluation that found v."""
+        heapq.heappush(h, (v, tp, op))
+        if self.was_held:
+            self.held_at[(op, d)] = v
+
     # ---------------------------------------------------------------- tail queues
 
     def _defer(self, h: list, d: int, tp: int, op: int, v: float) -> None:
@@ -776,9 +781,7 @@ class ListScheduler:
         the tail queue of its copy when the copy's arrival is its start (`tail_bound`)."""
         copy = self.tail_bound
         if copy is None:
-            heapq.heappush(h, (v, tp, op))
-            if self.was_held:
-                self.held_at[(op, d)] = v
+            self._push(h, d, v, tp, op)
             return
         sources, widths, start, _ = copy
         qkey = (d, sources, widths)

@@ -22,9 +22,9 @@ given seed: ``seconds`` is converted at `WORK_PER_SECOND` (measured on a 2-core 
 is a scheduling step or a dry run of an op on a device (each takes some microseconds; the dry runs
 per step range from 2 to 8 with the graph, so steps alone would not track time); restarting the
 scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, window balancing
-`1 / _MOVES_PER_UNIT` per op move, and gap searches of transfers longer than usual
-`1 / _LOOKS_PER_UNIT` per step beyond the usual. A wall-clock stop at ten times the budget (plus 5 s) guards
-against much slower machines (only then can the result depend on timing).
+`1 / _MOVES_PER_UNIT` per op move, and a transfer's gap search `1 / _LOOKS_PER_UNIT` per step
+beyond the usual. A wall-clock stop at ten times the budget (plus 5 s) guards against much slower
+machines (only then can the result depend on timing).
 
 Time per move: O(V + E) to start a scheduler and copy its snapshot, then O(k log k) for the k
 ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
