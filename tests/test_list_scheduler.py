@@ -144,7 +144,7 @@ _QUEUEING = {
 }
 
 
-def _spread(graph, groups, num_devices, seed):
+def _spread(groups, num_devices, seed):
     """A random placement that keeps each group on one device."""
     by_group = np.random.default_rng(seed).integers(0, num_devices, groups.num_groups)
     return by_group[groups.group_of].tolist()
@@ -159,8 +159,8 @@ def test_tail_queues_give_the_same_schedule(shape, link):
     made = []
     for policy in (
         EarliestStartPolicy,
-        lambda: FixedPolicy(_spread(graph, groups, 4, 0)),
-        lambda: FixedPolicy(_spread(graph, groups, 4, 1)),
+        lambda: FixedPolicy(_spread(groups, 4, 0)),
+        lambda: FixedPolicy(_spread(groups, 4, 1)),
     ):
         queued = _run(graph, cluster, policy(), groups=groups)
         assert queued == _run(graph, cluster, policy(), groups=groups, queue=False)
@@ -193,7 +193,7 @@ def test_refinement_resumes_from_snapshots_with_tail_queues():
     graph = colocated_updates_graph(301)
     groups = colocation_groups(graph)
     cluster = graphs.cluster(4)
-    placement = _spread(graph, groups, 4, 2)
+    placement = _spread(groups, 4, 2)
     scheduler = ListScheduler(graph, cluster, groups, FixedPolicy(placement))
     snap = None
     while scheduler.step() is not None:
@@ -224,7 +224,7 @@ def test_evaluations_grow_linearly_with_tail_queues(make, policy):
         groups = colocation_groups(graph)
         cluster = graphs.cluster(4)
         for queue in (True, False) if n == 301 else (True,):
-            p = EarliestStartPolicy() if policy == "m-ETF" else FixedPolicy(_spread(graph, groups, 4, 0))
+            p = EarliestStartPolicy() if policy == "m-ETF" else FixedPolicy(_spread(groups, 4, 0))
             scheduler = ListScheduler(graph, cluster, groups, p)
             scheduler.queue_tails = queue
             scheduler.run()
