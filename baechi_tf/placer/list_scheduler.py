@@ -41,12 +41,13 @@ a queued op, which is then looked at at another moment.
 
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
 D devices, plus one re-evaluation of each stale key that reaches the top of a heap. A booking on a
-channel makes stale the keys of the ready ops that wait for a copy over it: when their copies go
-to the channels' tail they wait in a tail queue (thousands of updates of one variable fed from
-other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting op);
-when they would fill gaps between bookings each step may still re-evaluate most of them (a
-1,200-op fan-out of 1 us ops placed by m-ETF: 161,000 evaluations, 313,000 without the queues).
-Memory O(V * D + E).
+channel makes stale the keys of the ready ops that wait for a copy over it: when their last copy
+goes to the channels' tail they wait in a tail queue (thousands of updates of one variable fed
+from other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting
+op; a 1,200-op fan-out placed by m-ETF, whose source goes to the tail and each op's own input
+into a gap: 11,500 evaluations, 161,000 when only ops all of whose copies went to the tail were
+queued); when their start is a copy into a gap between bookings each step may still re-evaluate
+most of them. Memory O(V * D + E).
 """
 
 from __future__ import annotations
@@ -404,19 +405,26 @@ class SchedulerState:
         return ready, new_bytes
 
     def _at_tail(self, copies: list, dev: int, ready: float) -> Optional[tuple]:
-        """`tail_copy` of a dry run that made these `copies` into `dev` and found `ready`."""
-        if not copies or ready != max(c[3] for c in copies):
+        """`tail_copy` of a dry run that made these `copies` into `dev` and found `ready`: of
+        the copies that searched from before their pair's tail and found no gap before it, when
+        the last of them arrives at `ready`. Other copies took gaps before their pair's tail and
+        arrive no later (an input of a fan-out sent once to a device goes to the tail, the op's
+        own input into a gap)."""
+        if not copies:
             return None
-        # Each copy searched from before its pair's tail and found no gap before it: after the
-        # tail only the dry run's own earlier copies are booked, so `tail_start` would find the
-        # same arrivals.
-        since = math.inf
-        for source, w, start, _, sent in copies:
+        sources, widths, since, last = [], [], math.inf, -math.inf
+        for source, w, start, arrived, sent in copies:
             tail = self.channel_tail(source, dev)
-            if tail is None or w <= 0 or not sent <= tail <= start:
-                return None
-            since = min(since, tail)
-        return tuple(c[0] for c in copies), tuple(c[1] for c in copies), since, ready
+            if tail is not None and w > 0 and sent <= tail <= start:
+                sources.append(source)
+                widths.append(w)
+                since = min(since, tail)
+                last = max(last, arrived)
+        if last != ready:
+            return None
+        # After the tail only the dry run's own earlier copies are booked, so `tail_start`, which
+        # books these copies alone, finds arrivals no later than they did.
+        return tuple(sources), tuple(widths), since, ready
 
     def channel_tail(self, a: int, b: int) -> Optional[float]:
         """The end of the last booking on the channels of a and b; None when neither has one."""
@@ -533,16 +541,16 @@ class SchedulerState:
 class _TailQueue:
     """Candidates of one device whose start was the arrival of their copies from `sources`,
     `widths` us long, booked one after another after everything on the channels they use, from
-    `since` or later.
+    `since` or later (their other copies, if any, took gaps before and arrived no later).
 
     While, for each source, its channel or the device's stays busy without a gap from `since` to
-    the channels' tail, every member's copies still go after the tail, one after another, so no
-    member starts before the tail plus the widths: one entry in the device's `later` heap stands
+    the channels' tail, every member's such copies still go after the tail, one after another, so
+    no member starts before the tail plus the widths: one entry in the device's `later` heap stands
     for all members (in topological order, as ties between equal starts are broken), instead of
     each member being evaluated again at every booking. Copies that go to the tail of busy
     channels are the case where thousands of ready ops wait on one channel (updates colocated
-    with a variable and fed from other devices, gathers of one embedding feeding other devices),
-    which was quadratic.
+    with a variable and fed from other devices, gathers of one embedding feeding other devices,
+    ops of a fan-out waiting for their source to be sent to a device), which was quadratic.
     """
 
     __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now")
@@ -577,8 +585,9 @@ class ListScheduler:
     # Whether candidates waiting on a busy channel share one entry (`_TailQueue`); the
     # schedules are the same either way but in rare cases (see the module's docstring).
     queue_tails = True
-    # Whether the entry of an op a policy held is dropped once a release pushed a new one.
-    drop_stale_holds = True
+    # Whether an op has at most one entry in a device's `now` heap (`in_now`); the schedules are
+    # the same either way.
+    once_in_now = True
 
     def __init__(
         self,
@@ -605,6 +614,10 @@ class ListScheduler:
         # the device's free time). Both are lazy: entries are checked when they reach the top.
         self.later: list[list[tuple[float, int, int]]] = [[] for _ in range(nd)]
         self.now: list[list[tuple[int, int]]] = [[] for _ in range(nd)]
+        # The ops with an entry in `now`: an op's other entries that come up while it has one
+        # there are dropped, since that one is looked at afresh (m-SCT's held ops, offered again
+        # at each reservation's end, had dozens there each, every one evaluated at each step).
+        self.in_now: list[set[int]] = [set() for _ in range(nd)]
         self.waiting: list[set[int]] = [set() for _ in range(nd)]  # ops held back by memory
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
@@ -614,11 +627,6 @@ class ListScheduler:
         self.tail_ids: dict[tuple[int, tuple[int, ...], tuple[float, ...]], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
         self.tail_bound: Optional[tuple] = None  # `tail_copy` when it gave the start; see `evaluate`
-        self.was_held = False  # whether the policy held the op `evaluate` last looked at
-        # (op, device) -> key of its entry in `later` made when the policy held it; and the
-        # (op, device, key) of such entries made stale by a release, dropped when they come up.
-        self.held_at: dict[tuple[int, int], float] = {}
-        self.stale_holds: set[tuple[int, int, float]] = set()
         self.scheduled = 0
         self.evaluations = 0  # calls of `evaluate`: with the steps, the work a run has done
         self.last_time = 0.0
@@ -639,11 +647,9 @@ class ListScheduler:
 
     def evaluate(self, op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory). Sets
-        `tail_bound` to the `tail_copy` of op's dry run when that copy's arrival is the start,
-        and `was_held` when the policy held op back."""
+        `tail_bound` to the `tail_copy` of op's dry run when that copy's arrival is the start."""
         self.evaluations += 1
         self.tail_bound = None
-        self.was_held = False
         state = self.state
         g = state.group_of[op]
         gdev = state.group_device[g]
@@ -668,9 +674,7 @@ class ListScheduler:
         if t is None:
             return None
         start = self.policy.hold(op, dev, t, state)
-        if start > t:
-            self.was_held = True
-        elif copy is not None and start == copy[3] and self.queue_tails:
+        if start == t and copy is not None and start == copy[3] and self.queue_tails:
             self.tail_bound = copy
         return start
 
@@ -682,9 +686,9 @@ class ListScheduler:
         device is free) it hands them out one at a time in topological order.
         """
         free = self.state.device_free[d]
-        h, p = self.later[d], self.now[d]
+        h, p, in_p = self.later[d], self.now[d], self.in_now[d]
+        once = self.once_in_now
         device_of, dead, evaluate = self.state.device, self.dead, self.evaluate
-        held_at, stale = self.held_at, self.stale_holds
         while h and h[0][0] <= free:
             key, tp, op = h[0]
             if op < 0:
@@ -695,9 +699,9 @@ class ListScheduler:
                     heapq.heappush(p, (queue.members[0][0], op))
                 continue
             heapq.heappop(h)
-            if (held_at or stale) and self._held_entry_gone(op, d, key):
-                continue
-            heapq.heappush(p, (tp, op))
+            if not once or op not in in_p:
+                in_p.add(op)
+                heapq.heappush(p, (tp, op))
         while p:
             tp, op = p[0]
             if op < 0:
@@ -712,16 +716,21 @@ class ListScheduler:
                 else:
                     heapq.heappop(p)
                     self._drop(queue)
-                heapq.heappush(p, (mt, m))
+                if not once or m not in in_p:
+                    in_p.add(m)
+                    heapq.heappush(p, (mt, m))
                 continue
             if device_of[op] >= 0 or (op, d) in dead:
                 heapq.heappop(p)
+                in_p.discard(op)
                 continue
             v = evaluate(op, d)
             if v is None:
                 heapq.heappop(p)
+                in_p.discard(op)
             elif v > free:
                 heapq.heappop(p)
+                in_p.discard(op)
                 self._defer(h, d, tp, op, v)
             else:
                 return (v, tp, d, op)
@@ -734,10 +743,7 @@ class ListScheduler:
                     if device_of[m] < 0 and (m, d) not in dead:
                         v = evaluate(m, d)
                         if v is not None:
-                            self._push(h, d, v, mt, m)
-                continue
-            if (held_at or stale) and self._held_entry_gone(op, d, key):
-                heapq.heappop(h)
+                            heapq.heappush(h, (v, mt, m))
                 continue
             if device_of[op] >= 0 or (op, d) in dead:
                 heapq.heappop(h)
@@ -748,31 +754,12 @@ class ListScheduler:
             elif v > key:
                 if self.tail_bound is None:
                     heapq.heapreplace(h, (v, tp, op))
-                    if self.was_held:
-                        held_at[(op, d)] = v
                 else:
                     heapq.heappop(h)
                     self._defer(h, d, tp, op, v)
             else:
                 return (v, tp, d, op)
         return None
-
-    def _held_entry_gone(self, op: int, d: int, key: float) -> bool:
-        """Called as the entry (key, op) leaves d's `later` heap: True when it was made stale by
-        a release (`step`), so that it is dropped; forgets it as op's held entry."""
-        if (op, d, key) in self.stale_holds:
-            self.stale_holds.discard((op, d, key))
-            return True
-        if self.held_at.get((op, d)) == key:
-            del self.held_at[(op, d)]
-        return False
-
-    def _push(self, h: list, d: int, v: float, tp: int, op: int) -> None:
-        """Pushes the entry (v, op) onto d's `later` heap `h`, remembered as op's held entry
-        when the policy held op back in the evaluation that found v."""
-        heapq.heappush(h, (v, tp, op))
-        if self.was_held:
-            self.held_at[(op, d)] = v
 
     # ---------------------------------------------------------------- tail queues
 
@@ -781,7 +768,7 @@ class ListScheduler:
         the tail queue of its copy when the copy's arrival is its start (`tail_bound`)."""
         copy = self.tail_bound
         if copy is None:
-            self._push(h, d, v, tp, op)
+            heapq.heappush(h, (v, tp, op))
             return
         sources, widths, start, _ = copy
         qkey = (d, sources, widths)
@@ -789,14 +776,19 @@ class ListScheduler:
         queue = self.tail_queues[qid] if qid is not None else None
         if queue is not None and queue.now:
             # Its members were offered as able to start when the device is free; this one's
-            # copy, over the same pair, still goes after the tail, so theirs do too if the pair
-            # stayed solid (they wait in `later` again, from v); if not, they stay in `now`.
-            if self.state.tail_start(sources, widths, d, queue.since) is not None:
-                queue.now, queue.entry = False, (v, queue.members[0][0])
-                heapq.heappush(h, (v, queue.members[0][0], -1 - qid))
+            # copies, over the same pairs, still go after the tails, so theirs do too if the
+            # pairs stayed solid (they wait in `later` again, from when such copies are in); if
+            # not, they stay in `now`.
+            bound = self.state.tail_start(sources, widths, d, queue.since)
+            if bound is not None:
+                bound = min(bound, v)
+                queue.now, queue.entry = False, (bound, queue.members[0][0])
+                heapq.heappush(h, (bound, queue.members[0][0], -1 - qid))
             else:
                 for mt, m, _ in queue.members:
-                    heapq.heappush(self.now[d], (mt, m))
+                    if not self.once_in_now or m not in self.in_now[d]:
+                        self.in_now[d].add(m)
+                        heapq.heappush(self.now[d], (mt, m))
                 self._drop(queue)
                 queue = None
         if queue is None:
@@ -884,12 +876,9 @@ class ListScheduler:
         topo, device_of = state.topo, state.device
         for w, d in released or ():
             if device_of[w] < 0:  # the device's free time is a lower bound of w's start there
+                # The entry w was held with stays in the heap: if it comes up while this one
+                # waits in `now`, it is dropped there (`in_now`).
                 heapq.heappush(self.later[d], (state.device_free[d], topo[w], w))
-                # The entry w was held with stays in the heap; it is dropped when it comes up
-                # (each release made another: thousands of held ops piled up copies).
-                key = self.held_at.pop((w, d), None)
-                if key is not None and self.drop_stale_holds:
-                    self.stale_holds.add((w, d, key))
         for d in newly_free:
             for w in self.waiting[d]:
                 if device_of[w] < 0:
@@ -956,8 +945,6 @@ class ListScheduler:
         snap["dead"] = set(self.dead)
         snap["tail_queues"] = {qid: q.saved() for qid, q in self.tail_queues.items()}
         snap["next_tail_id"] = self._next_tail_id
-        snap["held_at"] = dict(self.held_at)
-        snap["stale_holds"] = set(self.stale_holds)
         snap["scheduled"] = self.scheduled
         snap["last_time"] = self.last_time
         return snap
@@ -975,6 +962,7 @@ class ListScheduler:
         st.release = {t: dict(r) for t, r in snap["release"].items()}
         self.later = [list(x) for x in snap["later"]]
         self.now = [list(x) for x in snap["now"]]
+        self.in_now = [{op for _, op in x if op >= 0} for x in self.now]
         self.waiting = [set(x) for x in snap["waiting"]]
         self.waited = list(snap["waited"])
         self.dead = set(snap["dead"])
@@ -982,8 +970,6 @@ class ListScheduler:
         self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
         # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
         self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
-        self.held_at = dict(snap["held_at"])
-        self.stale_holds = set(snap["stale_holds"])
         self.scheduled = snap["scheduled"]
         self.last_time = snap["last_time"]
 
