@@ -599,6 +599,22 @@ def _devices() -> tuple[Any, Any, str]:
     return setup, session_config(setup, base), ""
 
 
+def _check_data_format(config: TrainConfig, setup: Any, target: str) -> None:
+    """NCHW on CPU stand-ins whose kernels take only NHWC: an error now, not in the first step.
+
+    A cluster's workers are not asked (their kernels are in other processes).
+    """
+    if getattr(config.hparams, "data_format", "NHWC") != "NCHW" or not setup.virtual or target:
+        return
+    from baechi_tf.models.inception_v3 import nchw_runs_on_cpu
+
+    if not nchw_runs_on_cpu():
+        raise ConfigError(
+            "--data_format=NCHW: this machine's CPU kernels pool only NHWC images (TensorFlow's "
+            "oneDNN kernels, which take NCHW, are off here); give --data_format=NHWC, or set "
+            "TF_ENABLE_ONEDNN_OPTS=1")
+
+
 def _describe_devices(setup: Any) -> str:
     several_tasks = len({d.task for d in setup.cluster.devices}) > 1
     names = ", ".join(d.name if several_tasks else d.name.split("/")[-1] for d in setup.cluster.devices)
@@ -779,6 +795,7 @@ def _main() -> int:
         logging.set_verbosity(logging.WARNING)
     config = _config_from_flags()
     setup, session_config, target = _devices()
+    _check_data_format(config, setup, target)
     if FLAGS.costgen:
         return costgen(config, setup, session_config, target)
     return place_and_run(config, options, setup, session_config, target)

@@ -5,15 +5,16 @@ one included, before it imports anything of the package.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from baechi_tf import interrupts
 from baechi_tf.errors import ConfigError
 
-__all__ = ["flag_parser", "import_tensorflow_quietly", "run_main"]
+__all__ = ["flag_parser", "import_tensorflow_quietly", "native_stderr_quiet", "run_main"]
 
 
 def run_main(
@@ -64,15 +65,30 @@ def import_tensorflow_quietly() -> None:
     TF's C++ start-up lines ("All log messages before absl::InitializeLog() ...", oneDNN) are
     printed before TF_CPP_MIN_LOG_LEVEL applies; without this, an error would not be one line.
     """
-    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+    with native_stderr_quiet():
         import tensorflow  # noqa: F401
+
+
+@contextlib.contextmanager
+def native_stderr_quiet() -> Iterator[None]:
+    """File descriptor 2 (C++'s stderr, and Python's) goes to /dev/null for the block, unless
+    TF_CPP_MIN_LOG_LEVEL is 0 (the user asked for TF's logs).
+
+    For C++ calls that log errors the caller turns into one line of its own: gRPC's two error
+    lines when a server cannot take its port, and absl's "All log messages before
+    absl::InitializeLog()" line before the first log of a process (which TensorFlow's import
+    prints only where oneDNN is on).
+    """
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") in ("", "0"):
+        yield
         return
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        yield
     finally:
+        sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)

@@ -1,7 +1,10 @@
 """The models build deterministically, train, and have the original's structure and layout."""
 
 import math
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from baechi_tf.models import (
 )
 
 tf1 = tf.compat.v1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 T = 4  # time steps of the tiny NMT models
 TINY = {
@@ -78,21 +82,53 @@ def test_synthetic_feeds_are_fixed_by_the_seed():
         assert a.feeds[key].max() < TINY["gnmt_v2"].vocab_size
 
 
+_NCHW_AGAINST_NHWC = """
+import sys
+import tensorflow as tf
+from baechi_tf.models import InceptionV3HParams, build_model
+from baechi_tf.models.inception_v3 import nchw_runs_on_cpu
+
+tf1 = tf.compat.v1
+if not nchw_runs_on_cpu():
+    sys.exit("NCHW does not run on this CPU")
+for data_format in ("NHWC", "NCHW"):
+    hp = InceptionV3HParams(batch_size=2, image_size=75, num_classes=7, depth_multiplier=0.05,
+                            min_depth=4, data_format=data_format, dropout_keep_prob=1.0)
+    spec = build_model("inception_v3", hp)
+    assert spec.inputs["images"].shape == ((2, 3, 75, 75) if data_format == "NCHW" else (2, 75, 75, 3))
+    with spec.graph.as_default():
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=spec.graph) as sess:
+        sess.run(init)
+        print(data_format, repr(float(sess.run(spec.loss, spec.feeds))))
+"""
+
+
+def _with_onednn(on, code):
+    # oneDNN is on by TF's own choice only on some CPUs; the variable decides it either way.
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1" if on else "0", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
 def test_inception_nchw_computes_what_nhwc_computes():
-    losses = {}
-    for data_format in ("NHWC", "NCHW"):
-        hp = InceptionV3HParams(batch_size=2, image_size=75, num_classes=7, depth_multiplier=0.05,
-                                min_depth=4, data_format=data_format, dropout_keep_prob=1.0)
-        spec = build_model("inception_v3", hp)
-        assert spec.inputs["images"].shape == ((2, 3, 75, 75) if data_format == "NCHW"
-                                               else (2, 75, 75, 3))
-        with spec.graph.as_default():
-            init = tf1.global_variables_initializer()
-        with tf1.Session(graph=spec.graph) as sess:
-            sess.run(init)
-            losses[data_format] = sess.run(spec.loss, spec.feeds)
+    # With oneDNN, whose CPU kernels take NCHW (TF's own pool only NHWC images).
+    done = _with_onednn(True, _NCHW_AGAINST_NHWC)
+    assert done.returncode == 0, done.stderr
+    losses = dict(line.split() for line in done.stdout.splitlines())
     # Different kernels sum in other orders through 94 batch norms: equal to ~1e-4.
-    assert losses["NCHW"] == pytest.approx(losses["NHWC"], rel=1e-3)
+    assert float(losses["NCHW"]) == pytest.approx(float(losses["NHWC"]), rel=1e-3)
+
+
+def test_without_onednn_the_cpu_refuses_nchw_and_the_probe_says_so():
+    code = _NCHW_AGAINST_NHWC.replace('sys.exit("NCHW does not run on this CPU")',
+                                      'print("refused"); sys.exit()')
+    done = _with_onednn(False, code)
+    assert done.returncode == 0 and done.stdout == "refused\n", done.stdout + done.stderr
+    # What the probe stands for: without it, the NCHW step fails in TensorFlow.
+    done = _with_onednn(False, code.replace("if not nchw_runs_on_cpu():", "if False:"))
+    assert "Default MaxPoolingOp only supports NHWC on device type CPU" in done.stderr, done.stderr
 
 
 def test_inception_has_the_slim_modules_and_batch_norm_updates():

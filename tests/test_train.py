@@ -35,10 +35,10 @@ FAST_PROFILE = ["--profile_warmup_steps=1", "--profile_steps=2", "--profile_ever
 FAST_RUN = ["--warmup_steps=1", "--timed_steps=2", "--refine_seconds=0.5"]
 
 
-def train(*args, expect=0):
+def train(*args, expect=0, **env):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT, capture_output=True,
-        text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **env),
     )
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return done
@@ -233,6 +233,17 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
     assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
 
+
+
+def test_nchw_where_the_cpu_kernels_refuse_it_is_one_line_before_any_work(tmp_path):
+    path = tmp_path / "cost.pkl"
+    done = train("--costgen", f"--cost_path={path}", *INCEPTION, "--data_format=NCHW", expect=2,
+                 TF_ENABLE_ONEDNN_OPTS="0")  # TF's own CPU kernels pool NHWC images only
+    assert done.stderr == (
+        "train: error: --data_format=NCHW: this machine's CPU kernels pool only NHWC images "
+        "(TensorFlow's oneDNN kernels, which take NCHW, are off here); give --data_format=NHWC, "
+        "or set TF_ENABLE_ONEDNN_OPTS=1\n")
+    assert not path.exists()
 
 
 @pytest.mark.parametrize("flag", ["--help", "--helpfull"])

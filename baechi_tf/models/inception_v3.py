@@ -13,9 +13,13 @@ Unlike the original, which built the network with ``is_training=False`` and then
 statistics, updates the moving averages on every step (the loss depends on those updates) and
 applies dropout.
 
-``data_format`` is NHWC or NCHW. In TF 2.21 the CPU kernels of every op used here (Conv2D,
-MaxPool, AvgPool, FusedBatchNormV3, BiasAdd and their gradients) accept NCHW, which was checked
-on this machine, so both formats build, run and train on CPU stand-ins as on GPUs.
+``data_format`` is NHWC or NCHW. Both build anywhere; where they run depends on the kernels.
+GPUs take both. On CPUs, TF 2.21's own MaxPool and AvgPool kernels take only NHWC ("Default
+MaxPoolingOp only supports NHWC on device type CPU"), while its oneDNN kernels take NCHW for
+every op used here; TF turns oneDNN on by itself only on CPUs with AVX-512 VNNI, BF16 or AMX,
+and ``TF_ENABLE_ONEDNN_OPTS=1`` turns it on elsewhere. `nchw_runs_on_cpu` asks this process's
+kernels, so that train.py refuses NCHW on CPU stand-ins up front instead of failing in the
+first step.
 
 ``image_size`` defaults to 299; the network needs at least 75 (the last reductions would
 otherwise reach an empty map), which the tests use with a small ``depth_multiplier``. The expert
@@ -25,6 +29,7 @@ layout is one device: the original gave image models no device annotations (they
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Union
 
 import numpy as np
@@ -35,7 +40,7 @@ from baechi_tf.models._layers import tf1, variable, weight
 from baechi_tf.models.layout import ExpertLayout
 from baechi_tf.models.spec import ModelSpec
 
-__all__ = ["InceptionV3HParams", "build_inception_v3"]
+__all__ = ["InceptionV3HParams", "build_inception_v3", "nchw_runs_on_cpu"]
 
 _MIN_IMAGE_SIZE = 75
 
@@ -300,3 +305,28 @@ def build_inception_v3(hp: InceptionV3HParams, graph: tf.Graph) -> ModelSpec:
         inputs={"images": images, "labels": labels}, feeds=feeds,
         expert_layout=ExpertLayout(num_devices=1, rules=()),
     )
+
+
+@functools.lru_cache(maxsize=None)
+def nchw_runs_on_cpu() -> bool:
+    """Whether this process's CPU kernels run the NCHW ops of this network, gradients included.
+
+    Runs one tiny step of them on /cpu:0 (a few milliseconds, once per process): TF's own CPU
+    kernels refuse NCHW pooling, its oneDNN ones take it (module docstring).
+    """
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/cpu:0"):
+        x = tf1.placeholder_with_default(np.ones((1, 2, 4, 4), np.float32), (1, 2, 4, 4))
+        kernel = tf.constant(np.ones((1, 1, 2, 2), np.float32))
+        y = tf.nn.bias_add(tf.nn.conv2d(x, kernel, 1, "SAME", data_format="NCHW"),
+                           tf.constant([0.5, 0.5]), data_format="NCHW")
+        y = tf1.nn.fused_batch_norm(y, tf.ones([2]), tf.zeros([2]), data_format="NCHW")[0]
+        y = tf.nn.max_pool2d(y, 3, 1, "SAME", data_format="NCHW")
+        y = tf.nn.avg_pool2d(y, 3, 1, "SAME", data_format="NCHW")
+        grad = tf.gradients(tf.reduce_sum(y), [x])[0]
+    try:
+        with tf1.Session(graph=graph) as sess:
+            sess.run(grad)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        return False
+    return True

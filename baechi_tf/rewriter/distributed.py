@@ -892,19 +892,20 @@ def _serve(args: argparse.Namespace) -> int:
             f"task {job}:{index} is not in the cluster spec {spec.to_json()}; give a --job "
             "and --task_index it lists"
         )
-    from baechi_tf._startup import import_tensorflow_quietly
+    from baechi_tf._startup import import_tensorflow_quietly, native_stderr_quiet
 
     import_tensorflow_quietly()
     import tensorflow as tf
 
     try:
-        server = tf.distribute.Server(  # held until the process ends
-            tf.train.ClusterSpec(spec.as_dict()),
-            job_name=job,
-            task_index=index,
-            config=_server_config(args.num_devices),
-            start=True,
-        )
+        with native_stderr_quiet():  # gRPC's own error lines: the ConfigError says it in one
+            server = tf.distribute.Server(  # held until the process ends
+                tf.train.ClusterSpec(spec.as_dict()),
+                job_name=job,
+                task_index=index,
+                config=_server_config(args.num_devices),
+                start=True,
+            )
     except tf.errors.OpError as e:
         first = first_line(e)
         raise ConfigError(
