@@ -279,8 +279,7 @@ def test_an_op_waits_once_among_those_that_may_start_now():
     when the device is free are dropped. m-SCT offers held ops again at each reservation's end;
     on chained updates the producers had about 30 entries each there, all evaluated at every
     step: eight times the evaluations per doubling of the ops (14,049 at 401 ops, 107,835 at
-    801). They still grow four-fold: each held op's start is looked at again as the clock
-    passes it."""
+    801)."""
     from baechi_tf.placer.m_sct import FavouriteChildPolicy, favourite_children_of
 
     counts = []
@@ -299,6 +298,63 @@ def test_an_op_waits_once_among_those_that_may_start_now():
         assert scheduler.done and most > 1  # candidates did wait there
         counts.append(scheduler.evaluations)
     assert counts[1] < 5 * counts[0]
+
+
+def _m_sct_scheduler(graph, cluster, queue=True):
+    from baechi_tf.placer.m_sct import FavouriteChildPolicy, favourite_children_of
+
+    child = favourite_children_of(graph, cluster).tolist()
+    scheduler = ListScheduler(graph, cluster, colocation_groups(graph),
+                              FavouriteChildPolicy(child, cluster.num_devices))
+    scheduler.queue_tails = queue
+    return scheduler
+
+
+@pytest.mark.parametrize(
+    "make, sizes",
+    [(lambda n: colocated_updates_graph(n, chained=True), (401, 1601)), (fan_out_graph, (1202, 2402))],
+)
+def test_ops_held_to_the_floor_wait_in_one_pool(make, sizes):
+    """m-SCT holds ops back from a device kept for a favourite child, most of them until the last
+    device clock; each was looked at again as that clock passed it, and all again at each
+    reservation's end: on chained updates four times the ops took 14 times the evaluations
+    (4,860 at 401 ops, 69,997 at 1,601), on the fan-out twice the ops 16 times (58,973 at 1,202,
+    970,142 at 2,402). Pooled per device, with one entry that goes down to the device's free
+    time when the reservation ends, they grow as the ops do."""
+    counts = []
+    for n in sizes:
+        scheduler = _m_sct_scheduler(make(n), graphs.cluster(4))
+        pooled = 0
+        while scheduler.step() is not None:
+            pooled += bool(scheduler.pool_devices)
+        assert scheduler.done and pooled  # ops did wait in a pool
+        counts.append(scheduler.evaluations)
+    growth = sizes[1] / sizes[0]
+    assert counts[1] < 1.25 * growth * counts[0]
+    assert counts[1] < 25 * sizes[1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pools_and_tail_queues_give_the_same_m_sct_schedule(seed):
+    """With the ops held to the floor pooled and the ops waiting on busy channels queued, m-SCT's
+    schedule is the one evaluating each of them afresh gives."""
+    cases = [
+        (colocated_updates_graph(151 + 50 * seed, chained=True), graphs.cluster(4)),
+        (fan_out_graph(102 + 50 * seed), graphs.cluster(2 + seed % 3)),
+        (graphs.random_dag(seed, 60, edge_prob=0.08, group_prob=0.2), graphs.cluster(3)),
+        (graphs.random_dag(100 + seed, 80, edge_prob=0.05, max_compute_us=100.0), graphs.cluster(4)),
+    ]
+    pooled = 0
+    for graph, cluster in cases:
+        made = []
+        for queue in (True, False):
+            scheduler = _m_sct_scheduler(graph, cluster, queue)
+            while scheduler.step() is not None:
+                pooled += bool(scheduler.pool_devices)
+            assert scheduler.done
+            made.append(_result(scheduler))
+        assert made[0] == made[1]
+    assert pooled
 
 
 def _first_not_earliest(graph, cluster, policy):

@@ -34,10 +34,11 @@ that delays its first copy can let a later one take an earlier slot; and the gap
 after `_MAX_GAPS` bookings, so that bookings merged since may let it reach a gap it skipped.
 
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
-(device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking. The
-schedules are the same as without the queues (tests compare them; so did all 428 schedules of
-seeded random and benchmark graphs by six placers), unless one of the two rare cases above meets
-a queued op, which is then looked at at another moment.
+(device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking, and
+so do the ops a policy holds back from a device to a common floor (m-SCT's reservations). The
+schedules are the same as without the queues (tests compare them; so did 2,902 m-SCT, m-ETF and
+simulator schedules of 1,408 seeded random and benchmark graphs and clusters), unless one of the
+two rare cases above meets a queued op, which is then looked at at another moment.
 
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
 D devices, plus one re-evaluation of each stale key that reaches the top of a heap. A booking on a
@@ -46,8 +47,10 @@ goes to the channels' tail they wait in a tail queue (thousands of updates of on
 from other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting
 op; a 1,200-op fan-out placed by m-ETF, whose source goes to the tail and each op's own input
 into a gap: 11,500 evaluations, 161,000 when only ops all of whose copies went to the tail were
-queued); when their start is a copy into a gap between bookings each step may still re-evaluate
-most of them. Memory O(V * D + E).
+queued); ops m-SCT holds back from a device kept for a favourite child wait in a pool (chained
+updates of one variable: 6,982 evaluations at 1,601 ops, 69,997 before); when their start is a
+copy into a gap between bookings each step may still re-evaluate most of them. Memory
+O(V * D + E).
 """
 
 from __future__ import annotations
@@ -150,6 +153,13 @@ class Policy:
         Must not decrease as the schedule grows (a held device can only be released later).
         """
         return start
+
+    def hold_floor(self, device: int, state: "SchedulerState") -> Optional[tuple[float, int]]:
+        """(floor, exempt) while `device` holds ops back: no op whose group is on no device,
+        `exempt` aside, starts on `device` before `floor`, which does not decrease until
+        `committed` releases the ops held there. None when there is no such bound. Ops held to
+        the floor wait in one pool per device (`_TailQueue`) with one heap entry."""
+        return None
 
     def committed(
         self, op: int, device: int, state: "SchedulerState"
@@ -551,27 +561,55 @@ class _TailQueue:
     channels are the case where thousands of ready ops wait on one channel (updates colocated
     with a variable and fed from other devices, gathers of one embedding feeding other devices,
     ops of a fan-out waiting for their source to be sent to a device), which was quadratic.
+
+    A *pool* (`sources` and `widths` None) holds the ops a policy held back from the device to its
+    `Policy.hold_floor`: while the floor holds, no member (the exempt op aside) starts before
+    it, so one entry keyed at the floor stands for all of them; when the policy stops holding
+    ops there, that entry goes down to the device's free time (`ListScheduler.step`), where each
+    member was offered again one by one before. m-SCT's reservations held the same thousands of
+    ops at each step on chained updates of one variable and on fan-outs, which was quadratic.
     """
 
-    __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now")
+    __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now", "ids")
 
     def __init__(
-        self, device: int, sources: tuple[int, ...], widths: tuple[float, ...], since: float
+        self, device: int, sources: Optional[tuple[int, ...]], widths: Optional[tuple[float, ...]],
+        since: float,
     ) -> None:
         self.device, self.sources, self.widths, self.since = device, sources, widths, since
         self.members: list[tuple[int, int, float]] = []  # heap of (topo, op, start when queued)
         self.entry: Optional[tuple[float, int]] = None  # (key, topo) of the live heap entry
         self.now = False  # whether that entry is in the device's `now` heap (else `later`)
+        self.ids: set[int] = set()  # a pool's members (an op is one at most once)
+
+    @property
+    def pool(self) -> bool:
+        """Whether its members are ops held to the policy's floor (no copies)."""
+        return self.sources is None
+
+    def push(self, tp: int, op: int, start: float) -> None:
+        if self.sources is None:
+            if op in self.ids:
+                return
+            self.ids.add(op)
+        heapq.heappush(self.members, (tp, op, start))
+
+    def pop(self) -> tuple[int, int, float]:
+        """Removes and returns the first member (topological order)."""
+        out = heapq.heappop(self.members)
+        self.ids.discard(out[1])
+        return out
 
     def saved(self) -> tuple:
         """Its state as plain data (a snapshot's), for `restored`."""
-        return self.device, self.sources, self.widths, self.since, list(self.members), self.entry, self.now
+        return (self.device, self.sources, self.widths, self.since, list(self.members), self.entry,
+                self.now, set(self.ids))
 
     @staticmethod
     def restored(saved: tuple) -> "_TailQueue":
-        device, sources, widths, since, members, entry, now = saved
+        device, sources, widths, since, members, entry, now, ids = saved
         out = _TailQueue(device, sources, widths, since)
-        out.members, out.entry, out.now = list(members), entry, now
+        out.members, out.entry, out.now, out.ids = list(members), entry, now, set(ids)
         return out
 
 
@@ -626,7 +664,10 @@ class ListScheduler:
         self.tail_queues: dict[int, _TailQueue] = {}
         self.tail_ids: dict[tuple[int, tuple[int, ...], tuple[float, ...]], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
-        self.tail_bound: Optional[tuple] = None  # `tail_copy` when it gave the start; see `evaluate`
+        self.pool_devices: set[int] = set()  # devices with a pool of held ops (`_TailQueue`)
+        # `tail_copy` when it gave the start, or (None, None, 0.0, start) when the policy held
+        # the op to its `hold_floor`; see `evaluate`.
+        self.tail_bound: Optional[tuple] = None
         self.scheduled = 0
         self.evaluations = 0  # calls of `evaluate`: with the steps, the work a run has done
         self.last_time = 0.0
@@ -647,7 +688,8 @@ class ListScheduler:
 
     def evaluate(self, op: int, dev: int) -> Optional[float]:
         """Earliest start of op on dev now, None if impossible for now (memory). Sets
-        `tail_bound` to the `tail_copy` of op's dry run when that copy's arrival is the start."""
+        `tail_bound` to the `tail_copy` of op's dry run when that copy's arrival is the start, or
+        to (None, None, 0.0, start) when the policy held op until its `hold_floor`."""
         self.evaluations += 1
         self.tail_bound = None
         state = self.state
@@ -674,8 +716,15 @@ class ListScheduler:
         if t is None:
             return None
         start = self.policy.hold(op, dev, t, state)
-        if start == t and copy is not None and start == copy[3] and self.queue_tails:
-            self.tail_bound = copy
+        if not self.queue_tails:
+            pass
+        elif start == t:
+            if copy is not None and start == copy[3]:
+                self.tail_bound = copy
+        else:
+            floor = self.policy.hold_floor(dev, state)
+            if floor is not None and start == floor[0]:
+                self.tail_bound = (None, None, 0.0, start)
         return start
 
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
@@ -709,7 +758,7 @@ class ListScheduler:
                 if queue is None or not queue.now or queue.entry[1] != tp:
                     heapq.heappop(p)  # an entry the queue no longer has
                     continue
-                mt, m, _ = heapq.heappop(queue.members)
+                mt, m, _ = queue.pop()
                 if queue.members:
                     queue.entry = (free, queue.members[0][0])
                     heapq.heapreplace(p, (queue.entry[1], op))
@@ -739,7 +788,7 @@ class ListScheduler:
             if op < 0:
                 queue = self._tail_entry(h, key, tp, op)
                 if queue is not None:  # its first member may start at `key`: look at it alone
-                    mt, m, _ = heapq.heappop(queue.members)
+                    mt, m, _ = queue.pop()
                     if device_of[m] < 0 and (m, d) not in dead:
                         v = evaluate(m, d)
                         if v is not None:
@@ -778,8 +827,8 @@ class ListScheduler:
             # Its members were offered as able to start when the device is free; this one's
             # copies, over the same pairs, still go after the tails, so theirs do too if the
             # pairs stayed solid (they wait in `later` again, from when such copies are in); if
-            # not, they stay in `now`.
-            bound = self.state.tail_start(sources, widths, d, queue.since)
+            # not, they stay in `now`. Likewise for ops held to the policy's floor.
+            bound = self._queue_bound(queue)
             if bound is not None:
                 bound = min(bound, v)
                 queue.now, queue.entry = False, (bound, queue.members[0][0])
@@ -795,9 +844,11 @@ class ListScheduler:
             qid = self.tail_ids[qkey] = self._next_tail_id
             self._next_tail_id += 1
             queue = self.tail_queues[qid] = _TailQueue(d, sources, widths, start)
+            if queue.pool:
+                self.pool_devices.add(d)
         elif start < queue.since:
             queue.since = start
-        heapq.heappush(queue.members, (tp, op, v))
+        queue.push(tp, op, v)
         if queue.entry is None or (v, tp) < queue.entry:
             queue.entry = (v, tp)
             heapq.heappush(h, (v, tp, -1 - qid))
@@ -814,18 +865,21 @@ class ListScheduler:
             return None
         members, device_of, dead, d = queue.members, self.state.device, self.dead, queue.device
         while members and (device_of[members[0][1]] >= 0 or (members[0][1], d) in dead):
-            heapq.heappop(members)
+            queue.pop()
         if not members:
             heapq.heappop(h)
             self._drop(queue)
             return None
-        start = self.state.tail_start(queue.sources, queue.widths, d, queue.since)
+        start = self._queue_bound(queue)
         if start is None:
             heapq.heappop(h)
             self._drop(queue)
-            for mt, m, v in members:  # each start they were queued with is still a lower bound
+            # Each start they were queued with is still a lower bound, but for a pool's (held
+            # under a reservation that may have ended): the device's free time is one.
+            free = self.state.device_free[d] if queue.pool else None
+            for mt, m, v in members:
                 if device_of[m] < 0:
-                    heapq.heappush(h, (v, mt, m))
+                    heapq.heappush(h, (v if free is None else free, mt, m))
             return None
         bound = (start, members[0][0])
         if bound > queue.entry:
@@ -834,9 +888,23 @@ class ListScheduler:
             return None
         return queue
 
+    def _queue_bound(self, queue: "_TailQueue") -> Optional[float]:
+        """No member of `queue` starts before this, if not None (`_TailQueue`).
+
+        A pool's: the policy's floor, unless the op exempt from it is a member (None); the
+        device's free time while the policy holds nothing back there."""
+        if not queue.pool:
+            return self.state.tail_start(queue.sources, queue.widths, queue.device, queue.since)
+        floor = self.policy.hold_floor(queue.device, self.state)
+        if floor is None:
+            return self.state.device_free[queue.device]
+        return None if floor[1] in queue.ids else floor[0]
+
     def _drop(self, queue: "_TailQueue") -> None:
         qkey = (queue.device, queue.sources, queue.widths)
         del self.tail_queues[self.tail_ids.pop(qkey)]
+        if queue.pool:
+            self.pool_devices.discard(queue.device)
 
     # ---------------------------------------------------------------- running
 
@@ -874,7 +942,18 @@ class ListScheduler:
         self.last_time = t
         released = self.policy.committed(op, dev, state)
         topo, device_of = state.topo, state.device
+        for d in self.pool_devices:
+            pool = self.tail_queues[self.tail_ids[(d, None, None)]]
+            free = state.device_free[d]
+            if not pool.now and pool.entry[0] > free and self.policy.hold_floor(d, state) is None:
+                # Its floor no longer holds: its entry goes down to the device's free time, a
+                # lower bound of every start there, once for all its members.
+                pool.entry = (free, pool.entry[1])
+                heapq.heappush(self.later[d], (*pool.entry, -1 - self.tail_ids[(d, None, None)]))
         for w, d in released or ():
+            qid = self.tail_ids.get((d, None, None))
+            if qid is not None and w in self.tail_queues[qid].ids:
+                continue  # its pool's entry went down just above
             if device_of[w] < 0:  # the device's free time is a lower bound of w's start there
                 # The entry w was held with stays in the heap: if it comes up while this one
                 # waits in `now`, it is dropped there (`in_now`).
@@ -968,6 +1047,7 @@ class ListScheduler:
         self.dead = set(snap["dead"])
         self.tail_queues = {qid: _TailQueue.restored(q) for qid, q in snap["tail_queues"].items()}
         self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
+        self.pool_devices = {q.device for q in self.tail_queues.values() if q.pool}
         # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
         self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
         self.scheduled = snap["scheduled"]

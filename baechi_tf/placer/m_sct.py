@@ -148,6 +148,15 @@ class FavouriteChildPolicy(Policy):
         self.held[device].add(op)
         return urgent
 
+    def hold_floor(self, device: int, state: SchedulerState) -> Optional[tuple[float, int]]:
+        """While `device` is kept for f: (the last device clock, f). An op other than f whose group
+        is on no device is held to its urgent time, a latest start over every device, or starts
+        later still; and no device's start is before that device is free."""
+        fc = self.reserved[device]
+        if fc < 0:
+            return None
+        return max(state.device_free), fc
+
     def committed(self, op: int, device: int, state: SchedulerState) -> Optional[Iterable[tuple[int, int]]]:
         released: list[tuple[int, int]] = []
         for d, fc in enumerate(self.reserved):
