@@ -16,8 +16,8 @@ applies dropout.
 ``data_format`` is NHWC or NCHW. Both build anywhere; where they run depends on the kernels.
 GPUs take both. On CPUs, TF 2.21's own MaxPool and AvgPool kernels take only NHWC ("Default
 MaxPoolingOp only supports NHWC on device type CPU"), while its oneDNN kernels take NCHW for
-every op used here; TF turns oneDNN on by itself only on CPUs with AVX-512 VNNI, BF16 or AMX,
-and ``TF_ENABLE_ONEDNN_OPTS=1`` turns it on elsewhere. `nchw_runs_on_cpu` asks this process's
+every op used here; TF turns oneDNN on by itself only on some CPUs (with AVX-512 VNNI, BF16 or
+AMX, by its 2.9 release notes), and ``TF_ENABLE_ONEDNN_OPTS=1`` turns it on elsewhere. `nchw_runs_on_cpu` asks this process's
 kernels, so that train.py refuses NCHW on CPU stand-ins up front instead of failing in the
 first step.
 
