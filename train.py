@@ -610,9 +610,9 @@ def _check_data_format(config: TrainConfig, setup: Any, target: str) -> None:
 
     if not nchw_runs_on_cpu():
         raise ConfigError(
-            "--data_format=NCHW: this machine's CPU kernels pool only NHWC images (TensorFlow's "
-            "oneDNN kernels, which take NCHW, are off here); give --data_format=NHWC, or set "
-            "TF_ENABLE_ONEDNN_OPTS=1")
+            "--data_format=NCHW: this machine's CPU kernels convolve and pool NHWC images only "
+            "(TensorFlow's oneDNN kernels, which take NCHW, are off here); give "
+            "--data_format=NHWC, or set TF_ENABLE_ONEDNN_OPTS=1")
 
 
 def _describe_devices(setup: Any) -> str:

@@ -113,7 +113,7 @@ def _with_onednn(on, code):
 
 
 def test_inception_nchw_computes_what_nhwc_computes():
-    # With oneDNN, whose CPU kernels take NCHW (TF's own pool only NHWC images).
+    # With oneDNN, whose CPU kernels take NCHW (TF's own convolve and pool only NHWC images).
     done = _with_onednn(True, _NCHW_AGAINST_NHWC)
     assert done.returncode == 0, done.stderr
     losses = dict(line.split() for line in done.stdout.splitlines())

@@ -238,10 +238,10 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
 def test_nchw_where_the_cpu_kernels_refuse_it_is_one_line_before_any_work(tmp_path):
     path = tmp_path / "cost.pkl"
     done = train("--costgen", f"--cost_path={path}", *INCEPTION, "--data_format=NCHW", expect=2,
-                 TF_ENABLE_ONEDNN_OPTS="0")  # TF's own CPU kernels pool NHWC images only
+                 TF_ENABLE_ONEDNN_OPTS="0")  # TF's own CPU kernels take NHWC images only
     assert done.stderr == (
-        "train: error: --data_format=NCHW: this machine's CPU kernels pool only NHWC images "
-        "(TensorFlow's oneDNN kernels, which take NCHW, are off here); give --data_format=NHWC, "
+        "train: error: --data_format=NCHW: this machine's CPU kernels convolve and pool NHWC images "
+        "only (TensorFlow's oneDNN kernels, which take NCHW, are off here); give --data_format=NHWC, "
         "or set TF_ENABLE_ONEDNN_OPTS=1\n")
     assert not path.exists()
 

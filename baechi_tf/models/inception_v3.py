@@ -14,12 +14,12 @@ statistics, updates the moving averages on every step (the loss depends on those
 applies dropout.
 
 ``data_format`` is NHWC or NCHW. Both build anywhere; where they run depends on the kernels.
-GPUs take both. On CPUs, TF 2.21's own MaxPool and AvgPool kernels take only NHWC ("Default
-MaxPoolingOp only supports NHWC on device type CPU"), while its oneDNN kernels take NCHW for
-every op used here; TF turns oneDNN on by itself only on some CPUs (with AVX-512 VNNI, BF16 or
-AMX, by its 2.9 release notes), and ``TF_ENABLE_ONEDNN_OPTS=1`` turns it on elsewhere. `nchw_runs_on_cpu` asks this process's
-kernels, so that train.py refuses NCHW on CPU stand-ins up front instead of failing in the
-first step.
+GPUs take both. On CPUs, TF 2.21's own Conv2D, MaxPool and AvgPool kernels take only NHWC
+("Default MaxPoolingOp only supports NHWC on device type CPU"), while its oneDNN kernels take
+NCHW for every op used here; TF turns oneDNN on by itself only on some CPUs (with AVX-512 VNNI,
+BF16 or AMX, by its 2.9 release notes), and ``TF_ENABLE_ONEDNN_OPTS=1`` turns it on elsewhere.
+`nchw_runs_on_cpu` asks this process's kernels, so that train.py refuses NCHW on CPU stand-ins
+up front instead of failing in the first step.
 
 ``image_size`` defaults to 299; the network needs at least 75 (the last reductions would
 otherwise reach an empty map), which the tests use with a small ``depth_multiplier``. The expert
@@ -312,7 +312,7 @@ def nchw_runs_on_cpu() -> bool:
     """Whether this process's CPU kernels run the NCHW ops of this network, gradients included.
 
     Runs one tiny step of them on /cpu:0 (a few milliseconds, once per process): TF's own CPU
-    kernels refuse NCHW pooling, its oneDNN ones take it (module docstring).
+    kernels refuse NCHW convolutions and pooling, its oneDNN ones take them (module docstring).
     """
     graph = tf.Graph()
     with graph.as_default(), tf.device("/cpu:0"):
