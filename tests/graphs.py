@@ -156,3 +156,70 @@ def random_dag(
                 else:
                     b.add_edge(f"op{i}", f"op{j}", rng.randrange(1))
     return b.build()
+
+
+def integer_dag_case(seed: int) -> tuple[OpGraph, Cluster, list[int], bool]:
+    """(graph, cluster, favourite child of each op or -1, whether to group by TF colocation (else
+    one op a group)): a seeded DAG whose compute times are
+    drawn from a few integers, so that many starts coincide and ties decide, with chains, control
+    edges, groups, pins and persistent memory by chance; 2-6 devices on one of several links,
+    with ample or tight memory; favourite children drawn among each op's successors.
+
+    The seeds the tests name are cases in which the list scheduler's lazy heaps once missed the
+    earliest start (found by a review's fuzzing of m-SCT with and without tail queues)."""
+    rng = random.Random(seed)
+    nd = rng.randint(2, 6)
+    kind = rng.choice(["rdag", "int", "int", "shape", "layered"])
+    n = rng.choice([20, 30, 40, 60, 80, 120, 160, 220, 300])
+    if kind != "int":
+        raise ValueError(f"seed {seed} draws a {kind!r} case; integer_dag_case makes 'int' ones")
+    times = rng.choice([[50, 100, 150, 200, 300], [1, 2, 3, 5], [0, 1, 2, 10], [100], [0, 100, 200], [2, 100]])
+    sizes = rng.choice([[4096], [4, 4096, MiB], [MiB, 4 * MiB], [4]])
+    group_prob = rng.choice([0, 0, 0.1, 0.3])
+    pin_prob = rng.choice([0, 0, 0.05, 0.2])
+    persistent_prob = rng.choice([0, 0.1, 0.3])
+    edges_per_op = rng.choice([1.0, 2.0, 3.0, 5.0])
+    control_prob = rng.choice([0, 0.15, 0.5])
+    b = OpGraphBuilder()
+    for i in range(n):
+        colocation = (f"op{rng.randrange(i)}",) if i and rng.random() < group_prob else ()
+        device = f"/device:GPU:{rng.randrange(nd)}" if rng.random() < pin_prob else None
+        b.add_op(f"op{i}", float(rng.choice(times)), [rng.choice(sizes) for _ in range(rng.randint(1, 2))],
+                 temp_bytes=rng.choice([0, 0, 4096, MiB]),
+                 persistent_bytes=rng.choice([4096, MiB, 4 * MiB]) if rng.random() < persistent_prob else 0,
+                 device=device, colocation=colocation)
+    p = min(0.9, edges_per_op / n)
+    for j in range(n):
+        if j and rng.random() < 0.3:
+            b.add_edge(f"op{j - 1}", f"op{j}")
+        for i in range(j):
+            if rng.random() < p:
+                if rng.random() < control_prob:
+                    b.add_control_edge(f"op{i}", f"op{j}")
+                else:
+                    b.add_edge(f"op{i}", f"op{j}", rng.randrange(1))
+    graph = b.build()
+    comm = rng.choice([CommCost(), CommCost(0.0, 100.0), CommCost(0.0, 0.0), CommCost(0.0, 1.0),
+                       CommCost(0.0, 50.0), CommCost(1e-5, 10.0)])
+    memory = rng.choice(["ample", "ample", "tight", "tighter"])
+    if memory == "ample":
+        memory_bytes = GiB
+    else:
+        need = graph.output_total_bytes + graph.temp_bytes + graph.persistent_bytes
+        share = 0.5 if memory == "tight" else 0.2
+        memory_bytes = max(3 * int(need.max()), int(int(need.sum()) * share / nd),
+                           4 * MiB if memory == "tight" else MiB)
+    child_kind = rng.choice(["lp", "random", "random", "first"])
+    colocate = rng.choice(["tf", "tf", "single"]) == "tf"
+    if child_kind == "lp":
+        raise ValueError(f"seed {seed} draws LP favourite children; integer_dag_case draws its own")
+    children = []
+    for op in range(graph.num_ops):
+        succ = list(graph.successors[op])
+        if not succ:
+            children.append(-1)
+        elif child_kind == "first":
+            children.append(int(succ[0]))
+        else:
+            children.append(int(rng.choice(succ)) if rng.random() < 0.8 else -1)
+    return graph, cluster(nd, memory_bytes, comm), children, colocate
