@@ -29,11 +29,11 @@ use can be tracked per device as a running total plus a sorted list of future fr
 candidate heap can be updated lazily: a stored key is a lower bound of the pair's earliest start,
 re-evaluated when it reaches the top. A free that lowers a memory wait pushes the waiting pairs
 again (from the device's free time), and so does a copy to a device of a tensor that ready ops
-there counted a copy of. Two rarer cases can lower an estimate without a
-push, so that an op may start a little later than the earliest start rule would give (the
-schedule stays valid): an op with several copies books them in input order, so that a booking
-that delays its first copy can let a later one take an earlier slot; and the gap search stops
-after `_MAX_GAPS` bookings, so that bookings merged since may let it reach a gap it skipped.
+there counted a copy of. Two rarer cases can lower an estimate without a push, so that an op may
+start a little later than the earliest start rule would give (the schedule stays valid): an op
+with several copies books them in input order, so that a booking that delays its first copy can
+let a later one take an earlier slot; and the gap search stops after `_MAX_GAPS` bookings, so
+that bookings merged since may let it reach a gap it skipped.
 
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
 (device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking, and
