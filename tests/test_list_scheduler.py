@@ -326,7 +326,7 @@ def test_ops_held_to_the_floor_wait_in_one_pool(make, sizes):
         scheduler = _m_sct_scheduler(make(n), graphs.cluster(4))
         pooled = 0
         while scheduler.step() is not None:
-            pooled += bool(scheduler.pool_devices)
+            pooled += bool(scheduler.pools)
         assert scheduler.done and pooled  # ops did wait in a pool
         counts.append(scheduler.evaluations)
     growth = sizes[1] / sizes[0]
@@ -350,7 +350,7 @@ def test_pools_and_tail_queues_give_the_same_m_sct_schedule(seed):
         for queue in (True, False):
             scheduler = _m_sct_scheduler(graph, cluster, queue)
             while scheduler.step() is not None:
-                pooled += bool(scheduler.pool_devices)
+                pooled += bool(scheduler.pools)
             assert scheduler.done
             made.append(_result(scheduler))
         assert made[0] == made[1]

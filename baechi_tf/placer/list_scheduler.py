@@ -591,7 +591,7 @@ class _TailQueue:
         return self.sources is None
 
     def push(self, tp: int, op: int, start: float) -> None:
-        if self.sources is None:
+        if self.pool:
             if op in self.ids:
                 return
             self.ids.add(op)
@@ -667,7 +667,7 @@ class ListScheduler:
         self.tail_queues: dict[int, _TailQueue] = {}
         self.tail_ids: dict[tuple[int, tuple[int, ...], tuple[float, ...]], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
-        self.pool_devices: set[int] = set()  # devices with a pool of held ops (`_TailQueue`)
+        self.pools: dict[int, int] = {}  # device -> id of its pool of held ops (`_TailQueue`)
         # `tail_copy` when it gave the start, or (None, None, 0.0, start) when the policy held
         # the op to its `hold_floor`; see `evaluate`.
         self.tail_bound: Optional[tuple] = None
@@ -719,15 +719,14 @@ class ListScheduler:
         if t is None:
             return None
         start = self.policy.hold(op, dev, t, state)
-        if not self.queue_tails:
-            pass
-        elif start == t:
-            if copy is not None and start == copy[3]:
-                self.tail_bound = copy
-        else:
-            floor = self.policy.hold_floor(dev, state)
-            if floor is not None and start == floor[0]:
-                self.tail_bound = (None, None, 0.0, start)
+        if self.queue_tails:
+            if start == t:
+                if copy is not None and start == copy[3]:
+                    self.tail_bound = copy
+            else:
+                floor = self.policy.hold_floor(dev, state)
+                if floor is not None and start == floor[0]:
+                    self.tail_bound = (None, None, 0.0, start)
         return start
 
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
@@ -854,7 +853,7 @@ class ListScheduler:
             self._next_tail_id += 1
             queue = self.tail_queues[qid] = _TailQueue(d, sources, widths, start)
             if queue.pool:
-                self.pool_devices.add(d)
+                self.pools[d] = qid
         elif start < queue.since:
             queue.since = start
         queue.push(tp, op, v)
@@ -913,7 +912,7 @@ class ListScheduler:
         qkey = (queue.device, queue.sources, queue.widths)
         del self.tail_queues[self.tail_ids.pop(qkey)]
         if queue.pool:
-            self.pool_devices.discard(queue.device)
+            del self.pools[queue.device]
 
     # ---------------------------------------------------------------- running
 
@@ -951,16 +950,16 @@ class ListScheduler:
         self.last_time = t
         released = self.policy.committed(op, dev, state)
         topo, device_of = state.topo, state.device
-        for d in self.pool_devices:
-            pool = self.tail_queues[self.tail_ids[(d, None, None)]]
+        for d, qid in self.pools.items():
+            pool = self.tail_queues[qid]
             free = state.device_free[d]
             if not pool.now and pool.entry[0] > free and self.policy.hold_floor(d, state) is None:
                 # Its floor no longer holds: its entry goes down to the device's free time, a
                 # lower bound of every start there, once for all its members.
                 pool.entry = (free, pool.entry[1])
-                heapq.heappush(self.later[d], (*pool.entry, -1 - self.tail_ids[(d, None, None)]))
+                heapq.heappush(self.later[d], (*pool.entry, -1 - qid))
         for w, d in released or ():
-            qid = self.tail_ids.get((d, None, None))
+            qid = self.pools.get(d)
             if qid is not None and w in self.tail_queues[qid].ids:
                 continue  # its pool's entry went down just above
             if device_of[w] < 0:  # the device's free time is a lower bound of w's start there
@@ -1059,7 +1058,7 @@ class ListScheduler:
         self.dead = set(snap["dead"])
         self.tail_queues = {qid: _TailQueue.restored(q) for qid, q in snap["tail_queues"].items()}
         self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
-        self.pool_devices = {q.device for q in self.tail_queues.values() if q.pool}
+        self.pools = {q.device: qid for qid, q in self.tail_queues.items() if q.pool}
         # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
         self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
         self.scheduled = snap["scheduled"]
