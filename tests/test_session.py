@@ -213,6 +213,43 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         assert "restarts the iterators and queues" in caplog.text
 
 
+def test_an_iterator_made_again_reads_what_was_fed_not_what_the_buffer_holds_now(caplog):
+    # The initializer's run is replayed in each new session (the profiling copies' and the placed
+    # one) with its feeds, which were kept by reference: a caller that refilled its buffer after
+    # the initializer (a data loader reusing it) had the iterator read the new contents, where a
+    # Session's iterator holds what was fed. (TF copies a fed array unless it is 64-byte aligned;
+    # an aligned one it reads in place, where changing it is undefined behaviour. The buffer here,
+    # one float past a 16-byte aligned start, is copied.)
+    g = tf.Graph()
+    with g.as_default():
+        data = tf.compat.v1.placeholder(tf.float32, [None], name="data")
+        it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(data).batch(2))
+        batch = it.get_next()
+
+    def buffer():
+        b = np.zeros(7, np.float32)[1:]
+        assert b.ctypes.data % 64 != 0
+        b[:] = np.arange(6)
+        return b
+
+    with tf.compat.v1.Session(graph=g) as plain:
+        b = buffer()
+        plain.run(it.initializer, {data: b})
+        b[:] = -1.0
+        expected = plain.run(batch)
+    np.testing.assert_array_equal(expected, [0.0, 1.0])
+    with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        b = buffer()
+        sess.run(it.initializer, {data: b})
+        b[:] = -1.0
+        np.testing.assert_array_equal(sess.run(batch), expected)  # placed here: the replay
+        with g.as_default():
+            tripled = batch * 3
+        with caplog.at_level("WARNING", logger="baechi_tf.rewriter.session"):
+            np.testing.assert_array_equal(sess.run(tripled), [0.0, 3.0])  # placed again: from the start
+        assert "restarts the iterators and queues" in caplog.text
+
+
 def _feedable_iterators():
     g = tf.Graph()
     with g.as_default():

@@ -66,6 +66,8 @@ import tempfile
 import time
 from typing import Any, Iterator, Optional
 
+import numpy as np
+
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import (
     READ_TABLES_SCOPE,
@@ -541,11 +543,11 @@ class BaechiSession:
                 with self._lock:
                     key = _fetch_key(named, feeds)
                     self._replays.pop(key, None)
-                    self._replays[key] = (named, feeds)
+                    self._replays[key] = (named, _copied(feeds))
             if kind.writer_inits:  # each writer the run made, alone, with the feeds it read
                 with self._lock:
                     for name, fed in kind.writer_inits:
-                        own = {t: feeds[t] for t in fed}
+                        own = _copied({t: feeds[t] for t in fed})
                         self._replays[_fetch_key([name], own)] = ([name], own)
             return values
         except tf.errors.ResourceExhaustedError as e:
@@ -1142,6 +1144,21 @@ def _reseed(graph_def: Any, ran: set[str], generation: int) -> int:
             changed += reseeded(node)
             pending += called(node)
     return changed
+
+
+def _copied(value: Any) -> Any:
+    """`value` (a feed_dict's values) with its arrays and lists copied: an initializer run again
+    in a new session reads the values fed to it then, as TF's iterator holds them, not what the
+    caller has written into the same buffer since."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*map(_copied, value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_copied, value))
+    return value
 
 
 def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
