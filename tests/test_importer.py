@@ -316,3 +316,85 @@ def test_a_host_placement_reports_the_bound_of_the_colocation_groups():
     grouped = lower_bound_us(graph, result.cluster, groups=colocation_groups(graph))
     assert result.lower_bound_us == grouped > lower_bound_us(graph, result.cluster)
     assert result.makespan_us >= grouped
+
+
+_HOST = "/device:CPU:0"
+
+
+@pytest.mark.parametrize("method", ["auto", "m_topo", "m_etf", "m_sct", "heft", "single"])
+def test_the_weights_of_ops_pinned_to_the_host_need_no_room_on_the_devices(method):
+    """An embedding pinned to the host CPU (the usual layout for large embeddings) was placed as a
+    free op first, its 2 MB of weights counted on a 256 KiB device: every method refused a graph
+    that a Session runs ("give the devices more memory")."""
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    b.add_op("emb/init", 50, [2_000_000], device=_HOST)
+    b.add_op("emb", 1, [8], persistent_bytes=2_000_000, device=_HOST)
+    b.add_op("emb/Assign", 20, [8], colocation=["emb"], device=_HOST)
+    b.add_op("rows", 5, [4_096], colocation=["emb"], device=_HOST)
+    b.add_op("w", 1, [8], persistent_bytes=16_384)
+    b.add_op("mm", 40, [4_096])
+    b.add_op("loss", 5, [4])
+    for src, dst in (("emb/init", "emb/Assign"), ("emb", "emb/Assign"), ("emb", "rows"),
+                     ("rows", "mm"), ("w", "mm"), ("mm", "loss")):
+        b.add_edge(src, dst)
+    graph = b.build()
+    devices = Cluster.homogeneous(2, 256 * 1024)
+    result = place_with_host(graph, devices, Device(_HOST, 10 * GiB, "CPU"), PlacementOptions(method, refine_seconds=0.5))
+    where = result.op_to_device()
+    assert {where[n] for n in ("emb/init", "emb", "emb/Assign", "rows")} == {_HOST}
+    assert where["mm"] != _HOST and where["w"] != _HOST
+    check_placement(graph, result.cluster, result.groups, result.placement)
+    assert max(result.schedule.peak_memory_bytes[:2]) <= 256 * 1024
+
+
+def _host_copy_graph():
+    """'h' on the host feeds 'a' and 'c': on one device its 300 B copy stays while 'b' runs
+    (300 + 100 + 100 B); the placer, which sees the host's ops without their bytes, finds that
+    one device fits 400 B."""
+    from baechi_tf.graph import OpGraphBuilder
+
+    b = OpGraphBuilder()
+    b.add_op("h", 1, [300], device=_HOST)
+    b.add_op("a", 10, [100])
+    b.add_op("b", 10, [100])
+    b.add_op("c", 10, [0])
+    for src, dst in (("h", "a"), ("a", "b"), ("b", "c"), ("h", "c")):
+        b.add_edge(src, dst)
+    return b.build()
+
+
+@pytest.mark.parametrize(
+    "method, devices, fallback",
+    [(m, 2, "fit") for m in ("auto", "m_topo", "m_etf", "m_sct")]
+    + [(m, 3, "packed") for m in ("auto", "m_etf", "m_sct")],  # m_topo spreads them over three
+)
+def test_a_placement_that_no_longer_fits_once_the_host_runs_its_ops_falls_back(method, devices, fallback, caplog):
+    """Moving the host's ops to the host gives their consumers copies to hold that the placer did
+    not count; the final check then failed with no fallback, where placements that fit exist (the
+    packing's with three devices, counting every input as received; a search's with two)."""
+    from baechi_tf.cluster import Cluster, CommCost, Device
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    graph = _host_copy_graph()
+    cluster = Cluster.homogeneous(devices, 400, comm=CommCost(0.001, 50))
+    with caplog.at_level("WARNING", logger="baechi_tf.rewriter.graph_pass"):
+        result = place_with_host(graph, cluster, Device(_HOST, GiB, "CPU"), PlacementOptions(method, refine_seconds=0))
+    assert result.placement.method.endswith("+" + fallback)
+    assert "does not fit once the host's ops run on /device:CPU:0" in caplog.text
+    assert result.op_to_device()["h"] == _HOST
+    check_placement(graph, result.cluster, result.groups, result.placement)
+    assert max(result.schedule.peak_memory_bytes[:devices]) <= 400
+
+
+def test_one_device_that_no_longer_fits_once_the_host_runs_its_ops_says_so():
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.errors import InfeasiblePlacementError
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    with pytest.raises(InfeasiblePlacementError, match="op 'b' needs 100 B on '/device:GPU:0'"):
+        place_with_host(_host_copy_graph(), Cluster.homogeneous(3, 400), Device(_HOST, GiB, "CPU"),
+                        PlacementOptions("single"))

@@ -61,8 +61,11 @@ class FitSearch:
     """The search of the module docstring; `run` returns a fitting placement or None."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, groups: Groups, *, seed: int = 0,
-                 budget_steps: int = DEFAULT_BUDGET_STEPS) -> None:
+                 budget_steps: int = DEFAULT_BUDGET_STEPS, free_devices: Optional[int] = None) -> None:
+        """`free_devices`: the groups that no pin holds go to the first this many devices of
+        `cluster` only (all when None); the others (a host CPU) take the groups pinned there."""
         self.graph, self.cluster, self.groups = graph, cluster, groups
+        self.targets = cluster.num_devices if free_devices is None else free_devices
         self.pinned = pinned_group_devices(graph, cluster, groups)  # ConfigError on a bad pin
         self.free = [g for g in range(groups.num_groups) if self.pinned[g] < 0]
         self.need = static_group_bytes(graph, groups).tolist()
@@ -71,7 +74,7 @@ class FitSearch:
         self.steps = 0  # units of work spent (see the module docstring)
         self.tried = 0  # placements simulated
         # Whether `run` tries every placement (then None means that none fits).
-        nd = cluster.num_devices
+        nd = self.targets
         per_run = graph.num_ops + graph.num_ops // _SETUP_SHARE + _RUN_COST
         self.exhaustive = nd ** len(self.free) * per_run <= budget_steps
         self.rng = random.Random(seed)
@@ -103,7 +106,7 @@ class FitSearch:
         largest = np.zeros(groups.num_groups, dtype=np.int64)
         np.maximum.at(largest, groups.group_of, holds + inputs)
         floor = (persistent + largest).tolist()
-        roomiest = max(self.capacity)
+        roomiest = max(self.capacity[: self.targets])
         for g, d in enumerate(self.pinned.tolist()):
             room = self.capacity[d] if d >= 0 else roomiest
             if floor[g] > room:
@@ -149,7 +152,7 @@ class FitSearch:
 
     def _exhaustive(self) -> Optional[np.ndarray]:
         group_device = self.pinned.copy()
-        for combo in itertools.product(range(self.cluster.num_devices), repeat=len(self.free)):
+        for combo in itertools.product(range(self.targets), repeat=len(self.free)):
             group_device[self.free] = combo
             if self._simulate(group_device).done:
                 return group_device
@@ -213,7 +216,7 @@ class FitSearch:
             if group_device[g] >= 0:
                 room[group_device[g]] -= self.need[g]
         for g in sorted(self.free, key=lambda g: (-self.need[g], g)):
-            d = max(range(self.cluster.num_devices), key=lambda d: (room[d], -d))
+            d = max(range(self.targets), key=lambda d: (room[d], -d))
             group_device[g] = d
             room[d] -= self.need[g]
         return group_device
@@ -239,6 +242,5 @@ class FitSearch:
         for g in first + sorted(there, key=lambda g: (-self.need[g], g)):
             if self.pinned[g] < 0 and g not in order:
                 order.append(g)
-        nd = self.cluster.num_devices
-        return [(g, d) for g in order[:_CANDIDATES] for d in range(nd) if d != group_device[g]]
+        return [(g, d) for g in order[:_CANDIDATES] for d in range(self.targets) if d != group_device[g]]
 

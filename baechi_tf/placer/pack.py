@@ -12,6 +12,8 @@ Time: O(G log G + G * D + E) for G groups, D devices and E edges.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from baechi_tf.cluster import Cluster
@@ -25,8 +27,13 @@ from baechi_tf.placer.schedule import Placement
 __all__ = ["place_packed"]
 
 
-def place_packed(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
-    """Places whole groups so that their static memory fits; `InfeasiblePlacementError` if not."""
+def place_packed(
+    graph: OpGraph, cluster: Cluster, groups: Groups, free_devices: Optional[int] = None
+) -> Placement:
+    """Places whole groups so that their static memory fits; `InfeasiblePlacementError` if not.
+
+    `free_devices`: the groups that no pin holds go to the first this many devices of `cluster`
+    only (all when None); the others (a host CPU) take the groups pinned there."""
     need = static_group_bytes(graph, groups)
     # Received copies, counted as if every input came from another device (an upper bound).
     g_src = groups.group_of[graph.tensor_src[graph.edge_tensor]]
@@ -48,7 +55,7 @@ def place_packed(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
     for g in sorted(range(groups.num_groups), key=lambda g: (-need[g], g)):
         if group_device[g] >= 0:
             continue
-        d = max(range(cluster.num_devices), key=lambda d: (room[d], -d))
+        d = max(range(cluster.num_devices if free_devices is None else free_devices), key=lambda d: (room[d], -d))
         if room[d] < need[g]:
             op = int(groups.members[g][0])
             raise InfeasiblePlacementError(

@@ -8,8 +8,9 @@ Ops that must run on the host CPU (pinned there, or without a kernel for the dev
 part in the simulation there. The host is not a placement target: the other ops are placed on the
 cluster's devices, the host's ops (with their TF colocation groups) go to the host, and the whole
 placement is checked and simulated on the cluster plus the host, which is then the report's
-cluster. The placer's choices for the other ops count the host's ops as if they ran on a cluster
-device.
+cluster. The placer's choices for the other ops count the host's ops' time as if they ran on a
+cluster device, and none of their bytes; when the placement does not fit once they run on the
+host, a packing or a fit search replaces it (`place_with_host`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from baechi_tf._steps import Steps
 from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
+from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.grouping import colocation_groups
+from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import lower_bound_us, simulate, single_device_placements
@@ -92,6 +95,11 @@ class PlacementReport:
         return "\n".join(lines)
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
 def _with_host(cluster: Cluster, host: Device) -> Cluster:
     return dataclasses.replace(cluster, devices=cluster.devices + (host,))
 
@@ -99,7 +107,16 @@ def _with_host(cluster: Cluster, host: Device) -> Cluster:
 def place_with_host(
     graph: OpGraph, cluster: Cluster, host: Optional[Device], options: PlacementOptions
 ) -> PlacementResult:
-    """`place` on `cluster`, with the ops pinned to `host` (not a cluster device) kept there."""
+    """`place` on `cluster`, with the ops pinned to `host` (not a cluster device) kept there.
+
+    The placer sees the host's ops (with their TF colocation groups) as free ops of no bytes: the
+    host holds their weights, scratch and outputs (an embedding pinned to the host CPU must not
+    need room on a GPU). Once they are moved to the host, the consumers of their outputs receive
+    copies the placer did not count; when the placement then does not fit, a memory-first packing
+    of the other ops on the cluster's devices (which counts every input as received, so it fits
+    whenever it packs) is used instead, or a placement the fit search finds (`fit.FitSearch`).
+    One device (``single``) has nothing to fall back to.
+    """
     host_pinned = (
         [host.name == d for d in graph.pinned_device] if host is not None else [False] * graph.num_ops
     )
@@ -108,23 +125,58 @@ def place_with_host(
     assert host is not None
     t0 = time.perf_counter()
     tf_groups = colocation_groups(graph)  # raises when a group is pinned to the host and elsewhere
+    with_host = np.zeros(tf_groups.num_groups, dtype=bool)
+    with_host[tf_groups.group_of[np.flatnonzero(host_pinned)]] = True
+    hosted = with_host[tf_groups.group_of]
+    # The placer sees the host's ops without their pins and without bytes.
     free = dataclasses.replace(
         graph,
         pinned_device=tuple(None if h else d for h, d in zip(host_pinned, graph.pinned_device)),
+        output_bytes=tuple(
+            tuple(0 for _ in outs) if h else outs for h, outs in zip(hosted.tolist(), graph.output_bytes)
+        ),
+        temp_bytes=_read_only(np.where(hosted, 0, graph.temp_bytes)),
+        persistent_bytes=_read_only(np.where(hosted, 0, graph.persistent_bytes)),
     )
     inner = place(free, cluster, options)
     t1 = time.perf_counter()
     full = _with_host(cluster, host)
     host_index = full.num_devices - 1
-    device_of = inner.placement.device_of.copy()
-    on_host_groups = {int(inner.groups.group_of[op]) for op, h in enumerate(host_pinned) if h}
-    for g in sorted(on_host_groups):
-        device_of[inner.groups.members[g]] = host_index
-    placement = Placement(device_of, inner.placement.method)
     checked = full if options.memory_fraction == 1.0 else full.with_memory_fraction(
         options.memory_fraction
     )
-    schedule = check_placement(graph, checked, inner.groups, placement)
+    device_of = inner.placement.device_of.copy()
+    for g in sorted({int(inner.groups.group_of[op]) for op, h in enumerate(host_pinned) if h}):
+        device_of[inner.groups.members[g]] = host_index
+    placement = Placement(device_of, inner.placement.method)
+    try:
+        schedule = check_placement(graph, checked, inner.groups, placement)
+    except InfeasiblePlacementError as e:
+        if options.placement_method == "single":  # one device has nothing to fall back to
+            raise
+        # The host takes only its own ops: the others go to the cluster's devices.
+        try:
+            packed = place_packed(graph, checked, inner.groups, free_devices=cluster.num_devices)
+        except InfeasiblePlacementError:
+            search = FitSearch(graph, checked, inner.groups, seed=options.seed, free_devices=cluster.num_devices)
+            found = search.run()
+            if found is None:
+                raise InfeasiblePlacementError(
+                    f"{e}; nor did a memory-first packing fit, nor any of the {search.tried} "
+                    "placements a search for one that fits tried"
+                ) from None
+            fallback = Placement(found.device_of, f"{inner.placement.method}+fit")
+            how = f"a placement that a search found to fit ({search.tried} tried)"
+        else:
+            fallback = Placement(packed.device_of, f"{inner.placement.method}+packed")
+            how = "a memory-first packing"
+        log.warning(
+            "%s's placement does not fit once the host's ops run on %s (%s); using %s instead",
+            inner.placement.method, host.name, e, how,
+        )
+        placement = fallback
+        schedule = check_placement(graph, checked, inner.groups, placement)
+    device_of = placement.device_of
     single, single_count = None, 1
     if inner.single_device_makespan_us is not None:  # the same baselines, host ops on the host
         for one in single_device_placements(free, cluster, inner.groups):
