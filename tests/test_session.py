@@ -1314,3 +1314,41 @@ def test_a_monitored_session_with_hooks_trains_through_it_as_through_a_session()
     got = train_with(lambda: BaechiSession(graph=g, num_devices=2, **fast()))
     assert len(got) == len(inputs)  # StopAtStepHook read the global step through it
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_an_embedding_pinned_to_the_host_trains_on_devices_too_small_for_it():
+    # Ops pinned to the host were placed as free ops first, their weights counted on the devices:
+    # a 1.28 MB embedding on CPU:0 (the usual layout) beside 256 KiB devices was refused.
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, [8], name="ids")
+        with tf.device("/device:CPU:0"):
+            emb = tf.compat.v1.get_variable("emb", [20_000, 16], initializer=tf.compat.v1.constant_initializer(0.01))
+            rows = tf.gather(emb, ids, name="rows")
+        w = tf.compat.v1.get_variable("w", [16, 16], initializer=tf.compat.v1.constant_initializer(0.1))
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(rows, w, name="mm")))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    feed = {ids: np.arange(8, dtype=np.int32)}
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = [plain.run([loss, train], feed)[0] for _ in range(2)]
+    with BaechiSession(graph=g, num_devices=2, memory_bytes_per_device=256 * 1024,
+                       options=PlacementOptions("auto", refine_seconds=0.5), **fast()) as sess:
+        sess.run(init)
+        got = [sess.run([loss, train], feed)[0] for _ in range(2)]
+        where = sess.placement.op_to_device
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert where["emb"].endswith("device:CPU:0") and where["rows"].endswith("device:CPU:0")
+    assert not where["mm"].endswith("device:CPU:0")
+
+
+def test_numpy_integers_are_taken_as_the_counts_they_are():
+    # num_devices=np.int64(2) (from a sweep over np.arange) was refused: "is not a whole number".
+    g = tf.Graph()
+    with g.as_default():
+        y = tf.matmul(tf.ones([4, 4]), tf.ones([4, 4])) + 1.0
+    with BaechiSession(graph=g, num_devices=np.int64(2), memory_bytes_per_device=np.int64(GiB),
+                       warmup_steps=np.int32(0), profile_steps=np.int32(1)) as sess:
+        np.testing.assert_array_equal(sess.run(y), np.full((4, 4), 5.0))
+        assert len(sess.placement.result.cluster.devices) == 2

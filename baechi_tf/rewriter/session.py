@@ -60,6 +60,7 @@ import dataclasses
 import contextlib
 import functools
 import logging
+import numbers
 import os
 import threading
 import tempfile
@@ -371,6 +372,10 @@ class BaechiSession:
             target = target or wrapped_target
         elif graph is None:
             graph = tf.compat.v1.get_default_graph()
+        # NumPy's integers (a sweep over np.arange) count as the ints they are.
+        num_devices, memory_bytes_per_device, warmup_steps, profile_steps = (
+            _whole(v) for v in (num_devices, memory_bytes_per_device, warmup_steps, profile_steps)
+        )
         _check_arguments(options, comm, inter_host_comm, warmup_steps, profile_steps)
         if options is None:
             options = (
@@ -1100,6 +1105,13 @@ def _check_arguments(
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} is not a whole number of steps")
+
+
+def _whole(value: Any) -> Any:
+    """`value` as an int when it is an integer of another type (NumPy's), else as it is."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
 
 
 def _reseed(graph_def: Any, ran: set[str], generation: int) -> int:
