@@ -314,10 +314,11 @@ class PlacementResult:
 
 def _packed_instead(
     graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError,
-    seed: int = 0,
+    seed: int = 0, options: Optional["PlacementOptions"] = None,
 ) -> Placement:
     """A memory-first packing when `method`'s placement ran out of memory, else a placement the
-    fit search found (`fit`); else `error`. One device (`single`) has nothing to fall back to."""
+    fit search found (`fit`), else (with `options`) the first of the other placers' that fits;
+    else `error`. One device (`single`) has nothing to fall back to."""
     if method == "single":
         raise error
     if method != "packed":
@@ -328,19 +329,36 @@ def _packed_instead(
         else:
             log.warning("%s ran out of memory (%s); using a memory-first packing instead", method, error)
             return Placement(packed.device_of, f"{method}+packed")
-    return _fit_instead(graph, cluster, groups, method, error, seed)
+    return _fit_instead(graph, cluster, groups, method, error, seed, options)
 
 
 def _fit_instead(
     graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError,
-    seed: int,
+    seed: int, options: Optional["PlacementOptions"] = None,
 ) -> Placement:
-    """The placement `fit.FitSearch` finds when `method` (and the packing) ran out of memory;
-    `error`, with what was searched, when it finds none."""
+    """The placement `fit.FitSearch` finds when `method` (and the packing) ran out of memory,
+    else (with `options`) the first of the other placers' that fits (the search is a heuristic:
+    it can miss a placement that a greedy placer finds); `error`, with what was searched, when
+    none fits."""
     search = FitSearch(graph, cluster, groups, seed=seed)
     found = search.run()
     if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal or str(error)) from None
+    if found is None and options is not None:
+        for other in _PORTFOLIO:
+            if other in (method, "single", "packed"):
+                continue
+            try:
+                placement = _METHODS[other](graph, cluster, groups, options)
+                check_placement(graph, cluster, groups, placement)
+            except InfeasiblePlacementError:
+                continue
+            log.warning(
+                "%s ran out of memory (%s), and neither a memory-first packing nor a search for a "
+                "placement that fits found one (%d tried); using %s's placement, which fits",
+                method, error, search.tried, other,
+            )
+            return Placement(placement.device_of, f"{method}+{other}")
     if found is None:
         raise InfeasiblePlacementError(
             f"{error}; nor did any of the {search.tried} placements a search for one that fits "
@@ -361,6 +379,7 @@ def _checked(
     method: str,
     schedule: Optional[Schedule] = None,
     seed: int = 0,
+    options: Optional["PlacementOptions"] = None,
 ):
     """(placement, schedule) after `check_placement`, packed (or searched for, `_packed_instead`)
     instead when it does not fit.
@@ -371,7 +390,7 @@ def _checked(
     try:
         return placement, check_placement(graph, cluster, groups, placement, schedule)
     except InfeasiblePlacementError as e:
-        placement = _packed_instead(graph, cluster, groups, method, e, seed)
+        placement = _packed_instead(graph, cluster, groups, method, e, seed, options)
         return placement, check_placement(graph, cluster, groups, placement)
 
 
@@ -382,7 +401,7 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         try:
             return _METHODS[options.placement_method](g, cluster, gr, options)
         except InfeasiblePlacementError as e:
-            return _packed_instead(g, cluster, gr, options.placement_method, e, options.seed)
+            return _packed_instead(g, cluster, gr, options.placement_method, e, options.seed, options)
 
     fused = None
     if options.placer_type == "fusion":
@@ -423,7 +442,8 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
     placement, schedule = step(
         "check",
         lambda: _checked(
-            graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed
+            graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed,
+            options,
         ),
     )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
