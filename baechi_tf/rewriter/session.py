@@ -42,7 +42,8 @@ others (code written for more GPUs than the machine has).
 Only variables and the contents of hash tables carry over from one session to the next (from the
 wrapped session too): the state of iterators, queues, staging areas and random number generators
 starts afresh in each placed session. A run that only initialises iterators (an iterator's
-initializer) is run again in each new session, the profiling copies' too. So once a run has used
+initializer) is run again in each new session, the profiling copies' too, with a copy of its feeds
+kept for that (a dataset fed from a large array holds that much more memory). So once a run has used
 an iterator (read from it), queue, reader or accumulator in the placed session, a new fetch whose
 ops the
 placed graph already holds runs there as placed (those of its ops no run had profiled were placed
