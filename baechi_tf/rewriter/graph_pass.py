@@ -32,6 +32,7 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.grouping import colocation_groups
+from baechi_tf.placer.list_scheduler import pinned_group_devices
 from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
 from baechi_tf.placer.schedule import Placement
@@ -154,28 +155,7 @@ def place_with_host(
     except InfeasiblePlacementError as e:
         if options.placement_method == "single":  # one device has nothing to fall back to
             raise
-        # The host takes only its own ops: the others go to the cluster's devices.
-        try:
-            packed = place_packed(graph, checked, inner.groups, free_devices=cluster.num_devices)
-        except InfeasiblePlacementError:
-            search = FitSearch(graph, checked, inner.groups, seed=options.seed, free_devices=cluster.num_devices)
-            found = search.run()
-            if found is None:
-                raise InfeasiblePlacementError(
-                    f"{e}; nor did a memory-first packing fit, nor any of the {search.tried} "
-                    "placements a search for one that fits tried"
-                ) from None
-            fallback = Placement(found.device_of, f"{inner.placement.method}+fit")
-            how = f"a placement that a search found to fit ({search.tried} tried)"
-        else:
-            fallback = Placement(packed.device_of, f"{inner.placement.method}+packed")
-            how = "a memory-first packing"
-        log.warning(
-            "%s's placement does not fit once the host's ops run on %s (%s); using %s instead",
-            inner.placement.method, host.name, e, how,
-        )
-        placement = fallback
-        schedule = check_placement(graph, checked, inner.groups, placement)
+        placement, schedule = _host_fallback(graph, free, cluster, checked, inner, options, e)
     device_of = placement.device_of
     single, single_count = None, 1
     if inner.single_device_makespan_us is not None:  # the same baselines, host ops on the host
@@ -201,6 +181,93 @@ def place_with_host(
         placement_seconds=time.perf_counter() - t0,
         step_seconds=seconds,
     )
+
+
+def _host_fallback(
+    graph: OpGraph,
+    free: OpGraph,
+    cluster: Cluster,
+    checked: Cluster,
+    inner: PlacementResult,
+    options: PlacementOptions,
+    error: InfeasiblePlacementError,
+):
+    """(placement, schedule) of `graph` on `checked` (the cluster and the host, last) when
+    `inner`'s placement of `free` does not fit once the host's ops run on the host (`error`).
+
+    The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
+    every input as received, so it fits whenever it packs), then a placement the fit search finds,
+    then the other placers' placements (and one device, each in turn), the fastest that fits.
+    auto takes the fastest that fits of the packing and the other placers' first, as it would
+    have had the placer counted the copies from the host.
+    """
+    host_index = checked.num_devices - 1
+    groups = inner.groups
+    on_host = np.zeros(graph.num_ops, dtype=bool)
+    for op, name in enumerate(graph.pinned_device):
+        if name is not None and checked.find(name) == host_index:
+            on_host[groups.members[int(groups.group_of[op])]] = True
+    method = inner.placement.method
+    auto = options.placement_method == "auto"
+
+    def fitting(device_of: np.ndarray, label: str):
+        placed = Placement(device_of, f"auto({label})" if auto else f"{method}+{label}")
+        try:
+            return placed, check_placement(graph, checked, groups, placed)
+        except InfeasiblePlacementError:
+            return None
+
+    def packed():
+        try:
+            return fitting(place_packed(graph, checked, groups, free_devices=cluster.num_devices).device_of, "packed")
+        except InfeasiblePlacementError:
+            return None
+
+    def others():
+        """The other placers' placements of `free` and one device each, host ops on the host."""
+        pinned = pinned_group_devices(free, cluster, groups)
+        for d in range(cluster.num_devices):
+            one = np.where(pinned >= 0, pinned, d)[groups.group_of]
+            yield fitting(np.where(on_host, host_index, one).astype(np.int32), "single")
+        for m in _HOST_FALLBACK_METHODS:
+            if method.split("+")[0] == m:
+                continue
+            try:
+                device_of = place(free, cluster, dataclasses.replace(options, placement_method=m)).placement.device_of
+            except InfeasiblePlacementError:
+                continue
+            yield fitting(np.where(on_host, host_index, device_of).astype(np.int32), m)
+
+    def fastest(candidates):
+        found = [c for c in candidates if c is not None]
+        return min(found, key=lambda c: c[1].makespan_us) if found else None
+
+    search = FitSearch(graph, checked, groups, seed=options.seed, free_devices=cluster.num_devices)
+    if auto:
+        steps = (lambda: fastest([packed(), *others()]), lambda: _searched(search, fitting))
+    else:
+        steps = (packed, lambda: _searched(search, fitting), lambda: fastest(others()))
+    for step in steps:
+        found = step()
+        if found is not None:
+            log.warning(
+                "%s's placement does not fit once the host's ops run on %s (%s); using %s's "
+                "placement instead", method, checked.names[host_index], error, found[0].method,
+            )
+            return found
+    raise InfeasiblePlacementError(
+        f"{error}; nor did a memory-first packing fit, nor any of the {search.tried} placements a "
+        "search for one that fits tried, nor the other placers' placements"
+    ) from None
+
+
+def _searched(search: FitSearch, fitting):
+    found = search.run()
+    return None if found is None else fitting(found.device_of, "fit")
+
+
+# The placers whose placements one that no longer fits once the host runs its ops falls back to.
+_HOST_FALLBACK_METHODS = ("m_topo", "m_etf", "m_sct", "heft")
 
 
 def place_graph_def(
