@@ -10,7 +10,7 @@ cluster's devices, the host's ops (with their TF colocation groups) go to the ho
 placement is checked and simulated on the cluster plus the host, which is then the report's
 cluster. The placer's choices for the other ops count the host's ops' time as if they ran on a
 cluster device, and none of their bytes; when the placement does not fit once they run on the
-host, a packing or a fit search replaces it (`place_with_host`).
+host, a packing, a fit search or another placer's placement replaces it (`_host_fallback`).
 """
 
 from __future__ import annotations
@@ -113,10 +113,8 @@ def place_with_host(
     The placer sees the host's ops (with their TF colocation groups) as free ops of no bytes: the
     host holds their weights, scratch and outputs (an embedding pinned to the host CPU must not
     need room on a GPU). Once they are moved to the host, the consumers of their outputs receive
-    copies the placer did not count; when the placement then does not fit, a memory-first packing
-    of the other ops on the cluster's devices (which counts every input as received, so it fits
-    whenever it packs) is used instead, or a placement the fit search finds (`fit.FitSearch`).
-    One device (``single``) has nothing to fall back to.
+    copies the placer did not count; when the placement then does not fit, `_host_fallback`
+    replaces it. One device (``single``) has nothing to fall back to.
     """
     host_pinned = (
         [host.name == d for d in graph.pinned_device] if host is not None else [False] * graph.num_ops
