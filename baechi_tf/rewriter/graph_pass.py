@@ -153,7 +153,8 @@ def place_with_host(
     except InfeasiblePlacementError as e:
         if options.placement_method == "single":  # one device has nothing to fall back to
             raise
-        placement, schedule = _host_fallback(graph, free, cluster, checked, inner, options, e)
+        on_host = placement.device_of == host_index
+        placement, schedule = _host_fallback(graph, free, cluster, checked, inner, on_host, options, e)
     device_of = placement.device_of
     single, single_count = None, 1
     if inner.single_device_makespan_us is not None:  # the same baselines, host ops on the host
@@ -187,11 +188,13 @@ def _host_fallback(
     cluster: Cluster,
     checked: Cluster,
     inner: PlacementResult,
+    on_host: np.ndarray,
     options: PlacementOptions,
     error: InfeasiblePlacementError,
 ):
     """(placement, schedule) of `graph` on `checked` (the cluster and the host, last) when
-    `inner`'s placement of `free` does not fit once the host's ops run on the host (`error`).
+    `inner`'s placement of `free` does not fit once the ops `on_host` (a mask) run on the host
+    (`error`).
 
     The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
     every input as received, so it fits whenever it packs), then a placement the fit search finds,
@@ -201,10 +204,6 @@ def _host_fallback(
     """
     host_index = checked.num_devices - 1
     groups = inner.groups
-    on_host = np.zeros(graph.num_ops, dtype=bool)
-    for op, name in enumerate(graph.pinned_device):
-        if name is not None and checked.find(name) == host_index:
-            on_host[groups.members[int(groups.group_of[op])]] = True
     method = inner.placement.method
     auto = options.placement_method == "auto"
 
