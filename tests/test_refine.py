@@ -44,6 +44,25 @@ def test_improves_a_bad_placement():
     assert stats.moves_accepted >= 3
 
 
+def test_moves_groups_only_among_the_free_devices():
+    """Devices 2 and 3 stand for a host that runs only the op pinned to it ('pin', on device 3):
+    refinement spreads the other ops over devices 0 and 1 and never onto the host."""
+    b = OpGraphBuilder()
+    for i in range(3):
+        b.add_op(f"op{i}", 1000, [4])
+    b.add_op("pin", 10, [4], device="/device:GPU:3")
+    graph = b.build()
+    cluster = graphs.cluster(4)
+    groups = colocation_groups(graph)
+    start = Placement([0, 0, 0, 3], "test")
+    anywhere = refine(graph, cluster, groups, start, options=RefineOptions(0.5))[0]
+    assert len(set(anywhere.device_of[:3].tolist())) == 3  # unrestricted, it uses a third device
+    free = refine(graph, cluster, groups, start, options=RefineOptions(0.5), free_devices=2)[0]
+    assert set(free.device_of[:3].tolist()) == {0, 1}
+    assert free.device_of[3] == 3
+    assert simulate(graph, cluster, free).makespan_us == pytest.approx(2000)
+
+
 def test_brings_an_op_next_to_its_producer():
     # A chain split over two devices with a costly link: refinement joins it.
     graph = graphs.chain(4, compute_us=100, nbytes=8 << 20)
@@ -170,9 +189,9 @@ def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
     listed = []
     real = refine_module._candidates
 
-    def counting(sim, pinned):
+    def counting(sim, pinned, targets):
         listed.append(1)
-        return real(sim, pinned)
+        return real(sim, pinned, targets)
 
     monkeypatch.setattr(refine_module, "_candidates", counting)
     graph = graphs.random_dag(3, 40, edge_prob=0.2, max_bytes=8 * graphs.MiB)

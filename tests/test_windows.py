@@ -82,6 +82,19 @@ def test_spreads_independent_ops():
     assert moved > 0
 
 
+def test_moves_groups_only_to_the_free_devices():
+    """The last device is a host that runs only the ops pinned to it: nothing moves there, though
+    four devices would spread the ops further."""
+    graph = graphs.independent(6, compute_us=1000)
+    cluster = graphs.cluster(4)
+    groups = colocation_groups(graph)
+    schedule = _schedule(graph, cluster, [0] * 6)
+    spread, _ = balance_windows(graph, cluster, groups, schedule, 1, pinned=[False] * 6)
+    assert spread.max() == 3  # unrestricted, it does use the last device
+    device_of, _ = balance_windows(graph, cluster, groups, schedule, 1, pinned=[False] * 6, free_devices=3)
+    assert sorted(device_of.tolist()) == [0, 0, 1, 1, 2, 2]
+
+
 def test_groups_whole_pins_kept_and_persistent_room():
     # Three groups of two heavy ops on device 0 of three; group "p" is pinned; group "w" holds
     # 80 MiB of weights and devices have 100 MiB, of which device 2 already holds 60 MiB.

@@ -71,6 +71,7 @@ def place_auto(
     *,
     options: AutoOptions = AutoOptions(),
     run_first: Sequence[str] = (),
+    free_devices: Optional[int] = None,
 ) -> AutoResult:
     """Runs `placers` (name, thunk), keeps the best simulated one (ties: the first in `placers`),
     refines it.
@@ -82,10 +83,13 @@ def place_auto(
     nor be a runner-up that refinement balances (`refine.alternative_reach`). On wide graphs
     whose ready ops wait for copies over busy channels, a hopeless m-ETF run otherwise costs
     time quadratic in the graph (`list_scheduler`).
+
+    Refinement moves unpinned groups only among the first `free_devices` devices (all by
+    default): a host that runs only the ops pinned to it comes last.
     """
     refines = (
         options.refine.seconds > 0
-        and cluster.num_devices > 1
+        and (cluster.num_devices if free_devices is None else free_devices) > 1
         and simulation_work(graph) <= work_budget(options.refine.seconds)
     )
     reach = alternative_reach(graph, options.refine.seconds) if refines else 1.0
@@ -140,7 +144,8 @@ def place_auto(
             if not p.same_as(placement) and not any(p.same_as(q.placement) for q in others):
                 others.append(m)
         placement, schedule, stats = refine(
-            graph, cluster, groups, placement, options=options.refine, alternatives=others[:MAX_ALTERNATIVES]
+            graph, cluster, groups, placement, options=options.refine, alternatives=others[:MAX_ALTERNATIVES],
+            free_devices=free_devices,
         )
     final = Placement(placement.device_of, f"auto({winner})")
     return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats)

@@ -31,7 +31,7 @@ from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
 
-__all__ = ["PLACEMENT_METHODS", "PlacementOptions", "PlacementResult", "place", "register_method"]
+__all__ = ["PLACEMENT_METHODS", "HostView", "PlacementOptions", "PlacementResult", "place", "register_method"]
 
 log = logging.getLogger(__name__)
 
@@ -76,19 +76,52 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     return Placement(device_of, "expert")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostView:
+    """The graph as it runs when a host that is not one of the cluster's devices runs the ops
+    pinned to it (`graph_pass.place_with_host`).
+
+    The placers see those ops as free ops without bytes (an embedding pinned to the host must
+    not need room on a device); `lift` then moves every group that holds one to the host.
+    auto simulates, compares and refines its candidates lifted, on `graph` (those ops' bytes
+    counted) and `cluster` (the placers' devices, then the host), and refinement moves the other
+    groups only among the placers' devices.
+    """
+
+    graph: OpGraph  # the graph with the host's ops' pins and bytes
+    cluster: Cluster  # the placers' devices, then the host (before memory_fraction)
+    on_host: np.ndarray  # bool per op: pinned to the host
+
+    @property
+    def host_index(self) -> int:
+        return self.cluster.num_devices - 1
+
+    def lift(self, placement: Placement, groups: Groups) -> Placement:
+        """`placement` with every group that holds an op pinned to the host moved there."""
+        hosted = np.zeros(groups.num_groups, dtype=bool)
+        hosted[groups.group_of[self.on_host]] = True
+        device_of = np.where(hosted[groups.group_of], self.host_index, placement.device_of)
+        return Placement(device_of.astype(np.int32), placement.method)
+
+
 def _run_auto(
     graph: OpGraph,
     cluster: Cluster,
     groups: Groups,
     options: "PlacementOptions",
     fused: Optional[FusedGraph] = None,
+    host: Optional[HostView] = None,
 ):
     """auto's portfolio on `graph`. With `fused` (``--placer_type=fusion``) the placers run on
     the fused graph, which is smaller, and each placement is expanded to `graph`'s ops before
     auto simulates, compares and refines it: the fused graph understates memory and times its
     ops differently (see `fusion`), so judging placements there kept ones slower than another
     candidate on the real graph, or ones that did not fit at all (and auto then failed where
-    every other method, falling back to a packing, placed the graph)."""
+    every other method, falling back to a packing, placed the graph). With `host` (its cluster
+    with memory_fraction applied), each placement is lifted before it is judged, on the host
+    view's graph and cluster, for the same reason; the placers' own runs then get no cutoff (their
+    times, the host's ops on a device, are not the judge's), and when no candidate fits the
+    error is raised for the caller's fallback."""
     from baechi_tf.placer.auto import AutoOptions, place_auto
     from baechi_tf.placer.grouping import coplace
     from baechi_tf.placer.refine import RefineOptions
@@ -140,6 +173,13 @@ def _run_auto(
                     (f"{m}+coplace", lifted(lambda g, cutoff, p=place_coarse: p(coarse_groups(), cutoff)))
                 )
     auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
+    if host is not None:
+        return place_auto(
+            host.graph, host.cluster, groups,
+            [(name, lambda cutoff, t=t: host.lift(t(math.inf), groups)) for name, t in thunks],
+            options=auto_options, run_first=("single", "packed", "single+unfused", "packed+unfused"),
+            free_devices=cluster.num_devices,
+        )
     try:
         return place_auto(
             graph, cluster, groups, thunks, options=auto_options,
@@ -394,7 +434,9 @@ def _checked(
         return placement, check_placement(graph, cluster, groups, placement)
 
 
-def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions):
+def _fuse_and_place(
+    graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions, host: Optional[HostView] = None
+):
     """The placement, and the portfolio's result when the method is ``auto`` (else None)."""
 
     def run(g: OpGraph, gr: Groups):
@@ -412,19 +454,37 @@ def _fuse_and_place(graph: OpGraph, cluster: Cluster, groups: Groups, options: P
         )
     if options.placement_method == "auto":
         # auto judges its candidates on the real graph even when they were placed fused.
-        auto = _run_auto(graph, cluster, groups, options, fused)
+        auto = _run_auto(graph, cluster, groups, options, fused, host)
         return auto.placement, auto
     if fused is None:
         return run(graph, groups), None
     return fused.expand(run(fused.graph, fused.groups)), None
 
 
-def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = PlacementOptions()) -> PlacementResult:
-    """Runs the pipeline: validate, group, place, check, baseline."""
+def place(
+    graph: OpGraph,
+    cluster: Cluster,
+    options: PlacementOptions = PlacementOptions(),
+    *,
+    host: Optional[HostView] = None,
+) -> PlacementResult:
+    """Runs the pipeline: validate, group, place, check, baseline.
+
+    With `host` (auto only), auto judges its candidates on the host view, and the result's
+    placement and schedule are of `host.graph` on `host.cluster`; a placement that does not fit
+    there raises `InfeasiblePlacementError` instead of falling back (`graph_pass.place_with_host`
+    falls back). The baseline stays `graph`'s on `cluster`.
+    """
     options.validate()
-    placer_cluster = (
-        cluster if options.memory_fraction == 1.0 else cluster.with_memory_fraction(options.memory_fraction)
-    )
+    if host is not None and options.placement_method != "auto":
+        raise ValueError(f"a host view is for auto, not {options.placement_method!r}")
+    fraction = options.memory_fraction
+
+    def budgeted(c: Cluster) -> Cluster:
+        return c if fraction == 1.0 else c.with_memory_fraction(fraction)
+
+    placer_cluster = budgeted(cluster)
+    judge = None if host is None else dataclasses.replace(host, cluster=budgeted(host.cluster))
     t_all = time.perf_counter()
     step = Steps()
 
@@ -436,16 +496,19 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
             "weigh every device for every op (slow with thousands); ask for fewer devices",
             cluster.num_devices, groups.num_groups, groups.num_groups,
         )
-    placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options))
+    placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options, judge))
     # auto simulated its placement already (on the real graph, also with fusion).
     simulated = auto.schedule if auto is not None else None
-    placement, schedule = step(
-        "check",
-        lambda: _checked(
-            graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed,
-            options,
-        ),
-    )
+    if judge is not None:
+        schedule = step("check", lambda: check_placement(judge.graph, judge.cluster, groups, placement, simulated))
+    else:
+        placement, schedule = step(
+            "check",
+            lambda: _checked(
+                graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed,
+                options,
+            ),
+        )
     baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     if (
         baseline is not None
@@ -462,10 +525,11 @@ def place(graph: OpGraph, cluster: Cluster, options: PlacementOptions = Placemen
             "when that is faster",
             placement.method, times, schedule.makespan_us / 1e3, baseline.makespan_us / 1e3,
         )
-    bound = lower_bound_us(graph, cluster, groups=groups if options.grouper == "tf" else make_groups(graph, "tf"))
+    seen, on = (graph, cluster) if host is None else (host.graph, host.cluster)
+    bound = lower_bound_us(seen, on, groups=groups if options.grouper == "tf" else make_groups(seen, "tf"))
     return PlacementResult(
-        graph=graph,
-        cluster=cluster,
+        graph=seen,
+        cluster=on,
         groups=groups,
         placement=placement,
         schedule=schedule,

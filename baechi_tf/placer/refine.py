@@ -286,24 +286,23 @@ def _tails(graph: OpGraph) -> list[float]:
     return tail
 
 
-def _candidates(sim: _Simulation, pinned: Sequence[bool]) -> list[Move]:
+def _candidates(sim: _Simulation, pinned: Sequence[bool], targets: int) -> list[Move]:
     """Moves worth trying first, from the critical path of the current schedule; none moves a
-    `pinned` group."""
+    `pinned` group, or a group to a device past the first `targets`."""
     graph, cluster, groups = sim.graph, sim.cluster, sim.groups
     schedule = sim.schedule
     device_of = sim.device_of
-    nd = cluster.num_devices
     group_of = groups.group_of
-    load = [0.0] * nd
+    load = [0.0] * cluster.num_devices
     for op, d in enumerate(device_of):
         load[d] += graph.compute_us[op]
-    by_load = sorted(range(nd), key=lambda d: (load[d], d))
+    by_load = sorted(range(targets), key=lambda d: (load[d], d))
     path = schedule.critical_path(graph, cluster)
     moves: list[Move] = []
     seen: set[Move] = set()
 
     def add(move: Move) -> None:
-        if move not in seen and all(not pinned[g] and a != b for g, a, b in move):
+        if move not in seen and all(not pinned[g] and a != b and b < targets for g, a, b in move):
             seen.add(move)
             moves.append(move)
 
@@ -340,14 +339,14 @@ def _candidates(sim: _Simulation, pinned: Sequence[bool]) -> list[Move]:
     return moves
 
 
-def _random_move(sim: _Simulation, rng: random.Random, free: Sequence[int]) -> Optional[Move]:
-    """A seeded random move of one of the `free` (unpinned) groups to another device."""
-    groups, nd = sim.groups, sim.cluster.num_devices
-    if not free or nd < 2:
+def _random_move(sim: _Simulation, rng: random.Random, free: Sequence[int], targets: int) -> Optional[Move]:
+    """A seeded random move of one of the `free` (unpinned) groups to another of the first
+    `targets` devices."""
+    if not free or targets < 2:
         return None
     g = rng.choice(free)
-    d_from = sim.device_of[int(groups.members[g][0])]
-    d_to = rng.choice([d for d in range(nd) if d != d_from])
+    d_from = sim.device_of[int(sim.groups.members[g][0])]
+    d_to = rng.choice([d for d in range(targets) if d != d_from])
     return ((g, d_from, d_to),)
 
 
@@ -359,6 +358,7 @@ def _balance(
     seed: int,
     settings: Sequence[tuple[bool, int]],
     shown: Callable[[_Simulation], None] = lambda sim: None,
+    free_devices: Optional[int] = None,
 ) -> tuple[int, int]:
     """Window balancing on `sim` with `settings` in order while its work stays under `budget`:
     (results tried, kept). `shown(sim)` is called before each round (a progress bar)."""
@@ -371,7 +371,7 @@ def _balance(
             device_of, moved = balance_windows(
                 sim.graph, sim.cluster, sim.groups, sim.schedule, num_windows,
                 pinned=pinned, overlap=overlap, seed=seed,
-                max_moves=(budget - sim.work) * _MOVES_PER_UNIT,
+                max_moves=(budget - sim.work) * _MOVES_PER_UNIT, free_devices=free_devices,
             )
             sim.work += moved // _MOVES_PER_UNIT
             move = sim.move_to(device_of)
@@ -394,12 +394,14 @@ def refine(
     *,
     options: RefineOptions = RefineOptions(),
     alternatives: Sequence[Schedule] = (),
+    free_devices: Optional[int] = None,
 ) -> tuple[Placement, Schedule, RefineStats]:
     """Improves `placement` by moving groups; never returns a worse one.
 
     `alternatives` (the simulated schedules of other placers' placements, best first, none
     better than `placement`) are further starting points of window balancing when the budget
-    allows.
+    allows. Unpinned groups move only among the first `free_devices` devices (all by default;
+    a host that runs only the ops pinned to it comes last).
     """
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
@@ -409,6 +411,7 @@ def refine(
     rng = random.Random(options.seed)
     is_pinned = pinned_group_devices(graph, cluster, groups) >= 0
     pinned = is_pinned.tolist()
+    targets = cluster.num_devices if free_devices is None else free_devices
     tried = accepted = 0
     failed: set[Move] = set()  # moves that did not help since the last accepted one
     misses = 0  # random draws in a row that were already in `failed`
@@ -439,7 +442,7 @@ def refine(
 
     with bar:
         windows_tried = windows_accepted = 0
-        if cluster.num_devices > 1 and budget > 0:
+        if targets > 1 and budget > 0:
             # Window balancing from the start placement (half of this phase's budget) and, from the
             # other half, from as many alternatives as get about three simulations each and start
             # close enough to catch up; the best result goes on. When no alternative qualifies,
@@ -459,7 +462,7 @@ def refine(
                 settings = _START_WINDOW_SETTINGS if start is sim else _WINDOW_SETTINGS
                 t, a = _balance(
                     start, share, deadline, pinned, options.seed, settings,
-                    shown=lambda current: show(current, done + current.work),
+                    shown=lambda current: show(current, done + current.work), free_devices=targets,
                 )
                 done += start.work
                 windows_tried += t
@@ -477,9 +480,9 @@ def refine(
         candidates: Optional[list[Move]] = None
         tried_candidates = 0
         free = np.flatnonzero(~is_pinned).tolist()  # what random moves draw from
-        while not out_of_budget() and cluster.num_devices > 1:
+        while not out_of_budget() and targets > 1:
             if candidates is None:
-                candidates, tried_candidates = _candidates(sim, pinned), 0
+                candidates, tried_candidates = _candidates(sim, pinned, targets), 0
             improved = False
             while tried_candidates < len(candidates):
                 if out_of_budget():
@@ -492,12 +495,12 @@ def refine(
             if improved:
                 candidates = None
                 continue
-            move = _random_move(sim, rng, free)
+            move = _random_move(sim, rng, free, targets)
             if move is None:
                 break
             if move in failed:
                 misses += 1
-                if misses > 4 * groups.num_groups * (cluster.num_devices - 1) + 20:
+                if misses > 4 * groups.num_groups * (targets - 1) + 20:
                     break  # random draws keep finding moves that were tried: a local optimum
                 continue
             misses = 0

@@ -152,15 +152,19 @@ def balance_windows(
     max_passes: int = 8,
     max_moves: Optional[int] = None,
     min_pass_gain: float = _MIN_PASS_GAIN,
+    free_devices: Optional[int] = None,
 ) -> tuple[np.ndarray, int]:
     """A placement of lower window cost than `schedule`'s, and the number of op moves made.
 
-    `pinned[g]` marks groups that must not move. The search stops after `max_passes` passes over
+    `pinned[g]` marks groups that must not move; the others move only to the first
+    `free_devices` devices (all by default: a host that runs only its own ops comes last). The
+    search stops after `max_passes` passes over
     the groups, a pass that lowers the cost by less than `min_pass_gain` of it, or `max_moves` op
     moves (tried and undone count; on more than 11 devices an op move counts as
     ``D // _DEVICES_PER_MOVE``, its cost in time).
     """
     nd = cluster.num_devices
+    targets = nd if free_devices is None else free_devices
     device_of = [int(d) for d in schedule.placement.device_of]
     span = schedule.makespan_us or 1.0
     window = [min(num_windows - 1, int(s / span * num_windows)) for s in schedule.start_us.tolist()]
@@ -191,7 +195,7 @@ def balance_windows(
             m = members[g]
             a = loads.dev[m[0]]
             best: Optional[tuple[float, int]] = None
-            for b in range(nd):
+            for b in range(targets):
                 if b == a or on_device[b] + group_persistent[g] > room[b]:
                     continue
                 evaluated += 2 * len(m) * per_move

@@ -31,10 +31,10 @@ from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
-from baechi_tf.placer.grouping import colocation_groups
+from baechi_tf.placer.grouping import Groups, colocation_groups, make_groups
 from baechi_tf.placer.list_scheduler import pinned_group_devices
 from baechi_tf.placer.pack import place_packed
-from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
+from baechi_tf.placer.pipeline import HostView, PlacementOptions, PlacementResult, place
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import lower_bound_us, simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
@@ -112,9 +112,11 @@ def place_with_host(
 
     The placer sees the host's ops (with their TF colocation groups) as free ops of no bytes: the
     host holds their weights, scratch and outputs (an embedding pinned to the host CPU must not
-    need room on a GPU). Once they are moved to the host, the consumers of their outputs receive
-    copies the placer did not count; when the placement then does not fit, `_host_fallback`
-    replaces it. One device (``single``) has nothing to fall back to.
+    need room on a GPU). Then they move to the host (`HostView.lift`), where the consumers of
+    their outputs receive copies the placer did not count. auto judges and refines its
+    candidates so moved, with those copies (`place`'s `host`); another method's placement is
+    moved once it is made. When the moved placement does not fit, `_host_fallback` replaces it.
+    One device (``single``) has nothing to fall back to.
     """
     host_pinned = (
         [host.name == d for d in graph.pinned_device] if host is not None else [False] * graph.num_ops
@@ -137,28 +139,34 @@ def place_with_host(
         temp_bytes=_read_only(np.where(hosted, 0, graph.temp_bytes)),
         persistent_bytes=_read_only(np.where(hosted, 0, graph.persistent_bytes)),
     )
-    inner = place(free, cluster, options)
-    t1 = time.perf_counter()
     full = _with_host(cluster, host)
-    host_index = full.num_devices - 1
+    view = HostView(graph, full, _read_only(np.asarray(host_pinned, dtype=bool)))
+    host_index = view.host_index
     checked = full if options.memory_fraction == 1.0 else full.with_memory_fraction(
         options.memory_fraction
     )
-    device_of = inner.placement.device_of.copy()
-    for g in sorted({int(inner.groups.group_of[op]) for op, h in enumerate(host_pinned) if h}):
-        device_of[inner.groups.members[g]] = host_index
-    placement = Placement(device_of, inner.placement.method)
+    auto = options.placement_method == "auto"
+    inner: Optional[PlacementResult] = None
     try:
-        schedule = check_placement(graph, checked, inner.groups, placement)
+        if auto:  # judged with the host's ops on the host
+            inner = place(free, cluster, options, host=view)
+            placement, schedule = inner.placement, inner.schedule
+        else:
+            inner = place(free, cluster, options)
+            placement = view.lift(inner.placement, inner.groups)
+            schedule = check_placement(graph, checked, inner.groups, placement)
     except InfeasiblePlacementError as e:
-        if options.placement_method == "single":  # one device has nothing to fall back to
-            raise
-        on_host = placement.device_of == host_index
-        placement, schedule = _host_fallback(graph, free, cluster, checked, inner, on_host, options, e)
+        if options.placement_method == "single" or (inner is None and not auto):
+            raise  # one device has nothing to fall back to; nor has a method that found nothing
+        groups = inner.groups if inner is not None else make_groups(free, options.grouper)
+        method = inner.placement.method if inner is not None else "auto"
+        placement, schedule = _host_fallback(graph, free, cluster, checked, groups, method, view, options, e)
+    t1 = time.perf_counter()
+    groups = inner.groups if inner is not None else groups
     device_of = placement.device_of
     single, single_count = None, 1
-    if inner.single_device_makespan_us is not None:  # the same baselines, host ops on the host
-        for one in single_device_placements(free, cluster, inner.groups):
+    if inner is None or inner.single_device_makespan_us is not None:  # host ops on the host
+        for one in single_device_placements(free, cluster, groups):
             one[device_of == host_index] = host_index
             try:
                 single = simulate(graph, checked, Placement(one, "single")).makespan_us
@@ -166,12 +174,12 @@ def place_with_host(
                 continue
             single_count = len(np.unique(one[one != host_index]))
             break
-    seconds = dict(inner.step_seconds)
+    seconds = dict(inner.step_seconds) if inner is not None else {}
     seconds["host"] = time.perf_counter() - t1
     return PlacementResult(
         graph=graph,
         cluster=full,
-        groups=inner.groups,
+        groups=groups,
         placement=placement,
         schedule=schedule,
         lower_bound_us=lower_bound_us(graph, full, groups=tf_groups),
@@ -179,6 +187,8 @@ def place_with_host(
         single_device_count=single_count,
         placement_seconds=time.perf_counter() - t0,
         step_seconds=seconds,
+        candidates=inner.candidates if inner is not None else None,
+        refine_stats=inner.refine_stats if inner is not None else None,
     )
 
 
@@ -187,24 +197,22 @@ def _host_fallback(
     free: OpGraph,
     cluster: Cluster,
     checked: Cluster,
-    inner: PlacementResult,
-    on_host: np.ndarray,
+    groups: Groups,
+    method: str,
+    view: HostView,
     options: PlacementOptions,
     error: InfeasiblePlacementError,
 ):
     """(placement, schedule) of `graph` on `checked` (the cluster and the host, last) when
-    `inner`'s placement of `free` does not fit once the ops `on_host` (a mask) run on the host
-    (`error`).
+    `method`'s placement of `free` (auto's: every one it judged) does not fit once the host's
+    ops run there (`error`).
 
     The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
     every input as received, so it fits whenever it packs), then a placement the fit search finds,
     then the other placers' placements (and one device, each in turn), the fastest that fits.
-    auto takes the fastest that fits of the packing and the other placers' first, as it would
-    have had the placer counted the copies from the host.
+    auto takes the fastest that fits of the packing and one device (each in turn) first.
     """
     host_index = checked.num_devices - 1
-    groups = inner.groups
-    method = inner.placement.method
     auto = options.placement_method == "auto"
 
     def fitting(device_of: np.ndarray, label: str):
@@ -221,19 +229,20 @@ def _host_fallback(
             return None
 
     def others():
-        """The other placers' placements of `free` and one device each, host ops on the host."""
+        """One device each and the other placers' placements of `free` (auto judged theirs
+        already), host ops on the host."""
         pinned = pinned_group_devices(free, cluster, groups)
         for d in range(cluster.num_devices):
             one = np.where(pinned >= 0, pinned, d)[groups.group_of]
-            yield fitting(np.where(on_host, host_index, one).astype(np.int32), "single")
-        for m in _HOST_FALLBACK_METHODS:
+            yield fitting(view.lift(Placement(one, "single"), groups).device_of, "single")
+        for m in () if auto else _HOST_FALLBACK_METHODS:
             if method.split("+")[0] == m:
                 continue
             try:
                 device_of = place(free, cluster, dataclasses.replace(options, placement_method=m)).placement.device_of
             except InfeasiblePlacementError:
                 continue
-            yield fitting(np.where(on_host, host_index, device_of).astype(np.int32), m)
+            yield fitting(view.lift(Placement(device_of, m), groups).device_of, m)
 
     def fastest(candidates):
         found = [c for c in candidates if c is not None]
