@@ -390,6 +390,32 @@ def test_a_placement_that_no_longer_fits_once_the_host_runs_its_ops_falls_back(m
     assert max(result.schedule.peak_memory_bytes[:devices]) <= 400
 
 
+@pytest.mark.parametrize("method", ["m_topo", "m_etf"])
+def test_a_fallback_once_the_host_runs_its_ops_is_named_after_the_method_asked_for(method, caplog):
+    """The method's own placement was already a search's (it ran out of memory without the
+    host's bytes); that one did not fit either and another search's replaced it: it was named
+    'm_etf+fit+fit' (fuzzed graph, seed 150)."""
+    from baechi_tf.cluster import Cluster, CommCost, Device
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    for name, compute, nbytes, host in (
+        ("o0", 5, 50, False), ("o1", 30, 50, True), ("o2", 5, 200, False), ("o3", 1, 100, False),
+        ("o4", 10, 100, False), ("o5", 30, 200, False),
+    ):
+        b.add_op(name, compute, [nbytes], device=_HOST if host else None)
+    for src, dst in ((0, 1), (0, 3), (0, 4), (0, 5), (1, 2), (1, 3), (2, 4)):
+        b.add_edge(f"o{src}", f"o{dst}")
+    graph = b.build()
+    cluster = Cluster.homogeneous(2, 400, comm=CommCost(0.001, 50))
+    with caplog.at_level("WARNING", logger="baechi_tf.rewriter.graph_pass"):
+        result = place_with_host(graph, cluster, Device(_HOST, GiB, "CPU"), PlacementOptions(method, refine_seconds=0))
+    assert f"{method}+fit's placement does not fit once the host's ops run" in caplog.text
+    assert result.placement.method == f"{method}+fit"
+    check_placement(graph, result.cluster, result.groups, result.placement)
+
+
 @pytest.mark.parametrize("devices, expected", [(2, "auto(packed)"), (3, "auto(m_topo)")])
 def test_auto_judges_its_candidates_with_the_copies_from_the_host(devices, expected, caplog):
     """auto compares its candidates with the host's ops on the host: those that do not fit then

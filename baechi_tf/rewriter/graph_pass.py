@@ -213,10 +213,12 @@ def _host_fallback(
     auto takes the fastest that fits of the packing and one device (each in turn) first.
     """
     host_index = checked.num_devices - 1
-    auto = options.placement_method == "auto"
+    name = options.placement_method
+    auto = name == "auto"
 
     def fitting(device_of: np.ndarray, label: str):
-        placed = Placement(device_of, f"auto({label})" if auto else f"{method}+{label}")
+        # Named after the method asked for: a fallback of `method`'s own (m_etf+fit) is gone.
+        placed = Placement(device_of, f"{name}({label})" if auto else f"{name}+{label}")
         try:
             return placed, check_placement(graph, checked, groups, placed)
         except InfeasiblePlacementError:
@@ -236,7 +238,7 @@ def _host_fallback(
             one = np.where(pinned >= 0, pinned, d)[groups.group_of]
             yield fitting(view.lift(Placement(one, "single"), groups).device_of, "single")
         for m in () if auto else _HOST_FALLBACK_METHODS:
-            if method.split("+")[0] == m:
+            if name == m:
                 continue
             try:
                 device_of = place(free, cluster, dataclasses.replace(options, placement_method=m)).placement.device_of
