@@ -2,7 +2,8 @@
 
 Runs every placer it is given (the pipeline gives m-TOPO, m-ETF, m-SCT, HEFT, ``layers`` when op
 names have numbered scopes, ``single``, ``packed``, ``expert`` when the model brought its own
-layout, and m-ETF, m-SCT and HEFT on coarser groups), simulates each placement, keeps the
+layout, and m-ETF, m-SCT and HEFT on coarser groups; with ops pinned to a host outside the
+cluster, also a packing that counts the copies from it), simulates each placement, keeps the
 one with the lowest makespan (ties: the order above), and improves it with `refine` (which may
 also start its window balancing from the two best distinct runners-up) unless one simulation
 alone takes more than the refinement budget (then it warns and skips refinement). A placer that

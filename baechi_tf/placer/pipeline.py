@@ -174,10 +174,16 @@ def _run_auto(
                 )
     auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
     if host is not None:
+        # Also the packing of the graph as it runs (the host's ops there, their copies counted),
+        # which the other methods fall back to when their placement no longer fits so.
+        thunks = [(name, lambda cutoff, t=t: host.lift(t(math.inf), groups)) for name, t in thunks]
+        thunks.append((
+            "packed+host",
+            lambda cutoff: place_packed(host.graph, host.cluster, groups, free_devices=cluster.num_devices),
+        ))
         return place_auto(
-            host.graph, host.cluster, groups,
-            [(name, lambda cutoff, t=t: host.lift(t(math.inf), groups)) for name, t in thunks],
-            options=auto_options, run_first=("single", "packed", "single+unfused", "packed+unfused"),
+            host.graph, host.cluster, groups, thunks, options=auto_options,
+            run_first=("single", "packed", "single+unfused", "packed+unfused", "packed+host"),
             free_devices=cluster.num_devices,
         )
     try:
