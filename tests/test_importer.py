@@ -545,6 +545,33 @@ def test_auto_is_no_slower_than_a_method_that_packs_once_the_host_runs_its_ops()
     check_placement(graph, results["auto"].cluster, results["auto"].groups, results["auto"].placement)
 
 
+@pytest.mark.parametrize("method", ["auto", "m_etf", "packed"])
+def test_an_op_too_big_for_any_device_once_it_receives_from_the_host_is_named(method):
+    """'copy' holds its 187.5 KiB output and the 187.5 KiB it receives from the host: no device
+    of 278 KiB can run it. The error ended in "nor any of the 0 placements a search for one that
+    fits tried"; it now says why none can fit, as it does without a host."""
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.errors import InfeasiblePlacementError
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    b.add_op("emb", 1, [192_000], device=_HOST)
+    b.add_op("copy", 5, [192_000])
+    b.add_op("loss", 1, [4])
+    b.add_edge("emb", "copy")
+    b.add_edge("copy", "loss")
+    with pytest.raises(InfeasiblePlacementError) as e:
+        place_with_host(b.build(), Cluster.homogeneous(2, 278 * 1024), Device(_HOST, GiB, "CPU"),
+                        PlacementOptions(method, refine_seconds=0))
+    assert str(e.value) == (
+        "op 'copy' cannot run on any device, whatever else goes there: its group 'copy' holds 0 B "
+        "of weights and the op 375.00 KiB of outputs, scratch and inputs while it runs, 375.00 KiB "
+        "in all, over the 278.00 KiB of the largest device; give the devices more memory (more "
+        "devices do not help)"
+    )
+
+
 def test_one_device_that_no_longer_fits_once_the_host_runs_its_ops_says_so():
     from baechi_tf.cluster import Cluster, Device
     from baechi_tf.errors import InfeasiblePlacementError

@@ -251,6 +251,8 @@ def _host_fallback(
         return min(found, key=lambda c: c[1].makespan_us) if found else None
 
     search = FitSearch(graph, checked, groups, seed=options.seed, free_devices=cluster.num_devices)
+    if search.refusal is not None:  # no placement can fit: the reason, not the method's
+        raise InfeasiblePlacementError(search.refusal) from None
     if auto:
         steps = (lambda: fastest([packed(), *others()]), lambda: _searched(search, fitting))
     else:
