@@ -454,6 +454,9 @@ def test_auto_falls_back_when_none_of_its_candidates_fits_with_the_copies_from_t
         result = place_with_host(graph, cluster, Device(_HOST, GiB, "CPU"), PlacementOptions("auto", refine_seconds=0))
     assert result.placement.method == "auto(fit)"
     assert "auto's placement does not fit once the host's ops run on /device:CPU:0" in caplog.text
+    # The fallback's time is counted: without auto's run, the host's share is nearly the whole.
+    assert list(result.step_seconds) == ["host"]
+    assert 0.5 * result.placement_seconds < result.step_seconds["host"] <= result.placement_seconds
     check_placement(graph, result.cluster, result.groups, result.placement)
     assert max(result.schedule.peak_memory_bytes[:2]) <= 500
 
