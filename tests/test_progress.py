@@ -172,7 +172,7 @@ def test_profiling_shows_its_steps(no_delay, monkeypatch, capsys):
 
 
 def test_the_cli_draws_bars_on_a_terminal_and_none_in_a_pipe(tmp_path):
-    # A real terminal (a pty) on stderr, the default delay: placing 2,000 ops shows the bars.
+    # A real terminal (a pty) on stderr, the default delay: placing 1,000 ops shows the bars.
     import json
 
     sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -182,9 +182,9 @@ def test_the_cli_draws_bars_on_a_terminal_and_none_in_a_pipe(tmp_path):
 
     src = str(tmp_path / "layered.json")
     with open(src, "w") as f:
-        json.dump(graph_to_json(layered_graph(2000, seed=0), Cluster.homogeneous(4, 1 << 34)), f)
+        json.dump(graph_to_json(layered_graph(1000, seed=0), Cluster.homogeneous(4, 1 << 34)), f)
     env = {k: v for k, v in os.environ.items() if k != "BAECHI_TF_PROGRESS"}
-    cmd = [sys.executable, "-m", "baechi_tf", "place-json", src, "--refine_seconds", "2",
+    cmd = [sys.executable, "-m", "baechi_tf", "place-json", src, "--refine_seconds", "1",
            "--out", str(tmp_path / "p.json")]
     leader, follower = pty.openpty()
     try:
