@@ -158,10 +158,9 @@ def balance_windows(
 
     `pinned[g]` marks groups that must not move; the others move only to the first
     `free_devices` devices (all by default: a host that runs only its own ops comes last). The
-    search stops after `max_passes` passes over
-    the groups, a pass that lowers the cost by less than `min_pass_gain` of it, or `max_moves` op
-    moves (tried and undone count; on more than 11 devices an op move counts as
-    ``D // _DEVICES_PER_MOVE``, its cost in time).
+    search stops after `max_passes` passes over the groups, a pass that lowers the cost by less
+    than `min_pass_gain` of it, or `max_moves` op moves (tried and undone count; on more than 11
+    devices an op move counts as ``D // _DEVICES_PER_MOVE``, its cost in time).
     """
     nd = cluster.num_devices
     targets = nd if free_devices is None else free_devices
