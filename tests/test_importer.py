@@ -292,7 +292,8 @@ def test_profiled_output_count_must_fit(lstm):
     assert np.isfinite(lstm.profile.ops["loss"].compute_us)
 
 
-def test_a_host_placement_reports_the_bound_of_the_colocation_groups():
+@pytest.mark.parametrize("method", ["m_etf", "auto"])
+def test_a_host_placement_reports_the_bound_of_the_colocation_groups(method):
     """With ops pinned to the host, the bound is taken over the devices and the host, and like
     place()'s it keeps TF colocation groups whole: u2 must stay beside v, which costs 30 us of
     v's time or u1's 40 us copy (see test_simulator's colocated-input case)."""
@@ -311,7 +312,7 @@ def test_a_host_placement_reports_the_bound_of_the_colocation_groups():
     graph = b.build()
     cluster = Cluster.homogeneous(2, GiB, comm=CommCost(0.5, 20))
     host = Device("/device:CPU:0", GiB, "CPU")
-    result = place_with_host(graph, cluster, host, PlacementOptions("m_etf"))
+    result = place_with_host(graph, cluster, host, PlacementOptions(method))
     assert result.cluster.names[-1] == "/device:CPU:0"
     grouped = lower_bound_us(graph, result.cluster, groups=colocation_groups(graph))
     assert result.lower_bound_us == grouped > lower_bound_us(graph, result.cluster)

@@ -161,18 +161,22 @@ def place_with_host(
         groups = inner.groups if inner is not None else make_groups(free, options.grouper)
         method = inner.placement.method if inner is not None else "auto"
         placement, schedule = _host_fallback(graph, free, cluster, checked, groups, method, view, options, e)
-    groups = inner.groups if inner is not None else groups
-    device_of = placement.device_of
+    if inner is not None:
+        groups = inner.groups
     single, single_count = None, 1
     if inner is None or inner.single_device_makespan_us is not None:  # host ops on the host
         for one in single_device_placements(free, cluster, groups):
-            one[device_of == host_index] = host_index
+            lifted = view.lift(Placement(one, "single"), groups)
             try:
-                single = simulate(graph, checked, Placement(one, "single")).makespan_us
+                single = simulate(graph, checked, lifted).makespan_us
             except InfeasiblePlacementError:
                 continue
-            single_count = len(np.unique(one[one != host_index]))
+            single_count = len(np.unique(one[lifted.device_of != host_index]))
             break
+    if auto and inner is not None:  # place() took the bound of `graph` on `full` already
+        bound = inner.lower_bound_us
+    else:
+        bound = lower_bound_us(graph, full, groups=tf_groups)
     seconds = dict(inner.step_seconds) if inner is not None else {}
     seconds["host"] = time.perf_counter() - t0 - sum(seconds.values())  # all but place()'s steps
     return PlacementResult(
@@ -181,7 +185,7 @@ def place_with_host(
         groups=groups,
         placement=placement,
         schedule=schedule,
-        lower_bound_us=lower_bound_us(graph, full, groups=tf_groups),
+        lower_bound_us=bound,
         single_device_makespan_us=single,
         single_device_count=single_count,
         placement_seconds=time.perf_counter() - t0,
@@ -209,7 +213,8 @@ def _host_fallback(
     The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
     every input as received, so it fits whenever it packs), then a placement the fit search finds,
     then the other placers' placements (and one device, each in turn), the fastest that fits.
-    auto takes the fastest that fits of the packing and one device (each in turn) first.
+    auto judged that packing (`packed+host`) and the placers' already: it takes the fastest of one
+    device (each in turn) that fits, else the search's.
     """
     host_index = checked.num_devices - 1
     name = options.placement_method
@@ -253,7 +258,7 @@ def _host_fallback(
     if search.refusal is not None:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal) from None
     if auto:
-        steps = (lambda: fastest([packed(), *others()]), lambda: _searched(search, fitting))
+        steps = (lambda: fastest(others()), lambda: _searched(search, fitting))
     else:
         steps = (packed, lambda: _searched(search, fitting), lambda: fastest(others()))
     for step in steps:
