@@ -79,11 +79,8 @@ from absl import app, flags  # noqa: E402
 from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
+from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
-
-# baechi_tf.models.MODEL_NAMES, without importing TensorFlow before the flags are parsed (so
-# that --help and flag errors are quick); main() checks that the two agree.
-MODEL_NAMES = ("gnmt_v2", "gnmt", "inception_v3", "transformer")
 
 _DEFAULTS = PlacementOptions()
 _OPTIMIZERS = ("adadelta", "adagrad", "adam", "ftrl", "momentum", "sgd", "rmsprop")
@@ -786,9 +783,6 @@ def _main() -> int:
     import tensorflow as tf
     from absl import logging
 
-    from baechi_tf import models
-
-    assert set(models.MODEL_NAMES) == set(MODEL_NAMES), models.MODEL_NAMES
     sys.stdout.reconfigure(line_buffering=True)
     tf.get_logger().setLevel("ERROR")
     if not FLAGS["verbosity"].present:  # -v 0 brings back the libraries' INFO logs

@@ -6,8 +6,7 @@ to place and where, and every error is a `BaechiError`. Importing ``baechi_tf`` 
 TensorFlow; `BaechiSession` and `place_graph_def` load the TensorFlow ends on first use.
 """
 
-from typing import Any
-
+from baechi_tf._lazy import lazy_attributes
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import (
     BaechiError,
@@ -38,17 +37,7 @@ _LAZY = {
     "BaechiSession": "baechi_tf.rewriter.session",
     "place_graph_def": "baechi_tf.rewriter.graph_pass",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'baechi_tf' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -21,17 +21,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# TensorFlow loads in main, once the flags are checked: a bad flag or --help is answered at once.
+from baechi_tf import PlacementOptions, interrupts  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
-
-import_tensorflow_quietly()  # without TF's C++ start-up lines (oneDNN, absl::InitializeLog)
-import tensorflow as tf  # noqa: E402
-
-from baechi_tf import BaechiSession, PlacementOptions, interrupts  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
-from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
-
-tf1 = tf.compat.v1
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 
 
 def _positive(kind):
@@ -86,6 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import_tensorflow_quietly()  # without TF's C++ start-up lines (oneDNN, absl::InitializeLog)
+    import tensorflow as tf
+
+    from baechi_tf import BaechiSession
+
+    tf1 = tf.compat.v1
     tf.get_logger().setLevel("ERROR")
     hparams = GNMTHParams(
         batch_size=args.batch_size, vocab_size=args.vocab_size,

@@ -29,12 +29,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# TensorFlow loads in _train, once the flags are checked: a bad flag or --help is answered at once.
+from baechi_tf import CommCost, interrupts  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
-
-import_tensorflow_quietly()  # without TF's C++ start-up lines (oneDNN, absl::InitializeLog)
-import tensorflow as tf  # noqa: E402
-
-from baechi_tf import BaechiSession, CommCost, interrupts  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
@@ -66,6 +63,11 @@ def _parse(argv) -> argparse.Namespace:
 
 
 def _train(args: argparse.Namespace, target: str) -> None:
+    import_tensorflow_quietly()  # without TF's C++ start-up lines (oneDNN, absl::InitializeLog)
+    import tensorflow as tf
+
+    from baechi_tf import BaechiSession
+
     hparams = GNMTHParams(batch_size=16, vocab_size=256, max_seq_length=args.max_seq_length,
                           rnn_units=64, num_layers=args.num_layers, num_gpus=4)
     model = build_model("gnmt_v2", hparams)

@@ -37,6 +37,7 @@ from baechi_tf.rewriter.distributed import (
     start_local_workers,
 )
 import ctrl_c
+from loaded import run_listing_modules
 from tf_models import build_lstm, profiled_lstm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -624,9 +625,11 @@ def test_example_stops_its_workers_on_ctrl_c(tmp_path):
     ("--inter_host_comm_cost_coeffs=1", "--inter_host_comm_cost_coeffs: communication cost '1' is not"),
     ("--num_layers=1", "--num_layers of 2 or more"),
 ])
-def test_example_refuses_bad_flags_before_starting_workers(flag, says):
-    # They were found after both workers had started, some seconds in, without the flag's name.
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_host.py"), flag],
-                          capture_output=True, text=True, env=_env(), timeout=120)
+def test_example_refuses_bad_flags_before_starting_workers(flag, says, tmp_path):
+    # They were found after both workers had started, some seconds in, without the flag's name;
+    # then before the workers, but after TensorFlow had loaded (seconds).
+    done, loaded = run_listing_modules([sys.executable, str(ROOT / "examples" / "multi_host.py"), flag],
+                                       tmp_path, env=_env(), timeout=120)
     assert done.returncode == 2 and "workers started" not in done.stdout
     assert done.stderr.splitlines()[-1].startswith("multi_host.py: error: ") and says in done.stderr
+    assert "tensorflow" not in loaded

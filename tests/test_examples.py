@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import ctrl_c
+from loaded import run_listing_modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "/job:localhost/replica:0/task:0"
@@ -57,14 +58,26 @@ def test_gnmt_v2_example_stops_on_ctrl_c_with_one_line():
     ("--refine_seconds=-1", "refine_seconds -1.0 must be a finite number >= 0"),
     ("--placement_method=expert", "argument --placement_method: invalid choice: 'expert'"),
 ])
-def test_gnmt_v2_example_refuses_bad_flags_before_building_the_model(flag, says):
+def test_gnmt_v2_example_refuses_bad_flags_before_building_the_model(flag, says, tmp_path):
     # --steps=-1 and a learning rate of nan ran (nothing trained, or a loss of nan) and exited 0;
     # --num_devices=0 said "GNMT num_gpus=0", a flag the example lacks; a bad --refine_seconds
-    # was found only after the model was built.
-    done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, flag],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    # was found only after the model was built. Each was refused only after TensorFlow had loaded
+    # (seconds).
+    done, loaded = run_listing_modules(
+        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, flag], tmp_path,
+        cwd=ROOT, timeout=120,
     )
     assert done.returncode == 2 and done.stdout == ""
     last = done.stderr.splitlines()[-1]
     assert last.startswith("gnmt_v2.py: error: ") and says in last, last
+    assert "tensorflow" not in loaded
+
+
+def test_gnmt_v2_example_help_comes_before_tensorflow_loads(tmp_path):
+    done, loaded = run_listing_modules(
+        [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), "--help"], tmp_path,
+        cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 0 and "--placement_method METHOD" in done.stdout, done.stdout
+    assert "sentences per step (default: 128)" in done.stdout  # GNMTHParams' defaults
+    assert "tensorflow" not in loaded

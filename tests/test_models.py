@@ -20,6 +20,8 @@ from baechi_tf.models import (
     hparams_from_flags,
 )
 
+from loaded import run_listing_modules
+
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -377,3 +379,21 @@ def test_hparams_from_train_py_flags():
 def test_bad_hparams_are_refused_with_the_fix(make, match):
     with pytest.raises(ConfigError, match=match):
         make()
+
+
+def test_hyper_parameters_load_without_tensorflow(tmp_path):
+    # A command line checks its model flags and prints its --help with them before TensorFlow
+    # loads (examples/gnmt_v2.py did not: seconds for a bad flag).
+    code = (
+        "from baechi_tf.models import GNMTHParams, default_hparams, hparams_from_flags\n"
+        "assert GNMTHParams().rnn_units == 512\n"
+        "assert default_hparams('transformer').d_model == 512\n"
+        "assert hparams_from_flags('gnmt', {'disable_nmt_colocation': True}).colocation is False\n"
+        "try:\n"
+        "    GNMTHParams(num_layers=1)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    done, loaded = run_listing_modules([sys.executable, "-c", code], tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout == "ConfigError\n", done.stderr
+    assert "tensorflow" not in loaded

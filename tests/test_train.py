@@ -17,6 +17,7 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 import ctrl_c
+from loaded import run_listing_modules
 from baechi_tf.cost_model import load_profile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -251,6 +252,20 @@ def test_help_is_printed_with_exit_status_0(flag):
     # absl's own --help exits with 1: scripts that check the status saw a failure.
     done = train(flag, expect=0)
     assert "--placement_method" in done.stdout and not done.stderr.strip(), done.stderr
+
+
+@pytest.mark.parametrize("args, status", [
+    (["--help"], 0),
+    (["--model_name=resnet"], 2),
+    (["--placement_method=m_etf_reserve"], 2),
+    (["--report_dir=/dev/null"], 2),
+])
+def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, status):
+    done, loaded = run_listing_modules(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args], tmp_path, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == status, done.stderr
+    assert "tensorflow" not in loaded
 
 @pytest.mark.parametrize(
     "args, message",

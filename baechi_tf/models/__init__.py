@@ -13,21 +13,25 @@ pins the input to the CPU, and an imported (placed) copy of the GraphDef is fed 
 Models: ``gnmt_v2`` and ``gnmt`` (v1 attention) (`GNMTHParams`), ``inception_v3``
 (`InceptionV3HParams`), ``transformer`` (`TransformerHParams`). The graphs carry no devices;
 ``spec.expert_placement(devices, graph)`` gives the hand layout as ``op -> device``.
+
+The hyper-parameters (`models.hparams`) load without TensorFlow, so that a command line checks
+its flags before TensorFlow loads; `build_model` loads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-import tensorflow as tf
-
+from baechi_tf._lazy import lazy_attributes
 from baechi_tf.errors import ConfigError
-from baechi_tf.models.gnmt_v2 import GNMTHParams, build_gnmt
-from baechi_tf.models.inception_v3 import InceptionV3HParams, build_inception_v3
-from baechi_tf.models.layout import ExpertLayout
-from baechi_tf.models.spec import ModelSpec
-from baechi_tf.models.transformer import TransformerHParams, build_transformer
+from baechi_tf.models.hparams import GNMTHParams, InceptionV3HParams, TransformerHParams
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from baechi_tf.models.layout import ExpertLayout
+    from baechi_tf.models.spec import ModelSpec
 
 __all__ = [
     "MODEL_NAMES",
@@ -105,9 +109,22 @@ def build_model(
             f"model {name!r} takes {_HPARAMS[name].__name__}, not {type(hparams).__name__}"
         )
     hparams = _fix_variant(name, hparams)
+    import tensorflow as tf
+
     graph = tf.Graph() if graph is None else graph
     if name in ("gnmt_v2", "gnmt"):
+        from baechi_tf.models.gnmt_v2 import build_gnmt
+
         return build_gnmt(hparams, graph, name)
     if name == "inception_v3":
+        from baechi_tf.models.inception_v3 import build_inception_v3
+
         return build_inception_v3(hparams, graph)
+    from baechi_tf.models.transformer import build_transformer
+
     return build_transformer(hparams, graph)
+
+
+# The types of the built models load TensorFlow: only when they are used.
+_LAZY = {"ExpertLayout": "baechi_tf.models.layout", "ModelSpec": "baechi_tf.models.spec"}
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

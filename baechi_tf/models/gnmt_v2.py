@@ -34,59 +34,15 @@ Graph size: O(L * T) ops; seed size (B=128, T=40, V=30000, U=512, L=4, LSTM): se
 
 from __future__ import annotations
 
-import dataclasses
-
 import tensorflow as tf
 
-from baechi_tf.errors import ConfigError
 from baechi_tf.models import _layers
 from baechi_tf.models._layers import colocation_group, tf1, weight
+from baechi_tf.models.hparams import GNMTHParams
 from baechi_tf.models.layout import ExpertLayout
 from baechi_tf.models.spec import ModelSpec
 
 __all__ = ["GNMTHParams", "build_gnmt", "gnmt_expert_layout"]
-
-_UNIT_TYPES = ("lstm", "gru")
-
-
-@dataclasses.dataclass(frozen=True)
-class GNMTHParams:
-    """GNMT hyper-parameters; the defaults are the original README's setting."""
-
-    batch_size: int = 128  # sentences per step (B)
-    vocab_size: int = 30000  # source and target vocabulary (V)
-    max_seq_length: int = 40  # source and target length, = unrolled steps (T)
-    rnn_units: int = 512  # hidden and embedding size (U)
-    num_layers: int = 4  # encoder layers (1 bidirectional + L-1) = decoder layers (L)
-    rnn_unit_type: str = "lstm"  # 'lstm' or 'gru'
-    encoder_type: str = "gnmt"  # GNMT needs the 'gnmt' encoder, as in the original
-    residual: bool = True  # residual connections on the upper layers
-    num_gpus: int = 4  # devices of the expert layout's round-robin (G)
-    colocation: bool = True  # per-(layer, step) colocation groups
-    use_new_attention: bool = True  # True: gnmt_v2; False: gnmt (v1 attention)
-    forget_bias: float = 1.0  # added to the LSTM forget gate
-    seed: int = 1  # graph seed (initial values) and seed of the synthetic tokens
-
-    def __post_init__(self) -> None:
-        for field in ("batch_size", "vocab_size", "max_seq_length", "rnn_units", "num_gpus"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"GNMT {field}={value!r}; give a positive integer")
-        layers = self.num_layers
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 2:
-            raise ConfigError(
-                f"GNMT num_layers={self.num_layers!r}; the GNMT encoder has one bidirectional "
-                "layer and at least one unidirectional layer: give --num_layers >= 2"
-            )
-        if self.rnn_unit_type not in _UNIT_TYPES:
-            raise ConfigError(
-                f"rnn_unit_type={self.rnn_unit_type!r}; use one of {', '.join(_UNIT_TYPES)}"
-            )
-        if self.encoder_type != "gnmt":
-            raise ConfigError(
-                f"encoder_type={self.encoder_type!r}: GNMT supports only --encoder_type=gnmt "
-                "(one bidirectional layer, then unidirectional ones), as in the original"
-            )
 
 
 class _Cell:

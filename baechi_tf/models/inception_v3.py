@@ -35,48 +35,12 @@ from typing import Union
 import numpy as np
 import tensorflow as tf
 
-from baechi_tf.errors import ConfigError
 from baechi_tf.models._layers import tf1, variable, weight
+from baechi_tf.models.hparams import InceptionV3HParams
 from baechi_tf.models.layout import ExpertLayout
 from baechi_tf.models.spec import ModelSpec
 
 __all__ = ["InceptionV3HParams", "build_inception_v3", "nchw_runs_on_cpu"]
-
-_MIN_IMAGE_SIZE = 75
-
-
-@dataclasses.dataclass(frozen=True)
-class InceptionV3HParams:
-    """Inception-v3 hyper-parameters; the defaults are the original's (batch 32, 299x299)."""
-
-    batch_size: int = 32  # images per step
-    image_size: int = 299  # height = width of the input images, >= 75
-    num_classes: int = 1000  # logits per image
-    data_format: str = "NHWC"  # 'NHWC' or 'NCHW'
-    depth_multiplier: float = 1.0  # scales every convolution's depth (slim's depth_multiplier)
-    min_depth: int = 16  # lower bound of a scaled depth
-    is_training: bool = True  # batch norm on batch statistics with moving-average updates, dropout
-    batch_norm_decay: float = 0.9997  # moving-average decay
-    batch_norm_epsilon: float = 0.001  # added to the variance
-    dropout_keep_prob: float = 0.8  # before the logits, when training
-    seed: int = 1  # graph seed (initial values, dropout) and seed of the synthetic images
-
-    def __post_init__(self) -> None:
-        for field in ("batch_size", "num_classes", "min_depth"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Inception-v3 {field}={value!r}; give a positive integer")
-        if not isinstance(self.image_size, int) or self.image_size < _MIN_IMAGE_SIZE:
-            raise ConfigError(
-                f"Inception-v3 image_size={self.image_size!r}; it must be at least "
-                f"{_MIN_IMAGE_SIZE} pixels"
-            )
-        if self.data_format not in ("NHWC", "NCHW"):
-            raise ConfigError(f"data_format={self.data_format!r}; use NHWC or NCHW")
-        if not self.depth_multiplier > 0:
-            raise ConfigError(f"depth_multiplier={self.depth_multiplier!r}; it must be > 0")
-        if not 0 < self.dropout_keep_prob <= 1:
-            raise ConfigError(f"dropout_keep_prob={self.dropout_keep_prob!r}; give 0 < p <= 1")
 
 
 # The layers of a module, as data: a convolution, a pooling, or a fork whose two parts read the

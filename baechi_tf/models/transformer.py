@@ -19,49 +19,18 @@ Graph size: O(num_layers) ops, each with tensors of O(B * T * d_model + B * head
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 import tensorflow as tf
 
-from baechi_tf.errors import ConfigError
 from baechi_tf.models import _layers
 from baechi_tf.models._layers import dense, tf1, weight
+from baechi_tf.models.hparams import TransformerHParams
 from baechi_tf.models.layout import ExpertLayout
 from baechi_tf.models.spec import ModelSpec
 
 __all__ = ["TransformerHParams", "build_transformer", "transformer_expert_layout"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerHParams:
-    """Transformer hyper-parameters; the defaults are the paper's base model, B=128, T=40."""
-
-    batch_size: int = 128  # sentences per step (B)
-    vocab_size: int = 32000  # source and target vocabulary (V)
-    max_seq_length: int = 40  # source and target length (T)
-    num_layers: int = 6  # encoder layers = decoder layers (L)
-    num_heads: int = 8  # attention heads; must divide d_model
-    d_model: int = 512  # width of every sub-layer's input and output
-    d_ff: int = 2048  # inner width of the feed-forward layers
-    dropout: float = 0.1  # after each sub-layer, on the attention weights and embeddings
-    num_gpus: int = 4  # devices of the expert layout's round-robin (G)
-    seed: int = 1  # graph seed (initial values, dropout) and seed of the synthetic tokens
-
-    def __post_init__(self) -> None:
-        for field in ("batch_size", "vocab_size", "max_seq_length", "num_layers", "num_heads",
-                      "d_model", "d_ff", "num_gpus"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Transformer {field}={value!r}; give a positive integer")
-        if self.d_model % self.num_heads:
-            raise ConfigError(
-                f"Transformer d_model={self.d_model} is not a multiple of "
-                f"num_heads={self.num_heads}"
-            )
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"Transformer dropout={self.dropout!r}; give 0 <= p < 1")
 
 
 def _positions(length: int, width: int) -> np.ndarray:
