@@ -261,3 +261,32 @@ def test_a_scope_split_by_the_sweeps_is_made_whole_when_that_is_faster(caplog):
     assert "scope of 3 groups kept whole" in caplog.text
     assert len({int(p.device_of[g.op_id(f"att/a{i}")]) for i in (1, 2, 3)}) == 1
     assert p.device_of[g.op_id("l0/cell")] != p.device_of[g.op_id("l1/cell")]
+
+
+def test_layouts_that_cannot_beat_the_best_stop_early_and_change_nothing(monkeypatch):
+    """Each layout and each scope made whole is an m-ETF run of the whole graph, kept only when
+    it ends before the best so far: a run stops once an op would start after that (a fifth of
+    the layers placer's time on `make demo`'s graph). The placements are those of full runs."""
+    from baechi_tf.placer import layers
+    from baechi_tf.placer.list_scheduler import ScheduleCutOff
+
+    run, stopped = layers._run, []
+
+    def counting(*args):
+        try:
+            return run(*args)
+        except ScheduleCutOff:
+            stopped.append(args[5])
+            raise
+
+    cases = [rnn(layers=l, steps=s) for l, s in ((4, 6), (6, 3), (5, 4))]
+    cases += [rnn(layers=4, steps=6, weight_bytes=[MiB, 8 * MiB, MiB, 8 * MiB])]
+    for g in cases:
+        c = graphs.cluster(4)
+        groups = colocation_groups(g)
+        monkeypatch.setattr(layers, "_run", counting)
+        cut = place_layers(g, c, groups)
+        monkeypatch.setattr(layers, "_run", lambda *args: run(*args[:6]))  # never stopped
+        full = place_layers(g, c, groups)
+        assert np.array_equal(cut.device_of, full.device_of)
+    assert stopped, stopped  # some runs did stop early

@@ -33,6 +33,7 @@ scope components.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import defaultdict
 from typing import Optional
@@ -45,6 +46,7 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
     EarliestStartPolicy,
+    ScheduleCutOff,
     format_bytes,
     pinned_group_devices,
     run_with_headroom,
@@ -126,10 +128,14 @@ def place_layers(
             if any(np.array_equal(group_device, t) for t in tried):
                 continue  # every group already had a layer number: nothing was left to place
             tried.append(group_device)
+            cutoff = best.makespan_us if best is not None else math.inf
             try:
-                schedule = _run(graph, cluster, groups, persistent, group_device, f"{stem}: {how}")
+                schedule = _run(graph, cluster, groups, persistent, group_device, f"{stem}: {how}", cutoff)
             except InfeasiblePlacementError as e:
                 first_error = first_error or e
+                continue
+            except ScheduleCutOff as e:  # it would end after the best layout so far
+                log.info("layers by %r, %s: stopped, %s", stem, how, e)
                 continue
             log.info("layers by %r, %s: %.1f us", stem, how, schedule.makespan_us)
             if best is None or schedule.makespan_us < best.makespan_us:
@@ -175,8 +181,8 @@ def _consolidate(
         trial = group_device.copy()
         trial[unit] = int(np.argmax(share))
         try:
-            makespan = _run(graph, cluster, groups, persistent, trial, "whole scopes").makespan_us
-        except InfeasiblePlacementError:
+            makespan = _run(graph, cluster, groups, persistent, trial, "whole scopes", best).makespan_us
+        except (InfeasiblePlacementError, ScheduleCutOff):
             continue
         if makespan < best:
             best, group_device = makespan, trial
@@ -218,8 +224,10 @@ def _run(
     persistent: np.ndarray,
     group_device: np.ndarray,
     how: str,
+    cutoff_us: float = math.inf,
 ) -> Schedule:
-    """m-ETF around the groups `group_device` places (`persistent`: bytes per group)."""
+    """m-ETF around the groups `group_device` places (`persistent`: bytes per group);
+    `ScheduleCutOff` once an op would start after `cutoff_us` (the run cannot end before it)."""
     for d, device in enumerate(cluster.devices):
         held = float(persistent[group_device == d].sum())
         if held > device.memory_bytes:
@@ -230,7 +238,7 @@ def _run(
             )
     return run_with_headroom(
         graph, cluster, groups, EarliestStartPolicy, method="layers",
-        initial_group_device=group_device.tolist(),
+        initial_group_device=group_device.tolist(), cutoff_us=cutoff_us,
     )
 
 
