@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
@@ -62,20 +62,22 @@ class AutoResult:
     # method -> simulated makespan; None when it failed or was stopped (`place_auto`)
     candidates: dict[str, Optional[float]]
     refine_stats: Optional[RefineStats]
+    judged: dict[str, Schedule]  # method -> its simulated schedule, for each that was not None
 
 
 def place_auto(
     graph: OpGraph,
     cluster: Cluster,
     groups: Groups,
-    placers: Sequence[tuple[str, Callable[[float], Placement]]],
+    placers: Sequence[tuple[str, Callable[[float], Union[Placement, Schedule]]]],
     *,
     options: AutoOptions = AutoOptions(),
     run_first: Sequence[str] = (),
     free_devices: Optional[int] = None,
 ) -> AutoResult:
     """Runs `placers` (name, thunk), keeps the best simulated one (ties: the first in `placers`),
-    refines it.
+    refines it. A thunk returns a `Placement`, or a `Schedule` that `simulate` made of it on
+    `graph` and `cluster` (one device's: simulated once, not again).
 
     The placers named in `run_first` run first (cheap ones, whose makespan then bounds the
     rest). Each thunk gets a cutoff for its own list-scheduler runs (twice the simulation's, see
@@ -105,8 +107,14 @@ def place_auto(
             bar.update(note=name + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
             cutoff = reach * best[1].makespan_us if best is not None else math.inf
             try:
-                placement = thunk(_PLACER_SLACK * cutoff)
-                schedule = simulate(graph, cluster, placement, cutoff_us=cutoff)
+                made_by = thunk(_PLACER_SLACK * cutoff)
+                if isinstance(made_by, Schedule):
+                    schedule = made_by
+                    late = float(schedule.start_us.max(initial=0.0))
+                    if late > cutoff:  # where `simulate` would have stopped
+                        raise ScheduleCutOff(late, cutoff)
+                else:
+                    schedule = simulate(graph, cluster, made_by, cutoff_us=cutoff)
             except ConfigError:
                 raise  # the input is wrong for every placer alike
             except ScheduleCutOff as e:
@@ -149,4 +157,5 @@ def place_auto(
             free_devices=free_devices,
         )
     final = Placement(placement.device_of, f"auto({winner})")
-    return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats)
+    judged = {placers[i][0]: s for i, s in made}
+    return AutoResult(final, dataclasses.replace(schedule, placement=final), candidates, stats, judged)

@@ -39,12 +39,22 @@ Method = Callable[[OpGraph, Cluster, Groups, "PlacementOptions"], Placement]
 
 
 def _single(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
+    return _single_schedule(graph, cluster, groups).placement
+
+
+def _single_is_baseline(options: "PlacementOptions", host: Optional["HostView"]) -> bool:
+    """Whether auto's one-device candidate is the one-device baseline of `place`: simulated on
+    the same graph and cluster (no fusion, no host), by `_single`."""
+    return options.placer_type == "default" and host is None and _METHODS.get("single") is _single
+
+
+def _single_schedule(graph: OpGraph, cluster: Cluster, groups: Groups) -> Schedule:
     schedule = single_device_schedule(graph, cluster, groups)
     if schedule is None:
         raise InfeasiblePlacementError(
             "the graph does not fit on one device; use a multi-device method such as m_etf"
         )
-    return schedule.placement
+    return schedule
 
 
 def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "PlacementOptions") -> Placement:
@@ -143,6 +153,8 @@ def _run_auto(
 
     names = [m for m in _PORTFOLIO if m in _METHODS]
     thunks = [(m, lifted(method(m))) for m in names]
+    if _single_is_baseline(options, host):  # one device's schedule is simulated once
+        thunks[names.index("single")] = ("single", lambda cutoff: _single_schedule(graph, cluster, groups))
     stems = find_layers(pgraph, cluster.num_devices)  # found once, not again inside the placer
     if stems:
         thunks.append(("layers", lifted(lambda g, cutoff: place_layers(pgraph, cluster, g, stems=stems))))
@@ -515,7 +527,10 @@ def place(
                 options,
             ),
         )
-    baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
+    if auto is not None and "single" in auto.judged and _single_is_baseline(options, host):
+        baseline = auto.judged["single"]
+    else:
+        baseline = step("baseline", lambda: single_device_schedule(graph, placer_cluster, groups))
     if (
         baseline is not None
         and options.placement_method not in ("auto", "single")
