@@ -301,6 +301,7 @@ class SchedulerState:
         self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
         self.transfers: list[Transfer] = []
         self.gap_looks = 0  # work of gap searches beyond the usual (`_USUAL_LOOKS`), for the refiner
+        self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
 
     # ---------------------------------------------------------------- channels
 
@@ -311,6 +312,7 @@ class SchedulerState:
         """
         if w <= 0:
             return t
+        self.copy_slots += 1
         lists = [(self.chan_start[a], self.chan_end[a]), (self.chan_start[b], self.chan_end[b])]
         for d in (a, b):
             if d in extra:

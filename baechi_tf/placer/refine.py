@@ -22,8 +22,9 @@ given seed: ``seconds`` is converted at `WORK_PER_SECOND` (measured on a 2-core 
 is a scheduling step or a dry run of an op on a device (each takes some microseconds; the dry runs
 per step range from 2 to 8 with the graph, so steps alone would not track time); restarting the
 scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, window balancing
-`1 / _MOVES_PER_UNIT` per op move, and a transfer's gap search `1 / _LOOKS_PER_UNIT` per step
-beyond the usual. A move whose re-simulation would take the work past the budget is dropped
+`1 / _MOVES_PER_UNIT` per op move, a copy given a slot on the channels (booked, or tried in a dry
+run) `_UNITS_PER_COPY`, and a transfer's gap search `1 / _LOOKS_PER_UNIT` per step beyond the
+usual. A move whose re-simulation would take the work past the budget is dropped
 where it stands, not finished (on the 25,841 ops of `make demo` a move costs a fifth of a 3 s
 budget, and finishing the last one made it 5.2 s); the result of window balancing, a large step,
 is simulated to its end. A wall-clock stop at ten times the budget (plus 5 s) guards against much
@@ -69,6 +70,11 @@ _DEVICES_PER_UNIT = 2  # a snapshot costs a unit of work per this many devices (
 # 0.18 us a step, 8 us a unit): on 8,000 gathers of one embedding, whose copies leave thousands of
 # short gaps, a search took 130 steps and a 3 s refinement 12 s.
 _LOOKS_PER_UNIT = 45
+# Units of work per copy given a slot on the channels (`SchedulerState.copy_slots`), booked or tried
+# in a dry run: on layered graphs, whose ops mostly read from other devices, a 3 s refinement made
+# 223k-276k of them and took 5.4-6.8 s; on the model profiles 11k-13k, and 2.6-3.4 s (measured:
+# a copy costs about as much as 1.5 units).
+_UNITS_PER_COPY = 1.5
 # Window balancing: op moves evaluated per unit of work (measured: 250k-450k op moves per second),
 # and the settings (overlap, number of windows) tried, best first on bench/quality.py.
 _MOVES_PER_UNIT = 3
@@ -193,10 +199,10 @@ class _Simulation:
                     break
                 steps += 1
                 op, _, t = step
-                if t + tail[op] >= bound - 1e-9 or self.work + steps + scheduler.evaluations > limit:
+                if t + tail[op] >= bound - 1e-9 or self.work + steps + _run_work(scheduler) > limit:
                     return None
         finally:
-            self.work += steps + scheduler.evaluations + scheduler.state.gap_looks // _LOOKS_PER_UNIT
+            self.work += steps + _run_work(scheduler)
         if not scheduler.done:
             return None
         return scheduler.schedule("refined")
@@ -256,6 +262,14 @@ class _Simulation:
             if a != b:
                 out.append((g, a, b))
         return tuple(out)
+
+
+def _run_work(scheduler: ListScheduler) -> int:
+    """The units of work of `scheduler`'s dry runs, copies and long gap searches so far."""
+    state = scheduler.state
+    return (
+        scheduler.evaluations + int(state.copy_slots * _UNITS_PER_COPY) + state.gap_looks // _LOOKS_PER_UNIT
+    )
 
 
 def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int]) -> dict:
