@@ -24,11 +24,11 @@ per step range from 2 to 8 with the graph, so steps alone would not track time);
 scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, window balancing
 `1 / _MOVES_PER_UNIT` per op move, a copy given a slot on the channels (booked, or tried in a dry
 run) `_UNITS_PER_COPY`, and a transfer's gap search `1 / _LOOKS_PER_UNIT` per step beyond the
-usual. A move whose re-simulation would take the work past the budget is dropped
-where it stands, not finished (on the 25,841 ops of `make demo` a move costs a fifth of a 3 s
-budget, and finishing the last one made it 5.2 s); the result of window balancing, a large step,
-is simulated to its end. A wall-clock stop at ten times the budget (plus 5 s) guards against much
-slower machines (only then can the result depend on timing).
+usual. A move whose re-simulation would take the work past the budget is dropped where it stands,
+not finished (on the 25,841 ops of `make demo` a move costs a fifth of a 3 s budget, and finishing
+the last one made it 5.2 s); the result of window balancing, a large step, is simulated to its
+end. A wall-clock stop at ten times the budget (plus 5 s) guards against much slower machines
+(only then can the result depend on timing).
 
 Time per move: O(V + E) to start a scheduler and copy its snapshot, then O(k log k) for the k
 ops after the snapshot; memory: O(S * (V + E)) for S snapshots.
