@@ -186,6 +186,8 @@ class _Simulation:
         n = self.graph.num_ops
         every = max(1, n // _SNAPSHOTS)
         tail = self.tail
+        room = limit - self.work  # work this run may do; the budget is looked at only when finite
+        bounded = room < math.inf
         steps = 0
         try:
             while True:
@@ -199,7 +201,7 @@ class _Simulation:
                     break
                 steps += 1
                 op, _, t = step
-                if t + tail[op] >= bound - 1e-9 or self.work + steps + _run_work(scheduler) > limit:
+                if t + tail[op] >= bound - 1e-9 or (bounded and steps + _run_work(scheduler) > room):
                     return None
         finally:
             self.work += steps + _run_work(scheduler)
