@@ -206,6 +206,10 @@ flags.DEFINE_float("lp_time_limit", None,
 flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
                    "auto: time for refining the best placement; 0 turns it off.")
 flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
+flags.DEFINE_integer("placement_jobs", _DEFAULTS.placement_jobs,
+                     "auto: worker processes that place its candidates side by side; 0 chooses "
+                     "one per core on graphs of 4,000 ops or more, 1 places them all in this "
+                     "process. The placement is the same either way.")
 flags.DEFINE_bool(
     "allow_profile_mismatch", False,
     "Place with a --cost_path profile taken on another graph (other model flags): the costs of "
@@ -762,7 +766,8 @@ def _placement_options() -> PlacementOptions:
         fusion_path_check="exact" if FLAGS.fusion_check_disjoint_paths else "auto",
         lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
         memory_fraction=FLAGS.placer_memory_fraction,
-        refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed)
+        refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed,
+        placement_jobs=FLAGS.placement_jobs)
     options.validate()
     return options
 

@@ -40,16 +40,18 @@ def at_import(name: str, program: str, *args: str, **run: object) -> subprocess.
     )
 
 
-def after_output(command: list, ready, **popen: object) -> tuple[int, str, str]:
-    """Runs `command`, presses Ctrl-C once `ready(stdout so far)` is true (at the end of a line),
-    and returns (exit status, stdout read before the press, stderr)."""
+def after_output(command: list, ready, *, watch: str = "stdout", **popen: object) -> tuple[int, str, str]:
+    """Runs `command`, presses Ctrl-C once `ready(what it wrote on `watch` so far)` is true (at
+    the end of a line), and returns (exit status, what `watch` had before the press, the rest
+    of stderr)."""
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_default_sigint, **popen)
+    stream = proc.stdout if watch == "stdout" else proc.stderr
     seen = ""
     try:
         while not ready(seen):
-            line = proc.stdout.readline()
-            assert line, f"the program ended before it was ready: {seen}{proc.stderr.read()}"
+            line = stream.readline()
+            assert line, f"the program ended before it was ready: {seen}{'' if watch == 'stderr' else proc.stderr.read()}"
             seen += line
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)

@@ -85,6 +85,7 @@ CLI_CASES = [
     ("memory fraction 0", "graph.pb", "cost.pb", ["--placer_memory_fraction", "0"], r"\(0, 1\]"),
     ("sct threshold 2", "graph.pb", "cost.pb", ["--sct_threshold", "2"], "sct_threshold"),
     ("negative refine time", "graph.pb", "cost.pb", ["--refine_seconds", "-1"], "refine_seconds"),
+    ("negative placement jobs", "graph.pb", "cost.pb", ["--placement_jobs", "-1"], "placement_jobs -1 must be a whole number"),
     ("does not fit", "graph.pb", "cost.pb", ["--memory_per_device", "4KiB"], "cannot run on any device"),
     ("single does not fit", "graph.pb", "cost.pb", ["--placement_method", "single", "--memory_per_device", "4KiB"], "fit"),
 ]

@@ -218,6 +218,7 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--bogus_flag=1"], "bogus_flag"),
         (["--only_forward"], "--colocate_grads_with_ops"),
         (["--placement_method=magic"], "unknown placement method 'magic'"),
+        (["--placement_jobs=-2"], "placement_jobs -2 must be a whole number >= 0"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
         # The original's flags for what is not ported: named, with what to do instead.
         (["--placement_method=m_etf_reserve"], "'m_etf_reserve' is the original's, not ported"),

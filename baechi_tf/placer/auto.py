@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Protocol, Sequence, Union
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError
@@ -40,7 +40,7 @@ from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 from baechi_tf.progress import Progress
 
-__all__ = ["AutoOptions", "AutoResult", "place_auto"]
+__all__ = ["RUN_FIRST", "AutoOptions", "AutoResult", "Outcome", "judge_candidate", "place_auto"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,45 @@ log = logging.getLogger(__name__)
 # its placement's simulated schedule, m-SCT's holds devices for favourite children that the
 # simulation does not, so its simulation may end sooner than its run.
 _PLACER_SLACK = 2.0
+
+# The pipeline's candidates that run first, one after another: cheap ones, whose best makespan
+# then bounds the rest.
+RUN_FIRST = ("single", "packed", "single+unfused", "packed+unfused", "packed+host")
+
+# What became of a candidate: its simulated schedule, or the error that stopped it (a
+# `ScheduleCutOff`, or a `BaechiError` when it failed).
+Outcome = Union[Schedule, Exception]
+Thunk = Callable[[float], Union[Placement, Schedule]]
+
+
+def judge_candidate(graph: OpGraph, cluster: Cluster, thunk: Thunk, cutoff: float) -> Outcome:
+    """The placement `thunk` makes (given `_PLACER_SLACK` times `cutoff`), simulated on `graph`
+    and `cluster` up to `cutoff`; the `ScheduleCutOff` or `BaechiError` it raised instead."""
+    try:
+        made_by = thunk(_PLACER_SLACK * cutoff)
+        if isinstance(made_by, Schedule):
+            late = float(made_by.start_us.max(initial=0.0))
+            if late > cutoff:  # where `simulate` would have stopped
+                raise ScheduleCutOff(late, cutoff)
+            return made_by
+        return simulate(graph, cluster, made_by, cutoff_us=cutoff)
+    except (ScheduleCutOff, BaechiError) as e:
+        return e
+
+
+class Remote(Protocol):
+    """Runs candidates elsewhere, side by side (`workers.CandidateWorkers`)."""
+
+    def accepts(self, name: str) -> bool:
+        """Whether it can run the candidate `name`."""
+
+    def run(
+        self, tasks: Sequence[tuple[int, str]], cutoff: float, local: Callable[[int], Outcome],
+        done: Callable[[int], None],
+    ) -> dict[int, Outcome]:
+        """The outcome of each (index, name) in `tasks`, judged up to `cutoff`; `local(index)`
+        runs one here (one it does not accept, or one whose worker failed). Calls `done(index)`
+        as each ends."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +108,12 @@ def place_auto(
     graph: OpGraph,
     cluster: Cluster,
     groups: Groups,
-    placers: Sequence[tuple[str, Callable[[float], Union[Placement, Schedule]]]],
+    placers: Sequence[tuple[str, Thunk]],
     *,
     options: AutoOptions = AutoOptions(),
     run_first: Sequence[str] = (),
     free_devices: Optional[int] = None,
+    remote: Optional[Remote] = None,
 ) -> AutoResult:
     """Runs `placers` (name, thunk), keeps the best simulated one (ties: the first in `placers`),
     refines it. A thunk returns a `Placement`, or a `Schedule` that `simulate` made of it on
@@ -86,6 +126,14 @@ def place_auto(
     nor be a runner-up that refinement balances (`refine.alternative_reach`). On wide graphs
     whose ready ops wait for copies over busy channels, a hopeless m-ETF run otherwise costs
     time quadratic in the graph (`list_scheduler`).
+
+    With `remote`, when it accepts two or more of the placers that do not run first, those run
+    side by side there, the others here meanwhile, and all of them get the cutoff of the best
+    placer that ran first: each one's outcome then does not depend on which of the others ends
+    first, so the result is the same from run to run. One after another, each gets the best so
+    far, a tighter cutoff; a candidate stopped by either cutoff ends too late to be kept, so the
+    result is the same as theirs too (unless m-SCT's own run is stopped at `_PLACER_SLACK` times
+    a cutoff that its simulation would have beaten, which these cutoffs assume it never is).
 
     Refinement moves unpinned groups only among the first `free_devices` devices (all by
     default): a host that runs only the ops pinned to it comes last.
@@ -101,36 +149,60 @@ def place_auto(
     candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
     errors: dict[int, BaechiError] = {}  # failures by index in placers
     order = sorted(range(len(placers)), key=lambda i: placers[i][0] not in run_first)
+    first = [i for i in order if placers[i][0] in run_first]
+    rest = [i for i in order if placers[i][0] not in run_first]
+
+    def cutoff_now() -> float:
+        return reach * best[1].makespan_us if best is not None else math.inf
+
+    def record(i: int, outcome: Outcome) -> None:
+        nonlocal best
+        name = placers[i][0]
+        if isinstance(outcome, ConfigError):
+            raise outcome  # the input is wrong for every placer alike
+        if isinstance(outcome, ScheduleCutOff):
+            log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, outcome, best[1].makespan_us)
+            return
+        if isinstance(outcome, BaechiError):
+            log.info("auto: %s failed: %s", name, outcome)
+            errors[i] = outcome
+            return
+        candidates[name] = outcome.makespan_us
+        made.append((i, outcome))
+        log.info("auto: %s simulates at %.1f us", name, outcome.makespan_us)
+        if best is None or (outcome.makespan_us, i) < (best[1].makespan_us, best[0]):
+            best = (i, outcome)
+
     with Progress("auto: placers", len(order), tick=True) as bar:
-        for i in order:
-            name, thunk = placers[i]
-            bar.update(note=name + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
-            cutoff = reach * best[1].makespan_us if best is not None else math.inf
+
+        def here(i: int, cutoff: float) -> Outcome:
+            bar.update(note=placers[i][0] + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
+            return judge_candidate(graph, cluster, placers[i][1], cutoff)
+
+        for i in first:
             try:
-                made_by = thunk(_PLACER_SLACK * cutoff)
-                if isinstance(made_by, Schedule):
-                    schedule = made_by
-                    late = float(schedule.start_us.max(initial=0.0))
-                    if late > cutoff:  # where `simulate` would have stopped
-                        raise ScheduleCutOff(late, cutoff)
-                else:
-                    schedule = simulate(graph, cluster, made_by, cutoff_us=cutoff)
-            except ConfigError:
-                raise  # the input is wrong for every placer alike
-            except ScheduleCutOff as e:
-                log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, e, best[1].makespan_us)
-                continue
-            except BaechiError as e:
-                log.info("auto: %s failed: %s", name, e)
-                errors[i] = e
-                continue
+                record(i, here(i, cutoff_now()))
             finally:
                 bar.update(advance=1)
-            candidates[name] = schedule.makespan_us
-            made.append((i, schedule))
-            log.info("auto: %s simulates at %.1f us", name, schedule.makespan_us)
-            if best is None or (schedule.makespan_us, i) < (best[1].makespan_us, best[0]):
-                best = (i, schedule)
+        if remote is not None and sum(remote.accepts(placers[i][0]) for i in rest) > 1:
+            cutoff = cutoff_now()
+            log.info(
+                "auto: %d candidates side by side%s", len(rest),
+                f", each stopped past {cutoff:,.1f} us" if cutoff < math.inf else "",
+            )
+            bar.update(note=f"{len(rest)} side by side")
+            outcomes = remote.run(
+                [(i, placers[i][0]) for i in rest], cutoff, lambda i: here(i, cutoff),
+                lambda i: bar.update(advance=1),
+            )
+            for i in rest:
+                record(i, outcomes[i])
+        else:
+            for i in rest:
+                try:
+                    record(i, here(i, cutoff_now()))
+                finally:
+                    bar.update(advance=1)
     if best is None:
         raise errors[min(errors)]  # the first placer's, whatever ran first
     winner, schedule = placers[best[0]][0], best[1]

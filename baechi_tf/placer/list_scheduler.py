@@ -197,6 +197,9 @@ class ScheduleCutOff(Exception):
         self.start_us = start_us
         self.cutoff_us = cutoff_us
 
+    def __reduce__(self):  # pickled from a worker process (`workers`)
+        return ScheduleCutOff, (self.start_us, self.cutoff_us)
+
 
 class GraphTables:
     """What every scheduler of a graph reads and none changes (tuples, so none can): build it

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import contextlib
 import math
 import numbers
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -114,27 +115,17 @@ class HostView:
         return Placement(device_of.astype(np.int32), placement.method)
 
 
-def _run_auto(
+def auto_candidates(
     graph: OpGraph,
     cluster: Cluster,
     groups: Groups,
     options: "PlacementOptions",
     fused: Optional[FusedGraph] = None,
     host: Optional[HostView] = None,
-):
-    """auto's portfolio on `graph`. With `fused` (``--placer_type=fusion``) the placers run on
-    the fused graph, which is smaller, and each placement is expanded to `graph`'s ops before
-    auto simulates, compares and refines it: the fused graph understates memory and times its
-    ops differently (see `fusion`), so judging placements there kept ones slower than another
-    candidate on the real graph, or ones that did not fit at all (and auto then failed where
-    every other method, falling back to a packing, placed the graph). With `host` (its cluster
-    with memory_fraction applied), each placement is lifted before it is judged, on the host
-    view's graph and cluster, for the same reason; the placers' own runs then get no cutoff (their
-    times, the host's ops on a device, are not the judge's), and when no candidate fits the
-    error is raised for the caller's fallback."""
-    from baechi_tf.placer.auto import AutoOptions, place_auto
+) -> list[tuple[str, Callable[[float], Union[Placement, Schedule]]]]:
+    """auto's candidates on `graph` (`_run_auto`), as (name, thunk) in the order that breaks ties.
+    A worker process (`workers`) builds the same list from the same arguments."""
     from baechi_tf.placer.grouping import coplace
-    from baechi_tf.placer.refine import RefineOptions
 
     # The graph and groups the placers see, and the way back to `graph`'s ops.
     pgraph, pgroups = (fused.graph, fused.groups) if fused is not None else (graph, groups)
@@ -184,7 +175,6 @@ def _run_auto(
                 thunks.append(
                     (f"{m}+coplace", lifted(lambda g, cutoff, p=place_coarse: p(coarse_groups(), cutoff)))
                 )
-    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
     if host is not None:
         # Also the packing of the graph as it runs (the host's ops there, their copies counted),
         # which the other methods fall back to when their placement no longer fits so.
@@ -193,18 +183,78 @@ def _run_auto(
             "packed+host",
             lambda cutoff: place_packed(host.graph, host.cluster, groups, free_devices=cluster.num_devices),
         ))
-        return place_auto(
-            host.graph, host.cluster, groups, thunks, options=auto_options,
-            run_first=("single", "packed", "single+unfused", "packed+unfused", "packed+host"),
-            free_devices=cluster.num_devices,
-        )
-    try:
-        return place_auto(
-            graph, cluster, groups, thunks, options=auto_options,
-            run_first=("single", "packed", "single+unfused", "packed+unfused"),
-        )
-    except InfeasiblePlacementError as e:
-        found = _fit_instead(graph, cluster, groups, "auto", e, options.seed)
+    return thunks
+
+
+def _in_worker(name: str) -> bool:
+    """Whether a worker process (`workers`), which knows only the built-in methods, builds auto's
+    candidate `name` as this process does: not when it uses a method registered here."""
+    if name in ("layers", "expert", "packed+host"):
+        return True
+    method = name.split("+")[0]
+    return (
+        method in _BUILTIN_METHODS
+        and _METHODS.get(method) is _BUILTIN_METHODS[method]
+        and (method in _CUT_OFF) == (method in _BUILTIN_CUT_OFF)
+    )
+
+
+def _candidate_workers(options: "PlacementOptions", num_ops: int, names: Sequence[str]):
+    """Worker processes for auto's candidates `names` (`workers.CandidateWorkers`), or None to
+    run them all in this process."""
+    from baechi_tf.placer.auto import RUN_FIRST
+    from baechi_tf.placer import workers
+
+    side_by_side = [n for n in names if n not in RUN_FIRST and _in_worker(n)]
+    if options.placement_jobs:
+        count = options.placement_jobs
+    elif num_ops >= _AUTO_JOBS_MIN_OPS:
+        count = workers.usable_cores()
+    else:
+        count = 1
+    count = min(count, len(side_by_side))
+    return workers.CandidateWorkers(count, _in_worker) if count > 1 else None
+
+
+def _run_auto(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    options: "PlacementOptions",
+    fused: Optional[FusedGraph] = None,
+    host: Optional[HostView] = None,
+):
+    """auto's portfolio on `graph`. With `fused` (``--placer_type=fusion``) the placers run on
+    the fused graph, which is smaller, and each placement is expanded to `graph`'s ops before
+    auto simulates, compares and refines it: the fused graph understates memory and times its
+    ops differently (see `fusion`), so judging placements there kept ones slower than another
+    candidate on the real graph, or ones that did not fit at all (and auto then failed where
+    every other method, falling back to a packing, placed the graph). With `host` (its cluster
+    with memory_fraction applied), each placement is lifted before it is judged, on the host
+    view's graph and cluster, for the same reason; the placers' own runs then get no cutoff (their
+    times, the host's ops on a device, are not the judge's), and when no candidate fits the
+    error is raised for the caller's fallback. On large graphs (or with `placement_jobs`) the
+    candidates after the first run side by side in worker processes (`workers`)."""
+    from baechi_tf.placer.auto import RUN_FIRST, AutoOptions, place_auto
+    from baechi_tf.placer.refine import RefineOptions
+
+    thunks = auto_candidates(graph, cluster, groups, options, fused, host)
+    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
+    remote = _candidate_workers(options, graph.num_ops, [name for name, _ in thunks])
+    with remote if remote is not None else contextlib.nullcontext():
+        if remote is not None:
+            remote.start((graph, cluster, groups, options, fused, host))
+        if host is not None:
+            return place_auto(
+                host.graph, host.cluster, groups, thunks, options=auto_options, run_first=RUN_FIRST,
+                free_devices=cluster.num_devices, remote=remote,
+            )
+        try:
+            return place_auto(
+                graph, cluster, groups, thunks, options=auto_options, run_first=RUN_FIRST, remote=remote
+            )
+        except InfeasiblePlacementError as e:
+            found = _fit_instead(graph, cluster, groups, "auto", e, options.seed)
     return place_auto(graph, cluster, groups, [("fit", lambda cutoff: found)], options=auto_options)
 
 
@@ -263,6 +313,7 @@ _METHODS: dict[str, Method] = {
     "layers": lambda g, c, gr, o: place_layers(g, c, gr),
     "auto": lambda g, c, gr, o: _run_auto(g, c, gr, o).placement,
 }
+_BUILTIN_METHODS = dict(_METHODS)  # what a worker process has (`_in_worker`)
 PLACEMENT_METHODS = _METHODS  # read-only view for --help and validation
 # The original's placement methods that are not here, and what to use instead.
 _RESERVE = (
@@ -273,6 +324,10 @@ _RESERVE = (
 _NOT_PORTED = {"m_etf_reserve": _RESERVE.format("m_etf"), "m_sct_reserve": _RESERVE.format("m_sct")}
 # The methods that also take a cutoff_us, after the options, which auto passes to stop them early.
 _CUT_OFF = {"m_etf", "m_sct"}
+_BUILTIN_CUT_OFF = frozenset(_CUT_OFF)
+# auto places its candidates side by side, one worker process per core, from this size on (or as
+# `placement_jobs` says): a worker costs some 0.5 s of a core to start.
+_AUTO_JOBS_MIN_OPS = 4000
 
 
 def register_method(name: str, method: Method) -> None:
@@ -296,6 +351,9 @@ class PlacementOptions:
     refine_seconds: float = 3.0  # auto: budget of the refinement local search; 0 turns it off
     seed: int = 0  # auto: seeds the refinement's random moves
     expert: Optional[Mapping[str, str]] = None  # the model's own layout: op name -> device
+    # auto: worker processes that place its candidates side by side; 0 chooses (one per core on
+    # graphs of 4,000 ops or more, else none), 1 places them all in this process
+    placement_jobs: int = 0
 
     def validate(self) -> None:
         if self.placement_method in _NOT_PORTED:
@@ -343,6 +401,11 @@ class PlacementOptions:
             raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be a finite number >= 0")
         if not (0 <= self.sct_threshold < 1):
             raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
+        jobs = self.placement_jobs
+        if isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 0:
+            raise ConfigError(
+                f"placement_jobs {jobs!r} must be a whole number >= 0 (0 chooses, 1 places in this process)"
+            )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
