@@ -571,7 +571,7 @@ def _devices() -> tuple[Any, Any, str]:
 
     comm = scaled(FLAGS.comm_cost_coeffs)
     inter = scaled(FLAGS.inter_host_comm_cost_coeffs) if FLAGS.inter_host_comm_cost_coeffs else None
-    memory = max(1, int(resolve_memory(FLAGS.memory_per_device) * fraction))
+    memory = resolve_memory(FLAGS.memory_per_device)  # stand-ins' and GPUs' alike get `fraction` of theirs
     base = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                     log_device_placement=FLAGS.log_device_placement)
     if fraction != 1.0:

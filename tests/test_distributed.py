@@ -23,6 +23,7 @@ import tensorflow as tf
 from baechi_tf import BaechiSession, CommCost, ConfigError
 from baechi_tf.cli import main as baechi_main
 from baechi_tf.cost_model import profile_fetch, profiling_config, save_profile
+from baechi_tf.rewriter.devices import DEFAULT_MEMORY_BYTES_PER_DEVICE
 from baechi_tf.rewriter.distributed import (
     ClusterSpec,
     ClusterUnreachableError,
@@ -210,6 +211,8 @@ def test_gpus_are_taken_where_a_task_has_them():
                                  memory_fraction=0.5)
     assert setup.cluster.names[2:] == (f"{W1}/device:GPU:0", f"{W1}/device:GPU:1")
     assert [d.memory_bytes for d in setup.cluster.devices[2:]] == [1 << 29, 1 << 29]
+    # The fraction applies to the stand-ins of the task without GPUs too.
+    assert [d.memory_bytes for d in setup.cluster.devices[:2]] == [DEFAULT_MEMORY_BYTES_PER_DEVICE // 2] * 2
     assert {d.type for d in setup.cluster.devices} == {"CPU", "GPU"}
 
 

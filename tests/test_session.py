@@ -14,7 +14,7 @@ import baechi_tf
 from baechi_tf import BaechiSession, PlacementOptions
 from baechi_tf.cluster import GiB
 from baechi_tf.cost_model import load_profile
-from baechi_tf.errors import ConfigError
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from tf_models import build_lstm
 
 STEPS = 4
@@ -125,6 +125,18 @@ def test_reference_variables_train_the_same():
         chosen = sess.placement.op_to_device
         assert chosen["lstm0/kernel/Assign"] == chosen["lstm0/kernel"]
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
+
+
+def test_memory_fraction_scales_the_stand_ins_memory():
+    # train.py's --memory_fraction scaled the stand-ins; BaechiSession's gave them all of it.
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.Variable(tf.ones([256, 256]))  # 256 KiB of weights
+    sess = BaechiSession(graph=graph, num_devices=2, memory_bytes_per_device=4 << 20, memory_fraction=0.01)
+    with sess:
+        assert [d.memory_bytes for d in sess.devices.cluster.devices] == [int((4 << 20) * 0.01)] * 2
+        with pytest.raises(InfeasiblePlacementError, match=r"over the 40.96 KiB of the largest device"):
+            sess.run(v.initializer)
 
 
 @pytest.mark.parametrize("use_resource", [True, False])

@@ -3,7 +3,7 @@
 With at least `num_devices` GPUs, the cluster is GPU 0..N-1, each holding TF's
 ``memory_limit_bytes`` times `memory_fraction`. With fewer, the session asks TF for N + 1 CPU
 devices (``ConfigProto(device_count={"CPU": N + 1})``): CPU:1..CPU:N stand in for GPU:0..GPU:N-1,
-each with `memory_bytes_per_device`, and CPU:0 stays the host. The host CPU is never a placement
+each with `memory_bytes_per_device` times `memory_fraction`, and CPU:0 stays the host. The host CPU is never a placement
 target; it runs only the ops that must run there (pinned to the CPU by the user, or without a
 kernel for the devices' type), exactly as on a machine with GPUs. A pin to ``/gpu:i`` in the graph
 means the stand-in of GPU i.
@@ -107,14 +107,16 @@ def session_devices(
     comm: CommCost = DEFAULT_COMM,
     config: Any = None,
 ) -> DeviceSetup:
-    """The devices of a local session: GPUs when there are `num_devices` of them, else stand-ins."""
+    """The devices of a local session: GPUs when there are `num_devices` of them, else stand-ins;
+    either way with `memory_fraction` of their memory."""
     import tensorflow as tf
 
     check_device_count(num_devices)
     if not (0 < memory_fraction <= 1):
         raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
+    standin_bytes = max(1, int(memory_bytes_per_device * memory_fraction))
     if len(tf.config.list_physical_devices("GPU")) < num_devices:
-        return standin_cluster(num_devices, memory_bytes_per_device, comm=comm, prefix=LOCAL_TASK)
+        return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)
     probe_config = tf.compat.v1.ConfigProto()
     if config is not None:
         probe_config.CopyFrom(config)
@@ -125,7 +127,7 @@ def session_devices(
         key=lambda d: int(d.name.rsplit(":", 1)[1]),
     )[:num_devices]
     if len(gpus) < num_devices:  # the config hides some GPUs: fall back to stand-ins
-        return standin_cluster(num_devices, memory_bytes_per_device, comm=comm, prefix=LOCAL_TASK)
+        return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)
     devices = tuple(
         Device(d.name, max(1, int(d.memory_limit_bytes * memory_fraction)), "GPU") for d in gpus
     )

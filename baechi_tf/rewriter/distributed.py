@@ -403,7 +403,7 @@ def devices_from_listing(
     """The placement targets among a cluster's devices, ``(full name, type, memory limit)``.
 
     Per task: its GPUs (each ``memory_limit * memory_fraction``) when it has any, else its CPU
-    devices but CPU:0, standing in for GPUs (`memory_bytes_per_device` each); at most
+    devices but CPU:0, standing in for GPUs (`memory_bytes_per_device * memory_fraction` each); at most
     `num_devices_per_task` of them (None: all). The master's task (default: the first listed
     device's) comes first, then the others by job and index. Pure: no TensorFlow.
     """
@@ -451,7 +451,7 @@ def devices_from_listing(
                 devices.append(Device(name, max(1, int(limit * memory_fraction)), "GPU"))
             else:
                 virtual = True
-                devices.append(Device(name, memory_bytes_per_device, "CPU"))
+                devices.append(Device(name, max(1, int(memory_bytes_per_device * memory_fraction)), "CPU"))
                 if task == master:
                     aliases[f"device:GPU:{i}"] = name
     return DeviceSetup(
