@@ -127,6 +127,43 @@ def test_reference_variables_train_the_same():
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
 
 
+def test_a_regularizer_loss_is_fetched_as_session_run_fetches_it():
+    # get_variable(regularizer=...) puts a lazily made tensor into REGULARIZATION_LOSSES, a type
+    # that TF registers with Session.run; BaechiSession refused it ("cannot fetch or feed").
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable(
+            "w", [3, 3], initializer=tf.compat.v1.ones_initializer(),
+            regularizer=lambda t: 0.01 * tf.nn.l2_loss(t),
+        )
+        losses = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
+        assert not isinstance(losses[0], tf.Tensor)
+    with BaechiSession(graph=graph, num_devices=2, **fast()) as sess:
+        sess.run(w.initializer)
+        fetched = sess.run({"losses": losses, "one": losses[0]})
+    assert fetched["losses"] == [pytest.approx(0.045)] and fetched["one"] == pytest.approx(0.045)
+
+
+def test_an_op_outside_the_fetch_that_does_not_fit_is_said_to_be_outside():
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.Variable(tf.ones([16, 16]))
+        total = tf.reduce_sum(tf.matmul(v, v))
+    user = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(device_count={"CPU": 3}))
+    user.run(v.initializer)
+    with BaechiSession(user, num_devices=2, memory_bytes_per_device=100_000, **fast()) as sess:
+        assert sess.run(total) == pytest.approx(256 * 16)
+        with graph.as_default():
+            tf.Variable(tf.ones([512, 512], name="big"))  # 1 MiB, never run
+        # v's read was not profiled: the fetch is placed again, the whole graph with it, and
+        # the error named only 'big', which the fetch does not run.
+        with pytest.raises(
+            InfeasiblePlacementError,
+            match=r"op 'big' cannot run on any device.*\(BaechiSession places the whole graph: also the \d+ ops that this fetch does not run\)$",
+        ):
+            sess.run(v)
+
+
 def test_memory_fraction_scales_the_stand_ins_memory():
     # train.py's --memory_fraction scaled the stand-ins; BaechiSession's gave them all of it.
     graph = tf.Graph()
@@ -1128,6 +1165,11 @@ def test_arguments_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="differs"):
         BaechiSession(user, graph=tf.Graph(), num_devices=2)
     user.close()
+    # A graph where the session goes said "AttributeError: 'Graph' object has no attribute 'graph'".
+    with pytest.raises(ConfigError, match=r"first argument is a session to wrap; give a graph as BaechiSession\(graph=...\)"):
+        BaechiSession(model.graph, num_devices=2)
+    with pytest.raises(ConfigError, match="first argument is a str, not a session"):
+        BaechiSession("grpc://localhost:2222", num_devices=2)
     # A report folder that cannot be made was found only after the first placement's run.
     with pytest.raises(ConfigError, match="report_dir '.*README.md' is a file, not a folder"):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=os.path.join(os.path.dirname(__file__), "..", "README.md"))

@@ -79,7 +79,7 @@ from baechi_tf.cost_model.profile import (
     merge_profiles,
     save_profile,
 )
-from baechi_tf.errors import ConfigError, first_line
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError, first_line
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
@@ -357,6 +357,16 @@ class BaechiSession:
     ) -> None:
         import tensorflow as tf
 
+        if isinstance(sess, tf.Graph):
+            raise ConfigError(
+                "BaechiSession's first argument is a session to wrap; give a graph as "
+                "BaechiSession(graph=...)"
+            )
+        if sess is not None and not isinstance(getattr(sess, "graph", None), tf.Graph):
+            raise ConfigError(
+                f"BaechiSession's first argument is a {type(sess).__name__}, not a session; give a "
+                "tf.compat.v1.Session to wrap, or graph=..."
+            )
         if sess is not None:
             if graph is not None and graph is not sess.graph:
                 raise ConfigError("graph= differs from the graph of the session given; give one")
@@ -760,7 +770,16 @@ class BaechiSession:
                         "(a dataset is read again from its start); create every op before the "
                         "first run to keep them"
                     )
-                self._profile_and_place(named, feeds, closure, timeout_ms)
+                try:
+                    self._profile_and_place(named, feeds, closure, timeout_ms)
+                except InfeasiblePlacementError as e:
+                    outside = len(self._graph.get_operations()) - len(closure)
+                    if not outside:
+                        raise
+                    raise InfeasiblePlacementError(
+                        f"{e} (BaechiSession places the whole graph: also the {outside} ops that "
+                        "this fetch does not run)"
+                    ) from None
             ops = [self._graph.get_operation_by_name(n) for n in closure]
             self._ready[key] = _FetchKind.of({op.type for op in ops}, self._writer_inits(ops, feeds))
             self._ran |= closure
@@ -907,6 +926,7 @@ class BaechiSession:
                 f"cannot fetch or feed the RaggedTensor {x!r} whole: fetch (or feed) its "
                 "flat_values and nested_row_splits"
             )
+        x = _registered_fetch(x)
         element = getattr(x, "_as_graph_element", None)
         if callable(element):  # a variable stands for its value
             found = element()
@@ -1311,6 +1331,22 @@ def _map_fetches(fn: Any, fetch: Any) -> Any:
     if fields is not None:
         return type(fetch)(*(_map_fetches(fn, getattr(fetch, a.name)) for a in fields))
     return fn(fetch)
+
+
+def _registered_fetch(x: Any) -> Any:
+    """The tensor that ``Session.run`` fetches for `x` when x's type is registered with it
+    (``register_session_run_conversion_functions``) as standing for one tensor, as TF registers
+    the loss of a variable's regularizer (in ``REGULARIZATION_LOSSES``); else `x`."""
+    from tensorflow.python.client import session as tf_session  # the registry is not public
+
+    for kind, fetch_function, _, _ in getattr(tf_session, "_REGISTERED_EXPANSIONS", ()):
+        if isinstance(x, kind):  # the first match is the one Session.run takes
+            if kind is object:
+                return x
+            parts, contract = fetch_function(x)
+            marker = object()
+            return parts[0] if len(parts) == 1 and contract([marker]) is marker else x
+    return x
 
 
 def _fetch_names(named: Any) -> list[str]:
