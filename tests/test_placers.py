@@ -462,6 +462,22 @@ def test_far_more_devices_than_groups_is_a_warning(caplog):
     assert len(set(result.placement.device_of.tolist())) <= 8
 
 
+def test_thousands_of_devices_beyond_the_groups_are_refused_before_any_work():
+    # 3,000 devices for a 97-op graph took 11 s and 850 MB to place on one device, 20,000 ran
+    # out of memory: the link tables and the placers' weighing grow with the square of the devices.
+    graph = graphs.independent(8, compute_us=10)
+    many = graphs.cluster(20_000)
+    with pytest.raises(
+        ConfigError,
+        match=r"^20000 devices for 8 groups of ops: a placement uses at most 8 of them, .* ask for "
+        r"at most 1024 devices$",
+    ):
+        place(graph, many, PlacementOptions(placement_method="single"))
+    assert "_links" not in vars(many)  # refused before the link tables were made
+    result = place(graph, graphs.cluster(1024), PlacementOptions(placement_method="single"))
+    assert result.placement.device_of.tolist() == [0] * 8  # up to the limit: placed, with the warning
+
+
 @pytest.mark.parametrize("placer_type", ["default", "fusion"])
 def test_auto_simulates_one_device_once(monkeypatch, placer_type):
     # auto's one-device candidate was simulated by `single` and again by auto, and the same
