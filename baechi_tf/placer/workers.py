@@ -119,10 +119,14 @@ class CandidateWorkers:
         if not sys.executable:
             log.info("auto: candidates placed in this process: no Python interpreter to start workers with")
             return
-        self._dir = tempfile.mkdtemp(prefix="baechi_tf-workers-")
-        path = os.path.join(self._dir, "context.pickle")
-        with open(path, "wb") as f:
-            f.write(blob)
+        try:
+            self._dir = tempfile.mkdtemp(prefix="baechi_tf-workers-")
+            path = os.path.join(self._dir, "context.pickle")
+            with open(path, "wb") as f:
+                f.write(blob)
+        except OSError as e:
+            log.info("auto: candidates placed in this process: the workers' arguments could not be written (%s)", e)
+            return
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
