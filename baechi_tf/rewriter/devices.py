@@ -26,6 +26,7 @@ __all__ = [
     "gpu_cluster",
     "host_device",
     "host_memory_bytes",
+    "memory_share",
     "resolve_memory",
     "session_config",
     "session_devices",
@@ -99,6 +100,12 @@ def gpu_cluster(
     )
 
 
+def memory_share(nbytes: int, fraction: float) -> int:
+    """`fraction` of `nbytes`, at least a byte; `nbytes` itself when it is not positive, for
+    `Device` to refuse."""
+    return max(1, int(nbytes * fraction)) if nbytes > 0 else nbytes
+
+
 def session_devices(
     num_devices: int,
     *,
@@ -114,7 +121,7 @@ def session_devices(
     check_device_count(num_devices)
     if not (0 < memory_fraction <= 1):
         raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
-    standin_bytes = max(1, int(memory_bytes_per_device * memory_fraction))
+    standin_bytes = memory_share(memory_bytes_per_device, memory_fraction)
     if len(tf.config.list_physical_devices("GPU")) < num_devices:
         return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)
     probe_config = tf.compat.v1.ConfigProto()
@@ -129,7 +136,7 @@ def session_devices(
     if len(gpus) < num_devices:  # the config hides some GPUs: fall back to stand-ins
         return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)
     devices = tuple(
-        Device(d.name, max(1, int(d.memory_limit_bytes * memory_fraction)), "GPU") for d in gpus
+        Device(d.name, memory_share(d.memory_limit_bytes, memory_fraction), "GPU") for d in gpus
     )
     return DeviceSetup(
         cluster=Cluster(devices, comm),

@@ -57,6 +57,7 @@ from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
     DeviceSetup,
     host_device,
+    memory_share,
     resolve_memory,
 )
 
@@ -448,10 +449,10 @@ def devices_from_listing(
             )
         for i, (name, device_type, limit) in enumerate(chosen[:want]):
             if device_type == "GPU":
-                devices.append(Device(name, max(1, int(limit * memory_fraction)), "GPU"))
+                devices.append(Device(name, memory_share(limit, memory_fraction), "GPU"))
             else:
                 virtual = True
-                devices.append(Device(name, max(1, int(memory_bytes_per_device * memory_fraction)), "CPU"))
+                devices.append(Device(name, memory_share(memory_bytes_per_device, memory_fraction), "CPU"))
                 if task == master:
                     aliases[f"device:GPU:{i}"] = name
     return DeviceSetup(
