@@ -215,7 +215,8 @@ flags.DEFINE_bool(
     "Place with a --cost_path profile taken on another graph (other model flags): the costs of "
     "the ops that match are used, the others estimated, and the summary says what did not match.")
 flags.DEFINE_string("memory_per_device", "8GiB",
-                    "Memory of each CPU stand-in for a GPU, e.g. 8GiB, 512MiB or bytes.")
+                    "Memory of each CPU stand-in for a GPU: bytes, or a number with a unit "
+                    "KiB, MiB, GiB, TiB (of 1024) or KB, MB, GB, TB (of 1000), e.g. 8GiB or 512MiB.")
 flags.DEFINE_string(
     "cluster_spec", None,
     "Place and run across a running TF cluster: JSON like TF_CONFIG's \"cluster\" or a file "
@@ -783,6 +784,9 @@ def main(argv: list[str]) -> int:
 def _main() -> int:
     # Flags and outputs are checked before TensorFlow loads, so that their errors come at once.
     options = _placement_options()
+    from baechi_tf.rewriter.devices import resolve_memory
+
+    resolve_memory(FLAGS.memory_per_device)  # _devices reads it again, once TensorFlow is loaded
     _check_outputs()
     import_tensorflow_quietly()
     import tensorflow as tf

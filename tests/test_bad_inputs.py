@@ -80,6 +80,13 @@ CLI_CASES = [
     ("negative devices", "graph.pb", "cost.pb", ["--num_devices", "-2"], "at least one device|num_devices"),
     ("bad memory size", "graph.pb", "cost.pb", ["--memory_per_device", "8XB"], "memory"),
     ("zero memory", "graph.pb", "cost.pb", ["--memory_per_device", "0"], "memory|positive"),
+    # Not a traceback (OverflowError), nor "not a positive size" for a unit it does not know, nor
+    # place-json's field memory_bytes, which the command line has not.
+    ("infinite memory", "graph.pb", "cost.pb", ["--memory_per_device", "inf"], "^baechi place: error: --memory_per_device 'inf' is not a finite size; write e.g. '8GiB'"),
+    ("infinity memory", "graph.pb", "cost.pb", ["--memory_per_device", "Infinity"], "--memory_per_device 'Infinity' is not a finite size"),
+    ("overflowing memory", "graph.pb", "cost.pb", ["--memory_per_device", "1e400"], "--memory_per_device '1e400' is more than a device can hold .2\\*\\*63 - 1 bytes"),
+    ("memory past int64", "graph.pb", "cost.pb", ["--memory_per_device", "1e30"], "--memory_per_device '1e30' is more than a device can hold"),
+    ("unknown memory unit", "graph.pb", "cost.pb", ["--memory_per_device", "1PiB"], "--memory_per_device '1PiB' has the unknown unit 'PiB'; use KiB, MiB, GiB, TiB, KB, MB, GB, TB or none"),
     ("bad comm coefficients", "graph.pb", "cost.pb", ["--comm_cost_coeffs", "fast,cheap"], "slope,intercept"),
     ("negative comm", "graph.pb", "cost.pb", ["--comm_cost_coeffs=-1,134"], ">= 0"),
     ("memory fraction 0", "graph.pb", "cost.pb", ["--placer_memory_fraction", "0"], r"\(0, 1\]"),
@@ -121,6 +128,17 @@ def test_place_command(files, tmp_path, capsys, case):
     assert not any(x.name.startswith(".tmp-") for x in tmp_path.iterdir())
     assert digest(graph, cost) == before
     assert not p["marker"].exists(), "the pickle was unpickled"
+
+
+@pytest.mark.parametrize("text, size", [
+    ("8GiB", 8 << 30), ("512mib", 512 << 20), ("1.5KiB", 1536), ("4096", 4096), ("100B", 100),
+    ("1TiB", 1 << 40), ("2TB", 2 * 10**12), ("2 tb", 2 * 10**12), ("1e3", 1000), (".5GiB", 1 << 29),
+    ("9223372036854775807", (1 << 63) - 1),  # exact: no rounding through a float
+])
+def test_memory_sizes_take_every_unit_they_list(text, size):
+    from baechi_tf.rewriter.devices import resolve_memory
+
+    assert resolve_memory(text) == size
 
 
 @pytest.mark.parametrize("where", ["missing folder", "a folder"])

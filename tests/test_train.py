@@ -219,6 +219,8 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--only_forward"], "--colocate_grads_with_ops"),
         (["--placement_method=magic"], "unknown placement method 'magic'"),
         (["--placement_jobs=-2"], "placement_jobs -2 must be a whole number >= 0"),
+        (["--memory_per_device=inf"], "--memory_per_device 'inf' is not a finite size"),  # was OverflowError
+        (["--memory_per_device=2PB"], "--memory_per_device '2PB' has the unknown unit 'PB'; use KiB"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
         # The original's flags for what is not ported: named, with what to do instead.
         (["--placement_method=m_etf_reserve"], "'m_etf_reserve' is the original's, not ported"),
@@ -259,6 +261,7 @@ def test_help_is_printed_with_exit_status_0(flag):
     (["--help"], 0),
     (["--model_name=resnet"], 2),
     (["--placement_method=m_etf_reserve"], 2),
+    (["--memory_per_device=1e400"], 2),
     (["--report_dir=/dev/null"], 2),
 ])
 def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, status):

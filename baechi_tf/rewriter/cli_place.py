@@ -99,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory_per_device",
         default="8GiB",
-        help="memory of each device, e.g. 8GiB, 512MiB or bytes (default: %(default)s)",
+        help="memory of each device: bytes, or a number with a unit KiB, MiB, GiB, TiB (of 1024) or "
+        "KB, MB, GB, TB (of 1000), e.g. 8GiB or 512MiB (default: %(default)s)",
     )
     parser.add_argument(
         "--comm_cost_coeffs",

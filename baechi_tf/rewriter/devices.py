@@ -14,10 +14,20 @@ Everything but `session_devices` and `session_config` is pure (no TensorFlow imp
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import os
+import re
 from typing import Any, Mapping, Optional
 
-from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, GiB, check_device_count
+from baechi_tf.cluster import (
+    DEFAULT_COMM,
+    MAX_MEMORY_BYTES,
+    Cluster,
+    CommCost,
+    Device,
+    GiB,
+    check_device_count,
+)
 from baechi_tf.errors import ConfigError
 
 __all__ = [
@@ -167,25 +177,37 @@ def session_config(setup: DeviceSetup, base: Any = None, *, grappler: bool = Fal
     return config
 
 
-def resolve_memory(text: Optional[str]) -> int:
-    """Parses ``'8GiB'``, ``'512MiB'``, ``'4096'`` (bytes) into bytes; `ConfigError` otherwise."""
+_MEMORY_UNITS = {
+    "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}
+_KNOWN_UNITS = "KiB, MiB, GiB, TiB, KB, MB, GB, TB or none (bytes)"
+_SIZE = re.compile(r"([-+]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?))([a-z]*)\Z", re.IGNORECASE)
+
+
+def resolve_memory(text: Optional[str], flag: str = "--memory_per_device") -> int:
+    """Parses ``'8GiB'``, ``'512MiB'``, ``'1TB'``, ``'4096'`` (bytes) into bytes; a `ConfigError`
+    naming `flag` and what to write otherwise (an unknown unit, a number that is not positive,
+    finite and at most 2**63 - 1 bytes). Units are case-insensitive; a fraction is rounded down."""
     if text is None:
         return DEFAULT_MEMORY_BYTES_PER_DEVICE
-    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 1000, "MB": 10**6, "GB": 10**9}
-    t = str(text).strip().upper().replace(" ", "")
-    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if t.endswith(suffix):
-            number, scale = t[: -len(suffix)], mult
-            break
-    else:
-        number, scale = (t[:-1], 1) if t.endswith("B") else (t, 1)
-    try:
-        value = float(number) * scale
-    except ValueError:
-        value = -1
-    if not value >= 1 or value != value:
+    example = "write e.g. '8GiB', '512MiB' or a number of bytes"
+    match = _SIZE.match(str(text).replace(" ", ""))
+    if match is None:
+        raise ConfigError(f"{flag} {text!r} is not a memory size; {example}")
+    number, unit = match.groups()
+    scale = _MEMORY_UNITS.get(unit.upper() or "B")
+    if scale is None:
+        raise ConfigError(f"{flag} {text!r} has the unknown unit {unit!r}; use {_KNOWN_UNITS}: {example}")
+    with decimal.localcontext() as exact:  # no rounding; too large an exponent gives Infinity
+        exact.prec, exact.traps[decimal.Overflow] = decimal.MAX_PREC, False
+        value = decimal.Decimal(number) * scale
+    if value.is_nan() or value.is_infinite() and "inf" in number.lower():
+        raise ConfigError(f"{flag} {text!r} is not a finite size; {example}")
+    if not value >= 1:
+        raise ConfigError(f"{flag} {text!r} is not a positive size; {example}")
+    if value > MAX_MEMORY_BYTES:
         raise ConfigError(
-            f"memory size {text!r} is not a positive size; write e.g. '8GiB', '512MiB' or a "
-            "number of bytes"
+            f"{flag} {text!r} is more than a device can hold (2**63 - 1 bytes, about 8 EiB); {example}"
         )
     return int(value)
