@@ -90,6 +90,31 @@ def test_places_text_and_meta_graphs(files, tmp_path, capsys):
     assert any(n.device for n in meta_out.graph_def.node)
 
 
+@pytest.mark.parametrize("name, text", [
+    ("placed.pbtxt", True), ("placed.pbtext", True), ("placed.txt", True),
+    ("placed.PBTXT", True), ("placed.PbText", True), ("placed.TXT", True),  # were written binary
+    ("placed.pb", False), ("placed.PB", False), ("placed.txt.pb", False),
+])
+def test_the_out_suffix_says_text_or_binary_in_any_case(files, tmp_path, name, text):
+    lstm, p = files
+    out = tmp_path / name
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--placement_method", "single",
+                 "--out", out) == 0
+    if text:
+        placed = text_format.Parse(out.read_text(), tf.compat.v1.GraphDef())
+    else:
+        placed = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+        assert not out.read_bytes().isascii()
+    assert _devices_only(placed, lstm.graph_def)
+
+
+def test_the_out_help_lists_every_text_suffix(capsys):
+    with pytest.raises(SystemExit):
+        main(["place", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "text when the name ends in .pbtxt, .pbtext or .txt, in any case; else binary" in help_text
+
+
 class _Trap:
     def __init__(self, flag):
         self.flag = flag

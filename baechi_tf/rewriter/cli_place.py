@@ -8,8 +8,8 @@ Reads a GraphDef or a MetaGraphDef, binary or text (told apart by parsing), and 
 ``--run_metadata``, the RunMetadata of traced steps of the graph (made into a profile, the
 median of the steps, as `profile_fetch` does), places the ops
 on ``--num_devices`` devices, prints the summary and writes the same kind of message with only
-the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``.pbtxt`` or
-``.txt``), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
+the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``.pbtxt``,
+``.pbtext`` or ``.txt``, in any case), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
 which then reports what did not match. On any error nothing is written and the inputs are left
 as they were.
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["add_arguments", "profile_from_run_metadata", "read_graph_bytes", "read_graph_file", "run"]
 
-_TEXT_SUFFIXES = (".pbtxt", ".txt", ".pbtext")
+_TEXT_SUFFIXES = (".pbtxt", ".pbtext", ".txt")  # of an --out written as text, in any case
 _FEW_TRACED = 0.2  # traces holding fewer than this share of the graph's ops are warned of
 _DEFAULT_NUM_DEVICES = 4
 
@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         required=True,
         metavar="placed.pb",
-        help="where to write the placed graph (text when the name ends in .pbtxt or .txt)",
+        help=f"where to write the placed graph (text when the name ends in {', '.join(_TEXT_SUFFIXES[:-1])} "
+        f"or {_TEXT_SUFFIXES[-1]}, in any case; else binary)",
     )
     parser.add_argument(
         "--num_devices",
@@ -281,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         out_msg.graph_def.CopyFrom(placed)
     else:
         out_msg = placed
-    if args.out.endswith(_TEXT_SUFFIXES):
+    if args.out.lower().endswith(_TEXT_SUFFIXES):
         atomic_write(args.out, text_format.MessageToString(out_msg))
     else:
         atomic_write(args.out, out_msg.SerializeToString(deterministic=True))
