@@ -39,7 +39,8 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--placement_method",
         default=defaults.placement_method,
-        choices=sorted(PLACEMENT_METHODS),
+        type=_placement_method,
+        choices=sorted(set(PLACEMENT_METHODS) - {"expert"}),  # no layout to give here
         help="placement algorithm; 'auto' runs every placer, keeps the best simulated placement "
         "and refines it (default: %(default)s)",
     )
@@ -108,6 +109,18 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.memory_fraction,
         help="share of each device's memory the placer may fill, in (0, 1] (default: %(default)s)",
     )
+
+
+def _placement_method(name: str) -> str:
+    """--placement_method's value; 'expert', which needs a layout these commands cannot be given,
+    is refused with where it works."""
+    if name == "expert":
+        raise argparse.ArgumentTypeError(
+            "'expert' places by a model's own hand layout, which this command cannot be given: it "
+            "works in train.py and with PlacementOptions(expert={op name: device}) in Python; here "
+            "choose another method, such as auto (ops the graph pins stay where pinned with any)"
+        )
+    return name
 
 
 def options_from_args(args: argparse.Namespace):

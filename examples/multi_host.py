@@ -41,7 +41,8 @@ from baechi_tf.rewriter.distributed import placement_by_host, start_local_worker
 def _parse(argv) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps (default: %(default)s)")
-    parser.add_argument("--placement_method", default="m_etf", choices=sorted(PLACEMENT_METHODS),
+    methods = sorted(m for m in PLACEMENT_METHODS if m != "expert")  # no hand layout given here
+    parser.add_argument("--placement_method", default="m_etf", choices=methods,
                         help="placer (default: %(default)s)")
     parser.add_argument("--comm_cost_coeffs", default="0.0001,30",
                         help="'slope,intercept' inside a worker, us/byte and us (default: %(default)s)")

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -195,6 +196,23 @@ def test_bad_flag_value_exits_2(capsys):
         main(["place-json", EXAMPLE, "--placement_method", "m_nope"])
     assert e.value.code == 2
     assert "invalid choice: 'm_nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["place-json", EXAMPLE], ["place", "--graph", "g.pb", "--cost_path", "c.pb", "--out", "o.pb"]])
+def test_expert_is_not_offered_where_no_layout_can_be_given_and_says_where_it_works(capsys, command):
+    # Both listed 'expert', which then failed after the input was read, with no way out.
+    with pytest.raises(SystemExit) as e:
+        main([command[0], "--help"])
+    assert e.value.code == 0
+    offered = re.search(r"--placement_method \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
+    assert "expert" not in offered and {"auto", "m_etf", "single"} <= set(offered)
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--placement_method", "expert"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"baechi {command[0]}: error: argument --placement_method: 'expert' places by a "
+                          "model's own hand layout, which this command cannot be given"), err
+    assert "train.py" in err and "PlacementOptions(expert=" in err and "such as auto" in err
 
 
 def test_bad_memory_fraction_exits_2(capsys):

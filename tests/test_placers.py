@@ -445,6 +445,10 @@ def test_auto_runs_the_models_own_layout_when_it_has_one():
     auto = place(g, c, PlacementOptions("auto", expert=layout, refine_seconds=0))
     assert auto.candidates["expert"] == pytest.approx(simulate(g, c, expert.placement).makespan_us)
     assert "expert" not in place(g, c, PlacementOptions("auto", refine_seconds=0)).candidates
+    # Without a layout, the error says how to give one (it said "this graph has none").
+    with pytest.raises(ConfigError, match=r"'expert' needs a hand layout and none was given: give "
+                       r"PlacementOptions\(expert=\{op name: device name\}\)"):
+        place(g, c, PlacementOptions("expert"))
 
 
 def test_far_more_devices_than_groups_is_a_warning(caplog):

@@ -62,7 +62,11 @@ def _expert(graph: OpGraph, cluster: Cluster, groups: Groups, options: "Placemen
     """The model's own layout (op name -> device), completed by TF's rule: an op without one
     goes where its group or its first placed input went, else to the first device."""
     if not options.expert:
-        raise ConfigError("placement method 'expert' needs the model's own layout; this graph has none")
+        raise ConfigError(
+            "placement method 'expert' needs a hand layout and none was given: give "
+            "PlacementOptions(expert={op name: device name}) (train.py gives its model's own), or "
+            "choose another method"
+        )
     device_of = [-1] * graph.num_ops
     for name, device in options.expert.items():
         op = graph.index.get(name)
