@@ -1,9 +1,11 @@
 """`baechi place`: GraphDef and MetaGraphDef, binary and text; every bad input ends in exit 2."""
 
 import hashlib
+import logging
 import os
 import pathlib
 import pickle
+import re
 import subprocess
 import sys
 
@@ -113,6 +115,40 @@ def test_the_out_help_lists_every_text_suffix(capsys):
         main(["place", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "text when the name ends in .pbtxt, .pbtext or .txt, in any case; else binary" in help_text
+
+
+def test_a_placed_graph_placed_again_says_its_pins_placed_it_and_replace_devices_places_it(
+        files, tmp_path, capsys, caplog):
+    # Every op carried a device, so each counted as pinned: the summary said "method single"
+    # over the old layout, with no warning.
+    lstm, p = files
+    first, again, anew = tmp_path / "placed.pb", tmp_path / "again.pb", tmp_path / "anew.pb"
+    with caplog.at_level(logging.WARNING, logger="baechi_tf"):
+        assert place("--graph", p["pb"], "--cost_path", p["cost"], "--placement_method", "m_topo",
+                     "--out", first) == 0
+        assert "pinned to a device by the graph" not in caplog.text
+        assert re.search(r"^method +m_topo$", capsys.readouterr().out, re.M)
+        assert place("--graph", first, "--cost_path", p["cost"], "--placement_method", "single",
+                     "--out", again) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^method +none: every op pinned by the graph$", printed, re.M), printed
+    assert (f"every op is pinned to a device by the graph ({len(lstm.graph_def.node)} ops: a graph "
+            "placed before?), so placement method 'single' placed none and the placement is the "
+            "graph's own; to place them again, clear the graph's device fields (baechi place "
+            "--replace_devices)") in caplog.text
+    placed = tf.compat.v1.GraphDef.FromString(first.read_bytes())
+    assert tf.compat.v1.GraphDef.FromString(again.read_bytes()) == placed
+    assert len({n.device for n in placed.node}) >= 2
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="baechi_tf"):
+        assert place("--graph", first, "--cost_path", p["cost"], "--placement_method", "single",
+                     "--replace_devices", "--out", anew) == 0
+    assert "pinned to a device by the graph" not in caplog.text
+    assert re.search(r"^method +single$", capsys.readouterr().out, re.M)
+    placed_anew = tf.compat.v1.GraphDef.FromString(anew.read_bytes())
+    assert _devices_only(placed_anew, lstm.graph_def)
+    assert len({n.device for n in placed_anew.node}) == 1
 
 
 class _Trap:

@@ -584,3 +584,21 @@ def test_one_device_that_no_longer_fits_once_the_host_runs_its_ops_says_so():
     with pytest.raises(InfeasiblePlacementError, match="op 'b' needs 100 B on '/device:GPU:0'"):
         place_with_host(_host_copy_graph(), Cluster.homogeneous(3, 400), Device(_HOST, GiB, "CPU"),
                         PlacementOptions("single"))
+
+
+def test_nothing_is_left_to_place_when_every_colocation_group_holds_a_pin():
+    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.rewriter.graph_pass import _nothing_to_place
+
+    def graph(*ops):
+        b = OpGraphBuilder()
+        for name, device, colocation in ops:
+            b.add_op(name, 1.0, [4], device=device, colocation=colocation)
+        return b.build()
+
+    pinned_and_follower = [("a", "/device:GPU:1", ()), ("b", None, ("a",))]  # b goes with a
+    assert _nothing_to_place(graph(*pinned_and_follower), host_ops=())
+    assert not _nothing_to_place(graph(*pinned_and_follower, ("c", None, ())), host_ops=())  # c is free
+    # Pinned only for want of a kernel: the graph's device fields pinned nothing.
+    assert not _nothing_to_place(graph(("s", "/device:CPU:0", ())), host_ops=("s",))
+    assert _nothing_to_place(graph(("s", "/device:CPU:0", ()), ("a", "/device:GPU:0", ())), host_ops=("s",))

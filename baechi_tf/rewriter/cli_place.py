@@ -10,8 +10,9 @@ median of the steps, as `profile_fetch` does), places the ops
 on ``--num_devices`` devices, prints the summary and writes the same kind of message with only
 the nodes' ``device`` fields changed to ``--out`` (text when its name ends in ``.pbtxt``,
 ``.pbtext`` or ``.txt``, in any case), atomically. A profile of another graph is refused unless ``--allow_profile_mismatch``,
-which then reports what did not match. On any error nothing is written and the inputs are left
-as they were.
+which then reports what did not match. A node's ``device`` pins it: when every op is pinned (a
+graph placed before), a warning says the method placed nothing, and ``--replace_devices`` drops the
+devices to place them anew. On any error nothing is written and the inputs are left as they were.
 
 Across several hosts: with ``--cluster_spec`` (JSON like TF_CONFIG's ``"cluster"``, or a file
 holding it; default: ``TF_CONFIG``'s cluster when that is set) the devices are asked from the
@@ -124,6 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ignore_user_devices",
         action="store_true",
         help="let the placer move ops pinned to devices that are not among the devices",
+    )
+    parser.add_argument(
+        "--replace_devices",
+        action="store_true",
+        help="place every op anew, whatever device the graph gives it (to place a placed graph "
+        "again): the nodes' device fields are dropped first, pins to the host CPU too",
     )
     add_placement_arguments(parser)
 
@@ -264,6 +271,10 @@ def run(args: argparse.Namespace) -> int:
         setup = make(num_devices, memory, comm=comm)  # one task: the inter-host line is unused
     msg, is_meta, _ = read_graph_file(args.graph, graph_bytes)
     graph_def = msg.graph_def if is_meta else msg
+    if args.replace_devices:
+        graph_def = type(graph_def).FromString(graph_def.SerializeToString())  # a copy to clear
+        for node in graph_def.node:
+            node.device = ""
     if traces:
         profile = profile_from_run_metadata(traces, trace_bytes, graph_def)
     placed, report = place_graph_def(

@@ -284,6 +284,22 @@ def _searched(search: FitSearch, fitting):
 _HOST_FALLBACK_METHODS = ("m_topo", "m_etf", "m_sct", "heft")
 
 
+# The method of a placement that only the graph's device fields made.
+_PINNED = "none: every op pinned by the graph"
+
+
+def _nothing_to_place(graph: OpGraph, host_ops: tuple[str, ...]) -> bool:
+    """Whether every TF colocation group holds an op pinned to a device, some by the graph's own
+    device fields (not only for want of a kernel, `host_ops`): then no placer chooses anything."""
+    groups = colocation_groups(graph)
+    pinned = np.zeros(groups.num_groups, dtype=bool)
+    pinned[groups.group_of[[op for op, d in enumerate(graph.pinned_device) if d is not None]]] = True
+    kernel_only = set(host_ops)
+    return bool(pinned.all()) and any(
+        d is not None and name not in kernel_only for name, d in zip(graph.names, graph.pinned_device)
+    )
+
+
 def place_graph_def(
     graph_def: Any,
     profile: Union[CostProfile, str, os.PathLike],
@@ -328,6 +344,14 @@ def place_graph_def(
         ),
     )
     result = step("place", lambda: place_with_host(imported.graph, cluster, host_device, options))
+    if _nothing_to_place(imported.graph, imported.host_ops):
+        log.warning(
+            "every op is pinned to a device by the graph (%d ops: a graph placed before?), so "
+            "placement method %r placed none and the placement is the graph's own; to place them "
+            "again, clear the graph's device fields (baechi place --replace_devices)",
+            imported.graph.num_ops, options.placement_method,
+        )
+        result = dataclasses.replace(result, placement=Placement(result.placement.device_of, _PINNED))
     placed = step("apply", lambda: apply_placement(graph_def, result.op_to_device()))
     report = PlacementReport(
         result=result,
