@@ -355,6 +355,18 @@ def test_places_with_the_run_metadata_of_traced_steps(files, tmp_path, capsys):
                  "--device_type", "CPU", "--placement_method", "m_etf", "--out", out2) == 0
     capsys.readouterr()
     assert out2.read_bytes() == out.read_bytes()
+    # In text format, as train.py --logdir writes them (run_metadata-*.pbtxt): refused before.
+    from google.protobuf import text_format
+
+    texts = []
+    for i, path in enumerate(paths):
+        texts.append(tmp_path / f"run_metadata-{i}.pbtxt")
+        texts[-1].write_text(text_format.MessageToString(tf.compat.v1.RunMetadata.FromString(path.read_bytes())))
+    out3 = tmp_path / "placed3.pb"
+    assert place("--graph", p["pb"], "--run_metadata", *texts, "--num_devices", 2, "--device_type", "CPU",
+                 "--placement_method", "m_etf", "--out", out3) == 0
+    capsys.readouterr()
+    assert out3.read_bytes() == out.read_bytes()
 
 
 def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsys, caplog):
@@ -367,7 +379,7 @@ def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsy
     assert capsys.readouterr().err.strip() == (
         f"baechi place: error: run metadata {str(p['cost'])!r} is not a RunMetadata with step "
         "statistics; trace a step with RunOptions(trace_level=FULL_TRACE) and write its "
-        "run_metadata with SerializeToString()"
+        "run_metadata with SerializeToString() or in text format"
     )
     # Of another graph.
     g = tf.Graph()

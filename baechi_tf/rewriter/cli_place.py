@@ -192,17 +192,27 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
     from baechi_tf.cost_model.profiler import profile_from_step_stats
     from baechi_tf.errors import ProfileError
 
+    from google.protobuf import text_format
+
+    def traced(metadata: Any) -> bool:
+        return any(d.node_stats for d in metadata.step_stats.dev_stats)
+
     steps = []
     for path, data in zip(paths, contents):
         try:
             metadata = tf.compat.v1.RunMetadata.FromString(data)
         except (message.DecodeError, RuntimeError, ValueError):
             metadata = None
-        if metadata is None or not any(d.node_stats for d in metadata.step_stats.dev_stats):
+        if metadata is None or not traced(metadata):
+            try:  # text format, as train.py --logdir writes it (run_metadata-*.pbtxt)
+                metadata = text_format.Parse(data.decode("utf-8"), tf.compat.v1.RunMetadata())
+            except (text_format.ParseError, UnicodeDecodeError):
+                metadata = None
+        if metadata is None or not traced(metadata):
             raise ProfileError(
                 f"run metadata {path!r} is not a RunMetadata with step statistics; trace a step "
                 "with RunOptions(trace_level=FULL_TRACE) and write its run_metadata with "
-                "SerializeToString()"
+                "SerializeToString() or in text format"
             )
         steps.append(metadata.step_stats)
     profile = profile_from_step_stats(steps, graph_def, tf_version=tf.__version__)
