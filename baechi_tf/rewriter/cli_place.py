@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RM.pb",
         help="instead of a profile: RunMetadata of traced runs of the graph (Session.run with "
         "RunOptions(trace_level=FULL_TRACE) and run_metadata=..., written with "
-        "SerializeToString()), one file per step; the costs are their median",
+        "SerializeToString() or in text format, as train.py --logdir writes them), one file "
+        "per step; the costs are their median",
     )
     parser.add_argument(
         "--out",
