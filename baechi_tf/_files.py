@@ -1,9 +1,14 @@
-"""Writing files so that a reader never sees half of one: a temporary file, then a rename."""
+"""Writing files so that a reader never sees half of one: a temporary file, then a rename.
+
+An output that is not a regular file (``/dev/null``, a FIFO, a terminal, ``/dev/stdout``) is
+written into where it is instead: a rename would put a regular file in its place.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 
 __all__ = ["REPORT_FILE", "atomic_write", "check_output_folder", "check_writable"]
@@ -23,6 +28,12 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
         raise ConfigError(f"{flag} {path!r} would overwrite an input; write elsewhere")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a folder; give the name of a file in it")
+    if _written_in_place(path):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            raise ConfigError(f"{flag} {path!r} is a socket, which cannot be opened as a file; write elsewhere")
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{flag} {path!r} is not writable; write elsewhere")
+        return
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist; create it first")
     if not _can_write_in(folder):
@@ -83,13 +94,37 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
+def _written_in_place(path: str) -> bool:
+    """Whether `path` exists and is not a regular file (a device, a FIFO, a socket), or is one of
+    the process's file descriptors (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``, even when
+    that is a regular file): such a path is written into, never replaced."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return True
+    except OSError:  # missing, or a link to nothing
+        return False
+    for _ in range(40):  # as many links as the kernel follows
+        # Its folder with the links resolved: /dev/fd/1 is in /proc/<pid>/fd.
+        path = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+        if path.startswith("/proc/") or not os.path.islink(path):
+            return path.startswith("/proc/")
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
+
+
 def atomic_write(path: str, data: bytes | str) -> None:
     """Writes `data` to `path` through a temporary file in the same folder and `os.replace`.
 
-    On any error (or Ctrl-C) the temporary file is removed and `path` is left as it was.
+    On any error (or Ctrl-C) the temporary file is removed and `path` is left as it was. A path
+    that is not a regular file (`_written_in_place`: ``/dev/null``, a FIFO, ``/dev/stdout``) is
+    opened and written instead, and stays what it is.
     """
     if isinstance(data, str):
         data = data.encode("utf-8")
+    if _written_in_place(path):
+        with open(path, "wb") as f:
+            f.write(data)
+        return
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
     try:

@@ -6,8 +6,11 @@ The JSON cases of `place-json` are in test_json_cli.py (26 more).
 """
 
 import hashlib
+import os
 import pathlib
 import pickle
+import stat
+import threading
 
 import pytest
 import tensorflow as tf
@@ -159,6 +162,72 @@ def test_an_output_that_cannot_be_written_is_refused_before_placing(files, tmp_p
     assert "Traceback" not in captured.err
     assert captured.out == ""  # refused before placing: no summary
     assert sorted(x.name for x in tmp_path.iterdir()) == []
+
+
+def _fifo_reader(path):
+    """Makes a FIFO at `path` and reads it in a thread; returns a function that ends the reading
+    and gives the bytes read. A writer is held open until then, so the reader sees no end before
+    the command writes (nor hangs when it never does)."""
+    os.mkfifo(path)
+    r = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    w = os.open(path, os.O_WRONLY)
+    os.set_blocking(r, True)
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(r, 1 << 16), b"")), daemon=True)
+    reader.start()
+
+    def done():
+        os.close(w)
+        reader.join(timeout=60)
+        os.close(r)
+        return b"".join(chunks)
+
+    return done
+
+
+@pytest.mark.parametrize("kind", ["fifo", "descriptor link", "character device"])
+@pytest.mark.parametrize("command", ["place", "place-json", "save_profile"])
+def test_an_output_that_is_not_a_regular_file_is_written_into_and_stays(files, tmp_path, capsys, command, kind):
+    # --out /dev/null (as root) became a regular file: the output was written to a temporary
+    # file renamed over it; --out /dev/stdout replaced the link. A FIFO, a link to one of the
+    # process's descriptors (as /dev/stdout is) and a private null device stand in for them.
+    lstm, p = files
+    out = tmp_path / "out"
+    if kind == "fifo":
+        read = _fifo_reader(out)
+    elif kind == "descriptor link":
+        held = tmp_path / "held"  # what the descriptor writes to, as a shell's `> file`
+        fd = os.open(held, os.O_WRONLY | os.O_CREAT, 0o644)
+        inode = os.fstat(fd).st_ino
+        out.symlink_to(f"/proc/self/fd/{fd}")
+    else:
+        try:
+            os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a null device of our own
+        except OSError:
+            pytest.skip("cannot make a device node here (not root, or a nodev mount)")
+    kind_of = stat.S_IFMT(os.lstat(out).st_mode)
+    if command == "save_profile":  # train.py's --cost_path, BaechiSession(cost_path=...)
+        save_profile(lstm.profile, out)
+        status = 0
+    elif command == "place":
+        status = main(["place", "--graph", str(p["graph.pb"]), "--cost_path", str(p["cost.pb"]),
+                       "--out", str(out), "--refine_seconds", "0"])
+    else:
+        example = pathlib.Path(__file__).parents[1] / "examples" / "fork_join.json"
+        status = main(["place-json", str(example), "--out", str(out), "--refine_seconds", "0"])
+    if kind == "fifo":
+        written = read()
+    elif kind == "descriptor link":
+        written = held.read_bytes()
+        assert os.fstat(fd).st_ino == inode and os.fstat(fd).st_size == len(written)
+        os.close(fd)
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert stat.S_IFMT(os.lstat(out).st_mode) == kind_of  # still a FIFO, a link, a device
+    if kind == "character device":
+        return
+    assert written and {"place-json": b'"placement"', "place": b"/device:", "save_profile": b""}[command] in written
+    assert {x.name for x in tmp_path.iterdir()} <= {"out", "held"}  # no temporary file left
 
 
 def test_session_refuses_a_cost_path_it_cannot_write(tmp_path):
