@@ -1,7 +1,8 @@
 """Writing files so that a reader never sees half of one: a temporary file, then a rename.
 
 An output that is not a regular file (``/dev/null``, a FIFO, a terminal, ``/dev/stdout``) is
-written into where it is instead: a rename would put a regular file in its place.
+written into where it is instead: a rename would put a regular file in its place. A file replaced
+keeps its permission bits and owner, and a link is followed: its target is replaced.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 import stat
 import tempfile
 
-__all__ = ["REPORT_FILE", "atomic_write", "check_output_folder", "check_writable"]
+__all__ = ["REPORT_FILE", "atomic_write", "check_output_folder", "check_writable", "keep_mode"]
 
 REPORT_FILE = re.compile(r"(gantt\.png|memory_\d+\.png|trace\.json|summary\.json|graph\.pbtxt|events\.out\.tfevents\.baechi)\Z")
 """The names of the files `reports.write_reports` writes into a report folder."""
@@ -23,7 +24,7 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
     not cost the work and end in a traceback."""
     from baechi_tf.errors import ConfigError
 
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = os.path.dirname(os.path.realpath(path))  # a link's target is what is replaced
     if any(_same_file(path, i) for i in inputs):
         raise ConfigError(f"{flag} {path!r} would overwrite an input; write elsewhere")
     if os.path.isdir(path):
@@ -67,8 +68,9 @@ def check_output_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> Non
 
 def _report_replaces(folder: str, path: str) -> bool:
     """Whether a report written into `folder` would replace the file `path`."""
-    if REPORT_FILE.match(os.path.basename(path)) and _same_file(os.path.dirname(os.path.abspath(path)), folder):
-        return True
+    for named in (path, os.path.realpath(path)):  # a link, and its target, which --out replaces
+        if REPORT_FILE.match(os.path.basename(named)) and _same_file(os.path.dirname(os.path.abspath(named)), folder):
+            return True
     if not os.path.isdir(folder) or not os.path.exists(path):
         return False
     # Under another name: a link to it in the folder.
@@ -112,8 +114,23 @@ def _written_in_place(path: str) -> bool:
     return False
 
 
+def keep_mode(path: str, new: str) -> None:
+    """Gives the file `new`, about to replace `path`, the permission bits of `path` and, where
+    allowed, its owner; nothing when `path` does not exist."""
+    try:
+        old = os.stat(path)
+    except FileNotFoundError:
+        return
+    try:
+        os.chown(new, old.st_uid, old.st_gid)  # before chmod: chown clears set-user-ID bits
+    except PermissionError:  # another user's file: this user's, as a new file would be
+        pass
+    os.chmod(new, stat.S_IMODE(old.st_mode))
+
+
 def atomic_write(path: str, data: bytes | str) -> None:
-    """Writes `data` to `path` through a temporary file in the same folder and `os.replace`.
+    """Writes `data` to `path` through a temporary file in the same folder and `os.replace`;
+    the file replaced keeps its mode (`keep_mode`), and a link's target is replaced.
 
     On any error (or Ctrl-C) the temporary file is removed and `path` is left as it was. A path
     that is not a regular file (`_written_in_place`: ``/dev/null``, a FIFO, ``/dev/stdout``) is
@@ -125,8 +142,8 @@ def atomic_write(path: str, data: bytes | str) -> None:
         with open(path, "wb") as f:
             f.write(data)
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=folder)
+    path = os.path.realpath(path)  # through links: the link stays, its target is replaced
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix="-" + os.path.basename(path), dir=os.path.dirname(path))
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -135,6 +152,7 @@ def atomic_write(path: str, data: bytes | str) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        keep_mode(path, tmp)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from baechi_tf._files import REPORT_FILE
+from baechi_tf._files import REPORT_FILE, keep_mode
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
@@ -83,7 +83,7 @@ def write_reports(
     else beside it) and moved in when every one is done, so an error or Ctrl-C while they are made
     leaves `report_dir` as it was. Files of an earlier report there that this one does not have
     (``memory_3.png`` of a placement on more devices), as its ``summary.json`` lists them, are
-    removed once the new ones are in.
+    removed once the new ones are in; those it replaces keep their permission bits.
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     memory = memory_timeline(graph, cluster, schedule)
@@ -100,6 +100,7 @@ def write_reports(
         earlier = _report_files(report_dir)
         os.makedirs(report_dir, exist_ok=True)
         for key, name in paths.items():
+            keep_mode(os.path.join(report_dir, name), os.path.join(staging, name))
             os.replace(os.path.join(staging, name), os.path.join(report_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -281,6 +281,39 @@ def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path
 
 
 
+def test_an_output_written_over_keeps_its_mode_and_a_link_stays_a_link(tmp_path, capsys):
+    # A 0600 output became 0644 (and 0444 became 0644): a new file took its place. A link given as
+    # --out was replaced by a plain file, and its target never written.
+    old = os.umask(0o022)
+    try:
+        for mode in (0o600, 0o444, 0o640):
+            out = tmp_path / f"p{mode:o}.json"
+            out.write_text("old")
+            out.chmod(mode)
+            assert main(["place-json", EXAMPLE, "--out", str(out), "--refine_seconds", "0"]) == 0
+            assert out.stat().st_mode & 0o7777 == mode
+            assert json.loads(out.read_text())["placement"]
+        (tmp_path / "kept").mkdir()
+        target = tmp_path / "kept" / "target.json"
+        target.write_text("old")
+        links = {"link.json": "kept/target.json", "dangling.json": "kept/new.json"}  # relative links
+        for name, to in links.items():
+            (tmp_path / name).symlink_to(to)
+            assert main(["place-json", EXAMPLE, "--out", str(tmp_path / name), "--refine_seconds", "0"]) == 0
+            assert (tmp_path / name).is_symlink() and os.readlink(tmp_path / name) == to
+            assert json.loads((tmp_path / to).read_text())["placement"]
+        assert sorted(os.listdir(tmp_path / "kept")) == ["new.json", "target.json"]  # no temporary file
+        # A link whose target's folder is missing is refused before placing, as a missing folder is.
+        (tmp_path / "nowhere.json").symlink_to("missing/p.json")
+        capsys.readouterr()
+        assert main(["place-json", EXAMPLE, "--out", str(tmp_path / "nowhere.json")]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"baechi place-json: error: --out {str(tmp_path / 'nowhere.json')!r}: the folder "
+            f"{str(tmp_path / 'missing')!r} does not exist; create it first")
+    finally:
+        os.umask(old)
+
+
 def test_verbose_goes_before_or_after_the_command(capsys):
     # "baechi place-json g.json -v" was "unrecognized arguments: -v".
     import logging

@@ -270,6 +270,18 @@ def test_reports_of_fewer_devices_remove_the_earlier_reports_extra_files(tmp_pat
         assert json.load(f)["files"] == sorted(names)
 
 
+def test_reports_written_over_keep_their_mode(tmp_path):
+    # A report file made private (0600) became 0644 when the next report replaced it.
+    graph, c = load_graph_json(FORK_JOIN)
+    result = place(graph, c, PlacementOptions(placement_method="m_topo"))
+    write_reports(result, str(tmp_path))
+    (tmp_path / "trace.json").chmod(0o600)
+    (tmp_path / "summary.json").chmod(0o640)
+    write_reports(result, str(tmp_path))
+    assert (tmp_path / "trace.json").stat().st_mode & 0o7777 == 0o600
+    assert (tmp_path / "summary.json").stat().st_mode & 0o7777 == 0o640
+
+
 def test_reports_need_only_their_folder_writable(tmp_path):
     # The temporary folder was made beside the report folder: a writable folder in a parent the
     # user cannot write ended in a traceback after the placement.
