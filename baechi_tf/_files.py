@@ -29,6 +29,8 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
         raise ConfigError(f"{flag} {path!r} would overwrite an input; write elsewhere")
     if os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a folder; give the name of a file in it")
+    if os.path.basename(path) in ("", ".", ".."):  # results/ is a folder, whether or not it exists
+        raise ConfigError(f"{flag} {path!r} names a folder, not a file; give the name of a file")
     if _written_in_place(path):
         if stat.S_ISSOCK(os.stat(path).st_mode):
             raise ConfigError(f"{flag} {path!r} is a socket, which cannot be opened as a file; write elsewhere")

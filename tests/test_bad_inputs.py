@@ -144,11 +144,18 @@ def test_memory_sizes_take_every_unit_they_list(text, size):
     assert resolve_memory(text) == size
 
 
-@pytest.mark.parametrize("where", ["missing folder", "a folder"])
+@pytest.mark.parametrize("where", ["missing folder", "a folder", "trailing slash", "trailing dot"])
 @pytest.mark.parametrize("command", ["place", "place-json"])
 def test_an_output_that_cannot_be_written_is_refused_before_placing(files, tmp_path, capsys, command, where):
+    # A name ending in a separator ("results/", a folder yet to be made) was taken, and the write
+    # failed after the placement with NotADirectoryError.
     _, p = files
-    out = tmp_path / "missing" / "placed.out" if where == "missing folder" else tmp_path
+    out, message = {
+        "missing folder": (tmp_path / "missing" / "placed.out", "does not exist; create it first"),
+        "a folder": (tmp_path, "is a folder"),
+        "trailing slash": (f"{tmp_path / 'results'}{os.sep}", "names a folder, not a file; give the name of a file"),
+        "trailing dot": (f"{tmp_path / 'results'}{os.sep}.", "names a folder, not a file; give the name of a file"),
+    }[where]
     if command == "place":
         args = ["place", "--graph", str(p["graph.pb"]), "--cost_path", str(p["cost.pb"])]
     else:
@@ -158,7 +165,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_placing(files, tmp_p
     err = captured.err.strip().splitlines()
     assert status == 2
     assert err[-1].startswith(f"baechi {command}: error: --out "), err
-    assert ("does not exist; create it first" if where == "missing folder" else "is a folder") in err[-1]
+    assert message in err[-1]
     assert "Traceback" not in captured.err
     assert captured.out == ""  # refused before placing: no summary
     assert sorted(x.name for x in tmp_path.iterdir()) == []

@@ -222,6 +222,8 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--memory_per_device=inf"], "--memory_per_device 'inf' is not a finite size"),  # was OverflowError
         (["--memory_per_device=2PB"], "--memory_per_device '2PB' has the unknown unit 'PB'; use KiB"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
+        # Refused after the profiling, with NotADirectoryError.
+        (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], "'results/' names a folder, not a file"),
         # The original's flags for what is not ported: named, with what to do instead.
         (["--placement_method=m_etf_reserve"], "'m_etf_reserve' is the original's, not ported"),
         (["--placement_method=m_sct_reserve"], "Use m_sct"),
@@ -263,6 +265,7 @@ def test_help_is_printed_with_exit_status_0(flag):
     (["--placement_method=m_etf_reserve"], 2),
     (["--memory_per_device=1e400"], 2),
     (["--report_dir=/dev/null"], 2),
+    (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], 2),
 ])
 def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, status):
     done, loaded = run_listing_modules(
