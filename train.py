@@ -748,12 +748,14 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
 def _check_outputs() -> None:
     """The files and folders the run will write, checked before TensorFlow loads and the long
     work starts: a bad one is a `ConfigError` at once, not a traceback after the work."""
-    from baechi_tf._files import check_output_folder, check_writable
+    from baechi_tf._files import check_apart, check_output_folder, check_writable
 
     if FLAGS.logdir:
         check_output_folder(FLAGS.logdir, "--logdir")
     if FLAGS.costgen:
         check_writable(FLAGS.cost_path, "--cost_path")
+        if FLAGS.logdir:
+            check_apart(FLAGS.logdir, "--logdir", FLAGS.cost_path, "--cost_path")
     elif FLAGS.report_dir:  # profiling writes no reports
         check_output_folder(FLAGS.report_dir, "--report_dir", keep=(FLAGS.cost_path,))
 

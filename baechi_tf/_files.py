@@ -12,7 +12,7 @@ import re
 import stat
 import tempfile
 
-__all__ = ["REPORT_FILE", "atomic_write", "check_output_folder", "check_writable", "keep_mode"]
+__all__ = ["REPORT_FILE", "atomic_write", "check_apart", "check_output_folder", "check_writable", "keep_mode"]
 
 REPORT_FILE = re.compile(r"(gantt\.png|memory_\d+\.png|trace\.json|summary\.json|graph\.pbtxt|events\.out\.tfevents\.baechi)\Z")
 """The names of the files `reports.write_reports` writes into a report folder."""
@@ -66,6 +66,25 @@ def check_output_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> Non
         raise ConfigError(f"{flag} {path!r}: {existing!r} is a file, so the folder cannot be created")
     if not _can_write_in(existing):
         raise ConfigError(f"{flag} {path!r}: {existing!r} is not writable; write elsewhere")
+
+
+def check_apart(folder: str, folder_flag: str, file: str, file_flag: str) -> None:
+    """Raises `ConfigError` when the output folder `folder` (given as `folder_flag`) is the output
+    file `file` (given as `file_flag`) or inside it, which each check alone lets through (neither
+    exists yet) and the second one written would fail on, after the work."""
+    from baechi_tf.errors import ConfigError
+
+    real_folder, real_file = os.path.realpath(folder), os.path.realpath(file)
+    if real_folder == real_file:
+        raise ConfigError(
+            f"{folder_flag} {folder!r} and {file_flag} {file!r} name the same path; give "
+            f"{folder_flag} a folder of its own"
+        )
+    if real_folder.startswith(real_file.rstrip(os.sep) + os.sep):
+        raise ConfigError(
+            f"{folder_flag} {folder!r} is inside {file_flag} {file!r}, which is written as a file; "
+            f"give {folder_flag} a folder elsewhere"
+        )
 
 
 def _report_replaces(folder: str, path: str) -> bool:

@@ -180,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     """Refuses, before any work, an ``--out`` that cannot be written or is one of `inputs`, and
-    a ``--report_dir`` that cannot be made."""
-    from baechi_tf._files import check_output_folder, check_writable
+    a ``--report_dir`` that cannot be made or is ``--out`` or inside it."""
+    from baechi_tf._files import check_apart, check_output_folder, check_writable
     from baechi_tf.errors import ConfigError
 
     for flag, value in (("--out", args.out), ("--report_dir", args.report_dir)):
@@ -190,6 +190,8 @@ def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     if args.out:
         check_writable(args.out, "--out", inputs)
     if args.report_dir:
+        if args.out:
+            check_apart(args.report_dir, "--report_dir", args.out, "--out")
         check_output_folder(args.report_dir, "--report_dir", keep=(*inputs, args.out or ""))
 
 

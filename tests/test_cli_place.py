@@ -294,6 +294,15 @@ def test_outputs_and_flags_that_would_cost_the_work_are_refused_first(files, tmp
         "(it is created if missing)"
     ]
     assert not out.exists() and a_file.read_text() == "kept"
+    # The same new path for both, or the reports inside --out: found once --out was written.
+    for reports in (out, out / "reports"):
+        assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out, "--report_dir", reports) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"baechi place: error: --report_dir {str(reports)!r} "
+            + ("and --out {!r} name the same path; give --report_dir a folder of its own" if reports == out else
+               "is inside --out {!r}, which is written as a file; give --report_dir a folder elsewhere").format(str(out))
+        ]
+        assert sorted(os.listdir(tmp_path)) == ["a_file"]
     for timeout in ("-1", "nan"):
         assert place("--graph", p["pb"], "--cost_path", p["cost"], "--out", out,
                      "--cluster_spec", '{"worker": ["localhost:1"]}', "--cluster_timeout", timeout) == 2

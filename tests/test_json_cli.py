@@ -370,6 +370,30 @@ def test_reports_that_would_replace_an_input_or_the_output_are_refused_first(tmp
     assert kept.read_text() == json.dumps(small_doc())
 
 
+def test_out_and_report_dir_on_one_path_are_refused_first(tmp_path, capsys, monkeypatch):
+    # --out and --report_dir naming one new path, or the report folder inside --out, passed the
+    # checks: after the placement --out was written, then the reports failed with FileExistsError.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rep").mkdir()
+    os.symlink("rep/trace.json", "link.json")  # --out through a link to a report's name
+    cases = [
+        (["--out", "same", "--report_dir", "same"],
+         "--report_dir 'same' and --out 'same' name the same path; give --report_dir a folder of its own"),
+        (["--out", "o2", "--report_dir", "o2/reports"],
+         "--report_dir 'o2/reports' is inside --out 'o2', which is written as a file; give --report_dir "
+         "a folder elsewhere"),
+        (["--out", "o3/", "--report_dir", "o3"], "--out 'o3/' names a folder, not a file; give the name of a file"),
+        (["--out", "link.json", "--report_dir", "rep"],
+         "--report_dir 'rep' would replace 'link.json' with a report of the same name; write the reports "
+         "into another folder"),
+    ]
+    for flags, message in cases:
+        assert main(["place-json", EXAMPLE, *flags]) == 2, flags
+        captured = capsys.readouterr()
+        assert captured.err == f"baechi place-json: error: {message}\n" and captured.out == ""
+        assert sorted(os.listdir(tmp_path)) == ["link.json", "rep"] and os.listdir("rep") == []
+
+
 def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
     # The summary was printed before --out was written: a reader that went away (`| head`) cost
     # the output and gave a BrokenPipeError traceback.

@@ -1176,6 +1176,12 @@ def test_arguments_are_checked(tmp_path):
     # The profile kept where a report of the same name would replace it.
     with pytest.raises(ConfigError, match="report_dir .* would replace .*summary.json' with a report"):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=str(tmp_path), cost_path=str(tmp_path / "summary.json"))
+    # The profile and the reports on one new path: found when the reports were written.
+    same = str(tmp_path / "same")  # no regex characters in pytest's tmp_path
+    with pytest.raises(ConfigError, match=f"^report_dir '{same}' and cost_path '{same}' name the same path; give report_dir a folder of its own$"):
+        BaechiSession(graph=model.graph, num_devices=2, report_dir=same, cost_path=same)
+    with pytest.raises(ConfigError, match=f"^report_dir '{same}/r' is inside cost_path '{same}', which is written as a file"):
+        BaechiSession(graph=model.graph, num_devices=2, report_dir=same + "/r", cost_path=same)
 
 
 def test_import_baechi_tf_does_not_import_tensorflow():

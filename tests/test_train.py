@@ -266,8 +266,10 @@ def test_help_is_printed_with_exit_status_0(flag):
     (["--memory_per_device=1e400"], 2),
     (["--report_dir=/dev/null"], 2),
     (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], 2),
+    (["--costgen", "--cost_path={tmp}/same", "--logdir={tmp}/same", *GNMT, *FAST_PROFILE], 2),
 ])
 def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, status):
+    args = [a.format(tmp=tmp_path) for a in args]
     done, loaded = run_listing_modules(
         [sys.executable, os.path.join(ROOT, "train.py"), *args], tmp_path, cwd=ROOT, timeout=120,
     )
@@ -281,6 +283,12 @@ def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, statu
         (["--logdir={file}"], "--logdir '{file}' is a file, not a folder"),
         (["--report_dir={file}"], "--report_dir '{file}' is a file, not a folder"),
         (["--report_dir={file}/reports"], "'{file}' is a file, so the folder cannot be created"),
+        # --costgen wrote the profile over the folder --logdir had made, after the profiling.
+        (["--costgen", "--logdir={cost}"],
+         "--logdir '{cost}' and --cost_path '{cost}' name the same path; give --logdir a folder of its own"),
+        (["--costgen", "--logdir={cost}/logs"],
+         "--logdir '{cost}/logs' is inside --cost_path '{cost}', which is written as a file; give --logdir "
+         "a folder elsewhere"),
     ],
 )
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path, args, message):
@@ -289,9 +297,9 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     file = tmp_path / "taken"
     file.write_text("")
     cost = tmp_path / "cost.pb"  # placement checks its outputs before it reads the profile
-    done = train(f"--cost_path={cost}", *GNMT, *(a.format(file=file) for a in args), expect=2)
+    done = train(f"--cost_path={cost}", *GNMT, *(a.format(file=file, cost=cost) for a in args), expect=2)
     assert done.stderr.startswith("train: error: ") and done.stderr.count("\n") == 1, done.stderr
-    assert message.format(file=file) in done.stderr
+    assert message.format(file=file, cost=cost) in done.stderr
     assert done.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
