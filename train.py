@@ -748,7 +748,7 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
 def _check_outputs() -> None:
     """The files and folders the run will write, checked before TensorFlow loads and the long
     work starts: a bad one is a `ConfigError` at once, not a traceback after the work."""
-    from baechi_tf._files import check_apart, check_output_folder, check_writable
+    from baechi_tf._files import check_apart, check_output_folder, check_report_folder, check_writable
 
     if FLAGS.logdir:
         check_output_folder(FLAGS.logdir, "--logdir")
@@ -757,7 +757,7 @@ def _check_outputs() -> None:
         if FLAGS.logdir:
             check_apart(FLAGS.logdir, "--logdir", FLAGS.cost_path, "--cost_path")
     elif FLAGS.report_dir:  # profiling writes no reports
-        check_output_folder(FLAGS.report_dir, "--report_dir", keep=(FLAGS.cost_path,))
+        check_report_folder(FLAGS.report_dir, "--report_dir", keep=(FLAGS.cost_path,))
 
 
 def _placement_options() -> PlacementOptions:

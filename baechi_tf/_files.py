@@ -7,12 +7,16 @@ keeps its permission bits and owner, and a link is followed: its target is repla
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 import tempfile
 
-__all__ = ["REPORT_FILE", "atomic_write", "check_apart", "check_output_folder", "check_writable", "keep_mode"]
+__all__ = [
+    "REPORT_FILE", "atomic_write", "check_apart", "check_output_folder", "check_report_folder",
+    "check_writable", "keep_mode", "report_files",
+]
 
 REPORT_FILE = re.compile(r"(gantt\.png|memory_\d+\.png|trace\.json|summary\.json|graph\.pbtxt|events\.out\.tfevents\.baechi)\Z")
 """The names of the files `reports.write_reports` writes into a report folder."""
@@ -43,11 +47,11 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} is not writable; write elsewhere")
 
 
-def check_output_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> None:
-    """Raises `ConfigError` unless a folder `path` (given as `flag`) exists and is writable or
-    can be created: run it before long work, as `check_writable`. With `keep` (the inputs and
-    other outputs of the run), the folder is a report folder, refused when a report would
-    replace one of those files (an input named graph.pbtxt beside --report_dir .)."""
+def check_report_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> None:
+    """`check_output_folder` for a report folder (`reports.write_reports`), also refused when a
+    report would replace one of the files `keep` (the inputs and other outputs of the run: an
+    input named graph.pbtxt beside --report_dir .) or a file of the user's: one with a report's
+    name that the earlier report there (`report_files`) did not write."""
     from baechi_tf.errors import ConfigError
 
     for kept in keep:
@@ -56,6 +60,38 @@ def check_output_folder(path: str, flag: str, keep: tuple[str, ...] = ()) -> Non
                 f"{flag} {path!r} would replace {kept!r} with a report of the same name; write "
                 "the reports into another folder"
             )
+    check_output_folder(path, flag)
+    if not os.path.isdir(path):
+        return
+    earlier = report_files(path)
+    others = sorted(n for n in os.listdir(path) if REPORT_FILE.match(n) and n not in earlier)
+    if others:
+        raise ConfigError(
+            f"{flag} {path!r} holds {', '.join(map(repr, others))}, not from an earlier report, which "
+            "a report would replace; write the reports into another folder, or remove "
+            f"{'them' if len(others) > 1 else 'it'}"
+        )
+
+
+def report_files(folder: str) -> set[str]:
+    """The files of the report in `folder` that its summary.json lists (none when there is no
+    summary, or one `reports.write_reports` did not write)."""
+    try:
+        with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        files = doc["files"]
+        ours = "critical_path" in doc and "makespan_over_lower_bound" in doc  # not another tool's
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    if not ours or not isinstance(files, list):
+        return set()
+    return {n for n in files if isinstance(n, str) and REPORT_FILE.match(n)}
+
+
+def check_output_folder(path: str, flag: str) -> None:
+    """Raises `ConfigError` unless a folder `path` (given as `flag`) exists and is writable or
+    can be created: run it before long work, as `check_writable`."""
+    from baechi_tf.errors import ConfigError
 
     if os.path.exists(path) and not os.path.isdir(path):
         raise ConfigError(f"{flag} {path!r} is a file, not a folder; give a folder (it is created if missing)")

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
 def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     """Refuses, before any work, an ``--out`` that cannot be written or is one of `inputs`, and
     a ``--report_dir`` that cannot be made or is ``--out`` or inside it."""
-    from baechi_tf._files import check_apart, check_output_folder, check_writable
+    from baechi_tf._files import check_apart, check_report_folder, check_writable
     from baechi_tf.errors import ConfigError
 
     for flag, value in (("--out", args.out), ("--report_dir", args.report_dir)):
@@ -192,7 +192,7 @@ def check_outputs(args: argparse.Namespace, inputs: tuple[str, ...]) -> None:
     if args.report_dir:
         if args.out:
             check_apart(args.report_dir, "--report_dir", args.out, "--out")
-        check_output_folder(args.report_dir, "--report_dir", keep=(*inputs, args.out or ""))
+        check_report_folder(args.report_dir, "--report_dir", keep=(*inputs, args.out or ""))
 
 
 def build_parser() -> argparse.ArgumentParser:

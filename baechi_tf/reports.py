@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from baechi_tf._files import REPORT_FILE, keep_mode
+from baechi_tf._files import REPORT_FILE, keep_mode, report_files
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
@@ -97,7 +97,7 @@ def write_reports(
         staging = tempfile.mkdtemp(prefix=".tmp-", suffix="-" + os.path.basename(report_dir), dir=parent)
     try:
         paths = _write_into(staging, result, memory, critical, graph_def, tf_step_stats)
-        earlier = _report_files(report_dir)
+        earlier = report_files(report_dir)
         os.makedirs(report_dir, exist_ok=True)
         for key, name in paths.items():
             keep_mode(os.path.join(report_dir, name), os.path.join(staging, name))
@@ -110,21 +110,6 @@ def write_reports(
         except FileNotFoundError:
             pass
     return {key: os.path.join(report_dir, name) for key, name in paths.items()}
-
-
-def _report_files(report_dir: str) -> set[str]:
-    """The files of the report in `report_dir` that its summary.json lists (none when there is
-    no summary, or one this module did not write)."""
-    try:
-        with open(os.path.join(report_dir, "summary.json"), encoding="utf-8") as f:
-            doc = json.load(f)
-        files = doc["files"]
-        ours = "critical_path" in doc and "makespan_over_lower_bound" in doc  # not another tool's
-    except (OSError, ValueError, KeyError, TypeError):
-        return set()
-    if not ours or not isinstance(files, list):
-        return set()
-    return {n for n in files if isinstance(n, str) and REPORT_FILE.match(n)}
 
 
 def _write_into(

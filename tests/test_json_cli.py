@@ -394,6 +394,42 @@ def test_out_and_report_dir_on_one_path_are_refused_first(tmp_path, capsys, monk
         assert sorted(os.listdir(tmp_path)) == ["link.json", "rep"] and os.listdir("rep") == []
 
 
+def test_a_report_folder_holding_files_of_the_users_is_refused_first(tmp_path, capsys):
+    # A trace.json or graph.pbtxt of the user's in --report_dir was replaced by the report's.
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(small_doc()))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    mine = {"trace.json": '{"my": "trace"}', "graph.pbtxt": 'node { name: "a" op: "NoOp" }'}
+    for name, text in mine.items():
+        (reports / name).write_text(text)
+
+    def refused(names):
+        assert main(["place-json", str(src), "--report_dir", str(reports)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (
+            f"baechi place-json: error: --report_dir {str(reports)!r} holds {names}, not from an "
+            f"earlier report, which a report would replace; write the reports into another folder, "
+            f"or remove {'them' if ',' in names else 'it'}\n")
+
+    refused("'graph.pbtxt', 'trace.json'")
+    assert {n: (reports / n).read_text() for n in os.listdir(reports)} == mine
+    # Another tool's summary.json is the user's too.
+    (reports / "trace.json").unlink()
+    (reports / "graph.pbtxt").unlink()
+    (reports / "summary.json").write_text('{"files": ["trace.json"]}')
+    refused("'summary.json'")
+    # An earlier report of ours is written over, as before; a file of the user's beside it is not.
+    (reports / "summary.json").unlink()
+    assert main(["place-json", str(src), "--report_dir", str(reports)]) == 0
+    assert main(["place-json", str(src), "--report_dir", str(reports)]) == 0
+    before = {n: (reports / n).read_bytes() for n in os.listdir(reports)}
+    (reports / "memory_7.png").write_text("mine")
+    capsys.readouterr()
+    refused("'memory_7.png'")
+    assert {n: (reports / n).read_bytes() for n in os.listdir(reports)} == {**before, "memory_7.png": b"mine"}
+
+
 def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
     # The summary was printed before --out was written: a reader that went away (`| head`) cost
     # the output and gave a BrokenPipeError traceback.

@@ -1176,6 +1176,11 @@ def test_arguments_are_checked(tmp_path):
     # The profile kept where a report of the same name would replace it.
     with pytest.raises(ConfigError, match="report_dir .* would replace .*summary.json' with a report"):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=str(tmp_path), cost_path=str(tmp_path / "summary.json"))
+    # A file of the user's with a report's name, found when the reports replaced it.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "trace.json").write_text("mine")
+    with pytest.raises(ConfigError, match=r"^report_dir '.*mine' holds 'trace.json', not from an earlier report, which a report would replace; write the reports into another folder, or remove it$"):
+        BaechiSession(graph=model.graph, num_devices=2, report_dir=str(tmp_path / "mine"))
     # The profile and the reports on one new path: found when the reports were written.
     same = str(tmp_path / "same")  # no regex characters in pytest's tmp_path
     with pytest.raises(ConfigError, match=f"^report_dir '{same}' and cost_path '{same}' name the same path; give report_dir a folder of its own$"):

@@ -304,6 +304,22 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
+def test_a_report_folder_holding_files_of_the_users_is_refused_before_tensorflow_loads(tmp_path):
+    # The user's graph.pbtxt in --report_dir was replaced by the report's, after the whole run.
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "graph.pbtxt").write_text("mine")
+    done, loaded = run_listing_modules(
+        [sys.executable, os.path.join(ROOT, "train.py"), f"--cost_path={tmp_path / 'cost.pb'}", *GNMT,
+         f"--report_dir={reports}"], tmp_path, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr == (
+        f"train: error: --report_dir {str(reports)!r} holds 'graph.pbtxt', not from an earlier report, which "
+        "a report would replace; write the reports into another folder, or remove it\n")
+    assert "tensorflow" not in loaded
+    assert os.listdir(reports) == ["graph.pbtxt"] and (reports / "graph.pbtxt").read_text() == "mine"
+
+
 def test_a_cost_file_that_is_not_a_profile_is_refused(tmp_path):
     import pickle
 

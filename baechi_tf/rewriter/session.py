@@ -452,14 +452,14 @@ class BaechiSession:
         self._target = target
         self._warmup_steps = warmup_steps
         self._profile_steps = profile_steps
-        from baechi_tf._files import check_apart, check_output_folder, check_writable
+        from baechi_tf._files import check_apart, check_report_folder, check_writable
 
         if cost_path:
             check_writable(cost_path, "cost_path")
         if report_dir:
             if cost_path:
                 check_apart(report_dir, "report_dir", cost_path, "cost_path")
-            check_output_folder(report_dir, "report_dir", keep=(cost_path or "",))
+            check_report_folder(report_dir, "report_dir", keep=(cost_path or "",))
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
         self._ignore_user_devices = ignore_user_devices  # place ops the graph pins, too
