@@ -52,6 +52,9 @@ _PLACER_SLACK = 2.0
 # The pipeline's candidates that run first, one after another: cheap ones, whose best makespan
 # then bounds the rest.
 RUN_FIRST = ("single", "packed", "single+unfused", "packed+unfused", "packed+host")
+# Side by side, the candidates that take longest go first, so that the others fill the time
+# beside them: `layers` runs m-ETF once per layout and once per scope it makes whole.
+LONGEST_FIRST = ("layers",)
 
 # What became of a candidate: its simulated schedule, or the error that stopped it (a
 # `ScheduleCutOff`, or a `BaechiError` when it failed).
@@ -191,8 +194,9 @@ def place_auto(
                 f", each stopped past {cutoff:,.1f} us" if cutoff < math.inf else "",
             )
             bar.update(note=f"{len(rest)} side by side")
+            longest_first = sorted(rest, key=lambda i: placers[i][0] not in LONGEST_FIRST)
             outcomes = remote.run(
-                [(i, placers[i][0]) for i in rest], cutoff, lambda i: here(i, cutoff),
+                [(i, placers[i][0]) for i in longest_first], cutoff, lambda i: here(i, cutoff),
                 lambda i: bar.update(advance=1),
             )
             for i in rest:
