@@ -151,9 +151,8 @@ def place_auto(
     made: list[tuple[int, Schedule]] = []  # every success
     candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
     errors: dict[int, BaechiError] = {}  # failures by index in placers
-    order = sorted(range(len(placers)), key=lambda i: placers[i][0] not in run_first)
-    first = [i for i in order if placers[i][0] in run_first]
-    rest = [i for i in order if placers[i][0] not in run_first]
+    first = [i for i, (name, _) in enumerate(placers) if name in run_first]
+    rest = [i for i, (name, _) in enumerate(placers) if name not in run_first]
 
     def cutoff_now() -> float:
         return reach * best[1].makespan_us if best is not None else math.inf
@@ -176,17 +175,20 @@ def place_auto(
         if best is None or (outcome.makespan_us, i) < (best[1].makespan_us, best[0]):
             best = (i, outcome)
 
-    with Progress("auto: placers", len(order), tick=True) as bar:
+    with Progress("auto: placers", len(placers), tick=True) as bar:
 
         def here(i: int, cutoff: float) -> Outcome:
             bar.update(note=placers[i][0] + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
             return judge_candidate(graph, cluster, placers[i][1], cutoff)
 
-        for i in first:
-            try:
-                record(i, here(i, cutoff_now()))
-            finally:
-                bar.update(advance=1)
+        def one_by_one(indices: list[int]) -> None:
+            for i in indices:
+                try:
+                    record(i, here(i, cutoff_now()))
+                finally:
+                    bar.update(advance=1)
+
+        one_by_one(first)
         if remote is not None and sum(remote.accepts(placers[i][0]) for i in rest) > 1:
             cutoff = cutoff_now()
             log.info(
@@ -202,11 +204,7 @@ def place_auto(
             for i in rest:
                 record(i, outcomes[i])
         else:
-            for i in rest:
-                try:
-                    record(i, here(i, cutoff_now()))
-                finally:
-                    bar.update(advance=1)
+            one_by_one(rest)
     if best is None:
         raise errors[min(errors)]  # the first placer's, whatever ran first
     winner, schedule = placers[best[0]][0], best[1]

@@ -306,15 +306,9 @@ def _serve(context_path: str, level: int) -> None:
             if candidates is None:
                 candidates = dict(auto_candidates(graph, cluster, groups, options, fused, host))
             outcome = judge_candidate(*judge, candidates[name], cutoff)
-            reply = pickle.dumps(
-                ("done", index, outcome, records.records, time.perf_counter() - began),
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-        except Exception:  # a bug, or an outcome that does not pickle: the parent places it
-            reply = pickle.dumps(("failed", traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
-        out.write(_HEADER.pack(len(reply)))
-        out.write(reply)
-        out.flush()
+            _write(out, ("done", index, outcome, records.records, time.perf_counter() - began))
+        except Exception:  # a bug, or an outcome that does not pickle (`_write` pickles first)
+            _write(out, ("failed", traceback.format_exc()))
 
 
 if __name__ == "__main__":
