@@ -92,3 +92,22 @@ def test_link_tables_are_made_once_and_agree_with_each_link():
             assert slope[a][b] * 1000 + intercept[a][b] == pytest.approx(c.transfer_us(a, b, 1000))
     assert c.min_link_intercept_us() == 10
     assert Cluster.homogeneous(1, GiB).min_link_intercept_us() == 0.0
+
+
+@pytest.mark.parametrize(
+    "memory_fraction, config_fraction, share",
+    [
+        (0.5, 0.0, 0.5),  # no per_process_gpu_memory_fraction: TF lists the whole GPU
+        (0.5, 0.5, 1.0),  # train.py --memory_fraction=0.5 sets both: the listing is that half already
+        (0.25, 0.5, 0.5),  # a quarter of the GPU is half of what TF lists
+        (1.0, 0.3, 1.0),  # the placer takes no more than TF's allocator may
+    ],
+)
+def test_a_gpu_listed_under_a_memory_fraction_is_not_scaled_by_it_again(memory_fraction, config_fraction, share):
+    from baechi_tf.rewriter.devices import gpu_share, memory_share
+
+    assert gpu_share(memory_fraction, config_fraction) == pytest.approx(share)
+    # 16 GiB GPU, listed by TF as config_fraction of it (or whole): the placer gets memory_fraction of the GPU
+    listed = int(16 * GiB * config_fraction) if config_fraction > 0 else 16 * GiB
+    placed = memory_share(listed, gpu_share(memory_fraction, config_fraction))
+    assert placed == pytest.approx(16 * GiB * min(memory_fraction, config_fraction or 1.0), rel=1e-9)

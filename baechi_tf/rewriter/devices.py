@@ -1,7 +1,8 @@
 """The devices a placed graph runs on: real GPUs, or virtual CPU devices standing in for them.
 
-With at least `num_devices` GPUs, the cluster is GPU 0..N-1, each holding TF's
-``memory_limit_bytes`` times `memory_fraction`. With fewer, the session asks TF for N + 1 CPU
+With at least `num_devices` GPUs, the cluster is GPU 0..N-1, each holding `memory_fraction` of
+the GPU: of TF's ``memory_limit_bytes``, which already is a config's
+``per_process_gpu_memory_fraction`` of the GPU when one is set (`gpu_share`). With fewer, the session asks TF for N + 1 CPU
 devices (``ConfigProto(device_count={"CPU": N + 1})``): CPU:1..CPU:N stand in for GPU:0..GPU:N-1,
 each with `memory_bytes_per_device` times `memory_fraction`, and CPU:0 stays the host. The host
 CPU is never a placement target; it runs only the ops that must run there (pinned to the CPU by the
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_MEMORY_BYTES_PER_DEVICE",
     "DeviceSetup",
     "gpu_cluster",
+    "gpu_share",
     "host_device",
     "host_memory_bytes",
     "memory_share",
@@ -116,6 +118,16 @@ def memory_share(nbytes: int, fraction: float) -> int:
     return max(1, int(nbytes * fraction)) if nbytes > 0 else nbytes
 
 
+def gpu_share(memory_fraction: float, config_fraction: float) -> float:
+    """The share of a GPU's listed memory that is `memory_fraction` of the whole GPU, when TF lists
+    it as `config_fraction` of the GPU (its ``per_process_gpu_memory_fraction``; 0 or less: unset,
+    the listing is the whole GPU). TF's allocator takes no more than the listing, so neither does
+    the placer."""
+    if config_fraction <= 0:
+        return memory_fraction
+    return min(1.0, memory_fraction / config_fraction)
+
+
 def session_devices(
     num_devices: int,
     *,
@@ -145,9 +157,11 @@ def session_devices(
     )[:num_devices]
     if len(gpus) < num_devices:  # the config hides some GPUs: fall back to stand-ins
         return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)
-    devices = tuple(
-        Device(d.name, memory_share(d.memory_limit_bytes, memory_fraction), "GPU") for d in gpus
-    )
+    # TF lists each GPU with what its allocator may take, already `per_process_gpu_memory_fraction`
+    # of the GPU when the config sets one (train.py's --memory_fraction does): scaling that by
+    # `memory_fraction` again gave the placer the fraction squared.
+    share = gpu_share(memory_fraction, probe_config.gpu_options.per_process_gpu_memory_fraction)
+    devices = tuple(Device(d.name, memory_share(d.memory_limit_bytes, share), "GPU") for d in gpus)
     return DeviceSetup(
         cluster=Cluster(devices, comm),
         host=host_device(LOCAL_TASK),
