@@ -24,6 +24,11 @@ __all__ = [
 
 GiB = 1 << 30
 MAX_MEMORY_BYTES = (1 << 63) - 1
+MAX_COPY_US = 1e15
+"""The longest a copy of a GiB, or a copy's fixed cost, may take: a step's limit
+(`graph.MAX_TOTAL_COMPUTE_US`), so that schedules of any graph stay finite."""
+_DEFAULT_SLOPE_US_PER_BYTE = 0.0001754  # the seed's fit: 5.7 GB/s
+_DEFAULT_INTERCEPT_US = 134.0
 """Most bytes a device may hold: capacities are int64, as TF's are (no limit, in effect)."""
 
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
@@ -109,8 +114,8 @@ def check_device_count(num_devices: object, per: str = "") -> None:
 class CommCost:
     """A linear transfer time: ``slope_us_per_byte * bytes + intercept_us`` microseconds."""
 
-    slope_us_per_byte: float = 0.0001754
-    intercept_us: float = 134.0
+    slope_us_per_byte: float = _DEFAULT_SLOPE_US_PER_BYTE
+    intercept_us: float = _DEFAULT_INTERCEPT_US
 
     def __post_init__(self) -> None:
         for field in ("slope_us_per_byte", "intercept_us"):
@@ -121,6 +126,20 @@ class CommCost:
                 raise ConfigError(
                     f"communication {field}={value!r}; it must be a finite number >= 0"
                 )
+        # A copy may take no longer than a step may (`graph.MAX_TOTAL_COMPUTE_US`): past that,
+        # schedules overflowed to inf us or printed 300-digit step times, and HEFT failed.
+        if self.intercept_us > MAX_COPY_US:
+            raise ConfigError(
+                f"communication intercept_us={self.intercept_us!r}: every copy would take more than "
+                f"the {MAX_COPY_US:g} us (31 years) a step may take; give microseconds (the default "
+                f"is {_DEFAULT_INTERCEPT_US:g})"
+            )
+        if self.slope_us_per_byte * GiB > MAX_COPY_US:
+            raise ConfigError(
+                f"communication slope_us_per_byte={self.slope_us_per_byte!r}: a copy of a GiB would "
+                f"take more than the {MAX_COPY_US:g} us (31 years) a step may take; give "
+                f"microseconds per byte (the default is {_DEFAULT_SLOPE_US_PER_BYTE:g})"
+            )
 
     def __call__(self, nbytes: float) -> float:
         return self.slope_us_per_byte * nbytes + self.intercept_us

@@ -68,6 +68,8 @@ def test_device_task():
         (lambda: CommCost(-1, 0), "finite number >= 0"),
         (lambda: CommCost(float("nan"), 0), "finite number >= 0"),
         (lambda: CommCost.parse("1;2"), "slope,intercept"),
+        (lambda: CommCost(0, 1e16), "every copy would take more than the 1e\\+15 us"),
+        (lambda: CommCost(1e7, 0), "a copy of a GiB would take more than the 1e\\+15 us"),
         (lambda: Cluster.homogeneous(0, GiB), "at least one device"),
         (lambda: Cluster.homogeneous(1, GiB).with_memory_fraction(0), r"\(0, 1\]"),
     ],
@@ -111,3 +113,22 @@ def test_a_gpu_listed_under_a_memory_fraction_is_not_scaled_by_it_again(memory_f
     listed = int(16 * GiB * config_fraction) if config_fraction > 0 else 16 * GiB
     placed = memory_share(listed, gpu_share(memory_fraction, config_fraction))
     assert placed == pytest.approx(16 * GiB * min(memory_fraction, config_fraction or 1.0), rel=1e-9)
+
+
+@pytest.mark.parametrize("method", ["auto", "m_etf", "m_sct", "heft", "m_topo"])
+def test_the_slowest_copies_allowed_still_place_and_schedule_finitely(method):
+    # At the limits every copy costs as much as a step may take: each method still places,
+    # its makespan is finite, and auto keeps one device (every copy costs more than it saves).
+    import math
+
+    from baechi_tf.cluster import MAX_COPY_US
+    from baechi_tf.placer.pipeline import PlacementOptions, place
+    from graphs import fork_join
+
+    slowest = CommCost(MAX_COPY_US / GiB, MAX_COPY_US)
+    cluster = Cluster.homogeneous(4, GiB, comm=slowest)
+    graph = fork_join(4)
+    r = place(graph, cluster, PlacementOptions(method, refine_seconds=0.2))
+    assert math.isfinite(r.makespan_us)
+    if method == "auto":
+        assert r.makespan_us == r.single_device_makespan_us

@@ -152,6 +152,10 @@ BAD = {
     "duplicate device": (mutate(lambda d: d["devices"].append(dict(d["devices"][0]))), "same device"),
     "zero memory device": (mutate(lambda d: d["devices"][0].update(memory_bytes=0)), "positive capacity"),
     "bad comm": (mutate(lambda d: d["comm"].update(intercept_us=-1)), "intercept_us=-1"),
+    # auto failed with a TypeError in HEFT (copies of inf us); m-ETF printed 'inf ms'
+    "endless copies": (mutate(lambda d: d["comm"].update(intercept_us=1e308)), "intercept_us=1e\\+308: every copy"),
+    # a 300-digit step time
+    "endless bytes": (mutate(lambda d: d["comm"].update(slope_us_per_byte=1e300)), "a copy of a GiB would take"),
     "does not fit": (
         mutate(lambda d: d["ops"][2].update(persistent_bytes=2 << 30)),
         "op 'c' cannot run on '/device:GPU:1', where it is pinned, whatever else goes there: .* "
