@@ -97,7 +97,7 @@ CLI_CASES = [
     ("negative refine time", "graph.pb", "cost.pb", ["--refine_seconds", "-1"], "refine_seconds"),
     ("negative placement jobs", "graph.pb", "cost.pb", ["--placement_jobs", "-1"], "placement_jobs -1 must be a whole number"),
     ("does not fit", "graph.pb", "cost.pb", ["--memory_per_device", "4KiB"], "cannot run on any device"),
-    ("single does not fit", "graph.pb", "cost.pb", ["--placement_method", "single", "--memory_per_device", "4KiB"], "fit"),
+    ("single does not fit", "graph.pb", "cost.pb", ["--placement_method", "single", "--memory_per_device", "64KiB"], "does not fit on one device"),
 ]
 
 

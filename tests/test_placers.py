@@ -508,3 +508,21 @@ def test_auto_simulates_one_device_once(monkeypatch, placer_type):
         assert result.candidates["single"] == fresh
     else:  # the fused graph's one device, judged on the real graph; one device unfused; the baseline
         assert len(one) >= 3, runs
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_group_no_device_can_hold_is_refused_before_any_placer_runs(method, caplog):
+    # It was found only after every placer had failed (auto's portfolio and m-SCT's LP ran
+    # first), and `single` said to use a multi-device method, which cannot help.
+    b = OpGraphBuilder()
+    b.add_op("weights", 10.0, [1 << 20], persistent_bytes=3 << 30)
+    for i in range(40):
+        b.add_op(f"op{i}", 100.0, [1 << 20])
+        b.add_edge("weights" if i == 0 else f"op{i - 1}", f"op{i}")
+    caplog.set_level("DEBUG", logger="baechi_tf")
+    with pytest.raises(InfeasiblePlacementError) as e:
+        place(b.build(), graphs.cluster(4, memory_bytes=2 << 30), PlacementOptions(method, **FAST))
+    assert "'weights' cannot run on any device, whatever else goes there" in str(e.value)
+    assert "more devices do not help" in str(e.value)
+    placers = [r for r in caplog.records if r.name.startswith(("baechi_tf.sct", "baechi_tf.placer."))]
+    assert not placers, [r.getMessage() for r in placers]

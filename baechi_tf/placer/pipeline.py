@@ -528,6 +528,12 @@ def _fuse_and_place(
     graph: OpGraph, cluster: Cluster, groups: Groups, options: PlacementOptions, host: Optional[HostView] = None
 ):
     """The placement, and the portfolio's result when the method is ``auto`` (else None)."""
+    # A group that fits no device, seen in O(V + E) without simulating, before any placer runs:
+    # it was seen only once every placer had failed (auto's whole portfolio, m-SCT's LP), and
+    # `single` said to use a multi-device method.
+    refusal = FitSearch(graph, cluster, groups).refusal
+    if refusal is not None:
+        raise InfeasiblePlacementError(refusal)
 
     def run(g: OpGraph, gr: Groups):
         try:
