@@ -621,3 +621,66 @@ def test_critical_path_ends_at_the_last_op():
     c = graphs.cluster(2, comm=COMM)
     s = simulate(g, c, place(g, [0, 0, 1, 1]))
     assert s.critical_path(g, c) == [0, 1, 2, 3]
+
+
+def test_lower_bound_pays_for_a_copy_between_ops_pinned_apart():
+    #  a(100) -> b(10), a pinned to GPU:0 and b to GPU:1: the 40 B copy, 0.5 * 40 + 20 = 40 us,
+    #  is paid in every placement: 150 us. Without the pins a placement keeps both on one
+    #  device (110 us), which the bound said too.
+    b = OpGraphBuilder()
+    b.add_op("a", 100, [40], device="/device:GPU:0")
+    b.add_op("b", 10, [4], device="/device:GPU:1")
+    b.add_edge("a", "b")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    assert lower_bound_us(g, c) == 150 == simulate(g, c, place(g, [0, 1])).makespan_us
+    for pins in ((None, None), ("/device:GPU:1", "/device:GPU:1")):  # free, or kept together
+        b = OpGraphBuilder()
+        b.add_op("a", 100, [40], device=pins[0])
+        b.add_op("b", 10, [4], device=pins[1])
+        b.add_edge("a", "b")
+        assert lower_bound_us(b.build(), c) == 110
+
+
+def _best_pinned_makespan(graph, cluster, groups):
+    """The least simulated makespan over every placement that keeps groups whole and pins held."""
+    from baechi_tf.placer.list_scheduler import pinned_group_devices
+
+    pins = pinned_group_devices(graph, cluster, groups)
+    choices = [[int(p)] if p >= 0 else range(cluster.num_devices) for p in pins]
+    return min(
+        simulate(graph, cluster, place(graph, np.asarray(d)[groups.group_of])).makespan_us
+        for d in itertools.product(*choices)
+    )
+
+
+def test_lower_bound_with_pins_never_beats_a_placement_that_keeps_them():
+    # Random DAGs of 4-7 ops, half of them pinned, with and without colocation groups, on 2 or
+    # 3 devices with copies of 20-220 us: every placement that holds the pins (and groups) is
+    # tried. Not vacuous: the pins raise the bound on some of them.
+    from baechi_tf.errors import InvalidGraphError
+
+    raised = checked = 0
+    for seed in range(120):
+        nd = 2 + seed % 2
+        c = graphs.cluster(nd, comm=CommCost(0.5, 20))
+        g = graphs.random_dag(
+            seed, 4 + seed % 4, edge_prob=0.5, max_compute_us=300, max_bytes=400,
+            group_prob=0.3 * (seed % 2), pin_prob=0.5, num_devices=nd,
+        )
+        try:
+            groups = colocation_groups(g)
+        except InvalidGraphError:  # a group pinned to two devices
+            continue
+        unpinned = graphs.random_dag(
+            seed, 4 + seed % 4, edge_prob=0.5, max_compute_us=300, max_bytes=400,
+            group_prob=0.3 * (seed % 2), pin_prob=0.0, num_devices=nd,
+        )
+        for given in (None, groups):
+            bound = lower_bound_us(g, c, groups=given)
+            best = _best_pinned_makespan(g, c, groups)
+            assert best >= bound - 1e-6, (seed, given is not None, best, bound)
+            raised += bound > lower_bound_us(unpinned, c, groups=given) + 1e-6
+            checked += 1
+    print("pins raised the bound on", raised, "of", checked)
+    assert checked > 150 and raised > 20, (checked, raised)

@@ -29,10 +29,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import InfeasiblePlacementError
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph, csr
 from baechi_tf.placer.grouping import Groups, _UnionFind
-from baechi_tf.placer.list_scheduler import FixedPolicy, run_list_scheduler
+from baechi_tf.placer.list_scheduler import (
+    FixedPolicy,
+    pinned_device_index,
+    pinned_group_devices,
+    run_list_scheduler,
+)
 from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["critical_path_us", "lower_bound_us", "simulate", "single_device_schedule"]
@@ -91,6 +96,9 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
       compute of the largest part, one that splits a pair u -> v takes at least head(u) +
       compute(u) + comm(u, v) + compute(v) + tail(v).
 
+    Ops pinned to devices of the cluster stay there in every placement: a pair pinned to two
+    devices always pays its copy, and a pair pinned to one never does (`_pins`).
+
     Without `groups` it bounds every placement. With `groups` (TF's colocation groups,
     `colocation_groups`, are the ones every accepted placement keeps; heuristic groupings such as
     ``coplace`` are not) it bounds only the placements that keep each group on one device: a
@@ -104,13 +112,31 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
         float(compute.sum()) / cluster.num_devices,
         _phase_bound_us(graph, cluster.num_devices, pairs),
     ]
-    heads_tails = _comm_heads_tails(graph, pairs, groups=groups)
+    pins = _pins(graph, cluster, groups) if pairs is not None else None
+    heads_tails = _comm_heads_tails(graph, pairs, groups=groups, pins=pins)
     if heads_tails is not None:
         head, tail = heads_tails
         bounds.append(float((head + compute + tail).max()))
         bounds.append(_energetic_us(compute, head, tail, cluster.num_devices))
-        bounds.append(_keep_or_split_us(graph, pairs, head, tail, groups))
+        bounds.append(_keep_or_split_us(graph, pairs, head, tail, groups, pins))
     return max(bounds)
+
+
+def _pins(graph: OpGraph, cluster: Cluster, groups: Optional[Groups]) -> Optional[np.ndarray]:
+    """The device every placement puts each op on, -1 where it may vary (None: no pins): an op's
+    pin, or with `groups` its group's. Pins to devices not in `cluster` count as none."""
+    if all(d is None for d in graph.pinned_device):
+        return None
+    try:
+        if groups is not None:
+            pins = pinned_group_devices(graph, cluster, groups)[groups.group_of]
+        else:
+            pins = np.array(
+                [-1 if d is None else pinned_device_index(graph, cluster, op) for op, d in enumerate(graph.pinned_device)]
+            )
+    except ConfigError:  # a pin to a device elsewhere (a host outside the cluster)
+        return None
+    return pins.astype(np.int64) if (pins >= 0).any() else None
 
 
 def _keep_or_split_us(
@@ -119,16 +145,19 @@ def _keep_or_split_us(
     head: np.ndarray,
     tail: np.ndarray,
     groups: Optional[Groups],
+    pins: Optional[np.ndarray] = None,
 ) -> float:
     """min(the compute of the largest part, the least split pair's path), a bound of every
-    placement (with `groups`, of those that keep each group on one device).
+    placement (with `groups`, of those that keep each group on one device; `pins`, -1 or the
+    device of each op, as `_pins`).
 
     Either no pair (`_pair_comm`) has its ends on two devices: then each part (a weakly connected
     component of the graph, parts joined by a group counting as one) is on one device, which
     runs all of its ops one after the other. Or some pair u -> v has: v starts no earlier than u
     ends plus comm(u, v), so the step takes at least head(u) + compute(u) + comm(u, v) +
-    compute(v) + tail(v) (`_comm_heads_tails`). A pair inside a group is never split. On graphs
-    whose copies cost more than the parallelism saves, this is where the bound meets the one-device
+    compute(v) + tail(v) (`_comm_heads_tails`). A pair inside a group, or pinned to one device,
+    is never split; a part holding ops pinned to two devices is never kept. On graphs whose
+    copies cost more than the parallelism saves, this is where the bound meets the one-device
     makespan.
     """
     src, dst, comm = pairs
@@ -142,8 +171,18 @@ def _keep_or_split_us(
         through = through[groups.group_of[src] != groups.group_of[dst]]
         for op, group in enumerate(groups.group_of.tolist()):  # a group's ops are in one part
             parts.union(op, n + group)
+    if pins is not None:
+        kept = (pins[src] >= 0) & (pins[src] == pins[dst])
+        if groups is not None:
+            kept = kept[groups.group_of[src] != groups.group_of[dst]]
+        through = through[~kept]
     split_us = float(through.min()) if through.size else math.inf
     part = np.array([parts.find(op) for op in range(n)])
+    if pins is not None:
+        pinned = pins >= 0
+        devices_per_part = np.unique(np.stack([part[pinned], pins[pinned]]), axis=1)[0]
+        if np.unique(devices_per_part).size < devices_per_part.size:  # a part pinned apart
+            return split_us
     keep_us = float(np.bincount(part, weights=compute).max())
     return min(keep_us, split_us)
 
@@ -499,6 +538,7 @@ def _comm_heads_tails(
     pairs: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]],
     *,
     groups: Optional[Groups] = None,
+    pins: Optional[np.ndarray] = None,
 ) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """head(v) and tail(v) of every op, communication paid where unavoidable, from `_pair_comm`'s
     `pairs`; None without them (nothing is remote: they are the critical path's).
@@ -521,6 +561,11 @@ def _comm_heads_tails(
     prefix now counts), and J(F + prefix) runs F too; past `_EXACT_PREFIXES` the bound of J counts
     F's least head and compute. Successors in v's group are forced the same way for tail.
 
+    With `pins` (-1 or the device of each op, `_pins`), a predecessor pinned to v's device is
+    forced into L as one of its group is, and one pinned to another device is never in L: head(v)
+    is then the max of its a_u and the min over L of the others, since max(R, .) distributes over
+    the min.
+
     Time O(E log E) plus O(min(deg, _EXACT_PREFIXES)^2 + deg log deg) per op, or
     O(min(deg, _EXACT_PREFIXES) * deg) for an op with a pair in its own group; memory O(V + E).
     """
@@ -529,12 +574,20 @@ def _comm_heads_tails(
     src, dst, comm = pairs
     # Pairs inside one group: the producer is always local to the consumer (and vice versa).
     same = None if groups is None else groups.group_of[src] == groups.group_of[dst]
+    apart = None
+    if pins is not None:
+        pinned = (pins[src] >= 0) & (pins[dst] >= 0)
+        together = pinned & (pins[src] == pins[dst])
+        same = together if same is None else same | together
+        apart = pinned & (pins[src] != pins[dst])
+        if not apart.any():
+            apart = None
     if same is not None and not same.any():
         same = None
     compute = graph.compute_us.astype(np.float64)
     order = graph.topo_order.tolist()
-    head = _head_us(order, src, dst, comm, compute, same)
-    tail = _head_us(order[::-1], dst, src, comm, compute, same)
+    head = _head_us(order, src, dst, comm, compute, same, apart)
+    tail = _head_us(order[::-1], dst, src, comm, compute, same, apart)
     return head, tail
 
 
@@ -545,10 +598,17 @@ def _head_us(
     comm: np.ndarray,
     compute: np.ndarray,
     same: Optional[np.ndarray] = None,
+    apart: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """head(v) of `_comm_heads_tails` for pairs src -> dst, visited in `order`; the pairs
-    where `same` is true keep src local to dst."""
+    where `same` is true keep src local to dst, those where `apart` is true keep it remote."""
     n = compute.shape[0]
+    ptr_r: list[int] = [0] * (n + 1)
+    if apart is not None:
+        ptr_r, pred_r, comm_r = _csr(dst[apart], n, src[apart], comm[apart])
+        keep = ~apart
+        src, dst, comm = src[keep], dst[keep], comm[keep]
+        same = same[keep] if same is not None else None
     if same is None:
         ptr_l, pred, comm_l = _csr(dst, n, src, comm)
         forced_l, num_forced = [], [0] * n
@@ -585,6 +645,9 @@ def _head_us(
             _, r, cu = jobs[0]
             # Mostly the first prefix wins already: only its op local, all others remote.
             head[v] = r + cu if r + cu >= jobs[1][0] else _best_local_set_us(jobs)
+        for k in range(ptr_r[v], ptr_r[v + 1]):  # pinned to another device: always remote
+            u = pred_r[k]
+            head[v] = max(head[v], head[u] + c[u] + comm_r[k])
     return np.array(head)
 
 
