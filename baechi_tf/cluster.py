@@ -24,12 +24,12 @@ __all__ = [
 
 GiB = 1 << 30
 MAX_MEMORY_BYTES = (1 << 63) - 1
+"""Most bytes a device may hold: capacities are int64, as TF's are (no limit, in effect)."""
 MAX_COPY_US = 1e15
 """The longest a copy of a GiB, or a copy's fixed cost, may take: a step's limit
 (`graph.MAX_TOTAL_COMPUTE_US`), so that schedules of any graph stay finite."""
 _DEFAULT_SLOPE_US_PER_BYTE = 0.0001754  # the seed's fit: 5.7 GB/s
 _DEFAULT_INTERCEPT_US = 134.0
-"""Most bytes a device may hold: capacities are int64, as TF's are (no limit, in effect)."""
 
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 _DEVICE = re.compile(r"(?:^|/)(?:device:([A-Za-z_]+)|((?i:gpu|cpu|tpu))):(\d+)$")

@@ -131,9 +131,10 @@ def _pins(graph: OpGraph, cluster: Cluster, groups: Optional[Groups]) -> Optiona
         if groups is not None:
             pins = pinned_group_devices(graph, cluster, groups)[groups.group_of]
         else:
-            pins = np.array(
-                [-1 if d is None else pinned_device_index(graph, cluster, op) for op, d in enumerate(graph.pinned_device)]
-            )
+            pins = np.array([
+                -1 if d is None else pinned_device_index(graph, cluster, op)
+                for op, d in enumerate(graph.pinned_device)
+            ])
     except ConfigError:  # a pin to a device elsewhere (a host outside the cluster)
         return None
     return pins.astype(np.int64) if (pins >= 0).any() else None
