@@ -5,9 +5,10 @@ the GPU, out of TF's ``memory_limit_bytes``, which already is a config's
 ``per_process_gpu_memory_fraction`` of the GPU when one is set (`gpu_share`). With fewer, the
 session asks TF for N + 1 CPU devices (``ConfigProto(device_count={"CPU": N + 1})``):
 CPU:1..CPU:N stand in for GPU:0..GPU:N-1, each with `memory_bytes_per_device` times
-`memory_fraction`, and CPU:0 stays the host. The host CPU is never a placement target; it runs only the ops that must run there (pinned to the CPU by the
-user, or without a kernel for the devices' type), exactly as on a machine with GPUs. A pin to
-``/gpu:i`` in the graph means the stand-in of GPU i.
+`memory_fraction`, and CPU:0 stays the host. The host CPU is never a placement target; it runs
+only the ops that must run there (pinned to the CPU by the user, or without a kernel for the
+devices' type), exactly as on a machine with GPUs. A pin to ``/gpu:i`` in the graph means the
+stand-in of GPU i.
 
 Everything but `session_devices` and `session_config` is pure (no TensorFlow import).
 """
