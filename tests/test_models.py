@@ -374,6 +374,10 @@ def test_hparams_from_train_py_flags():
         (lambda: GNMTHParams(rnn_unit_type="nas"), "rnn_unit_type='nas'"),
         (lambda: InceptionV3HParams(image_size=64), "at least 75"),
         (lambda: InceptionV3HParams(data_format="NWHC"), "NHWC or NCHW"),
+        # --depth_multiplier=inf passed the check and ended in an OverflowError traceback
+        (lambda: InceptionV3HParams(depth_multiplier=float("inf")), "finite number > 0"),
+        (lambda: InceptionV3HParams(depth_multiplier=float("nan")), "finite number > 0"),
+        (lambda: InceptionV3HParams(depth_multiplier=-1.0), "finite number > 0"),
         (lambda: TransformerHParams(d_model=10, num_heads=4), "not a multiple"),
         (lambda: build_model("gnmt_v2", TransformerHParams()), "takes GNMTHParams"),
     ],

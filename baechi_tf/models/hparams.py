@@ -8,6 +8,7 @@ refuses a bad value with a `ConfigError` that names the field and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from baechi_tf.errors import ConfigError
 
@@ -85,8 +86,10 @@ class InceptionV3HParams:
             )
         if self.data_format not in ("NHWC", "NCHW"):
             raise ConfigError(f"data_format={self.data_format!r}; use NHWC or NCHW")
-        if not self.depth_multiplier > 0:
-            raise ConfigError(f"depth_multiplier={self.depth_multiplier!r}; it must be > 0")
+        if not (isinstance(self.depth_multiplier, (int, float))
+                and math.isfinite(self.depth_multiplier) and self.depth_multiplier > 0):
+            raise ConfigError(
+                f"depth_multiplier={self.depth_multiplier!r}; it must be a finite number > 0")
         if not 0 < self.dropout_keep_prob <= 1:
             raise ConfigError(f"dropout_keep_prob={self.dropout_keep_prob!r}; give 0 < p <= 1")
 
