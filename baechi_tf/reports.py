@@ -304,7 +304,13 @@ def _thread_metadata(pid: int, tid: int, name: str) -> list[dict[str, Any]]:
 
 
 def _tf_events(step_stats: Any) -> list[dict[str, Any]]:
-    """TF's ``StepStats`` as complete events, time 0 at the first op TF started."""
+    """TF's ``StepStats`` as complete events, time 0 at the first op TF started.
+
+    TF runs a device's independent ops side by side on its threads, yet its step stats give them
+    all one ``thread_id`` (0 on CPU devices): events of one thread would overlap, which trace
+    viewers take for nesting (or drop). Each TF thread is split into as many lanes (threads of
+    the trace) as it runs ops at once; its first lane keeps its name, ``thread <id>``.
+    """
     if isinstance(step_stats, (bytes, bytearray)):
         from tensorflow.core.framework import step_stats_pb2
 
@@ -316,21 +322,37 @@ def _tf_events(step_stats: Any) -> list[dict[str, Any]]:
     for k, dev in enumerate(devices):
         pid = _TF_PID + k
         events += _process_metadata(pid, f"TensorFlow {dev.device}", 1000 + k)
-        for tid in sorted({int(ns.thread_id) for ns in dev.node_stats}):
-            events += _thread_metadata(pid, tid, f"thread {tid}")
+        by_thread: dict[int, list[Any]] = {}
         for ns in dev.node_stats:
-            events.append(
-                {
-                    "name": ns.node_name,
-                    "cat": "tensorflow",
-                    "ph": "X",
-                    "ts": _tf_start_us(ns) - t0,
-                    "dur": _tf_duration_us(ns),
-                    "pid": pid,
-                    "tid": int(ns.thread_id),
-                    "args": {"op": ns.node_name, "label": ns.timeline_label},
-                }
-            )
+            by_thread.setdefault(int(ns.thread_id), []).append(ns)
+        next_tid = 0
+        for thread in sorted(by_thread):
+            nodes = sorted(by_thread[thread], key=lambda ns: (_tf_start_us(ns), -_tf_duration_us(ns)))
+            lane_ends: list[float] = []  # end of the last event of each lane of this thread
+            for ns in nodes:
+                start = _tf_start_us(ns) - t0
+                duration = _tf_duration_us(ns)
+                lane = next((j for j, end in enumerate(lane_ends) if end <= start), len(lane_ends))
+                if lane == len(lane_ends):
+                    lane_ends.append(start + duration)
+                    name = f"thread {thread}" if lane == 0 else f"thread {thread} ({lane + 1})"
+                    events += _thread_metadata(pid, next_tid + lane, name)
+                else:
+                    lane_ends[lane] = start + duration
+                events.append(
+                    {
+                        "name": ns.node_name,
+                        "cat": "tensorflow",
+                        "ph": "X",
+                        "ts": start,
+                        "dur": duration,
+                        "pid": pid,
+                        "tid": next_tid + lane,
+                        "args": {"op": ns.node_name, "label": ns.timeline_label,
+                                 "thread_id": thread},
+                    }
+                )
+            next_tid += len(lane_ends)
     return events
 
 

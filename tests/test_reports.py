@@ -521,3 +521,38 @@ def test_names_the_font_cannot_draw_give_no_warnings(tmp_path):
         paths = write_reports(result, str(tmp_path))
     assert not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
     assert os.path.getsize(paths["gantt"]) > 0
+
+
+def test_tensorflow_ops_that_ran_side_by_side_get_lanes_of_their_own():
+    # TF runs a CPU device's independent ops at once on its threads, but its step stats give
+    # every op thread_id 0: the real step's events overlapped on one trace thread (an op inside a
+    # longer one, or starting inside it and ending after), which viewers draw as nesting or drop.
+    pytest.importorskip("tensorflow")
+    from tensorflow.core.framework import step_stats_pb2
+
+    from baechi_tf.reports import _tf_events
+
+    stats = step_stats_pb2.StepStats()
+    dev = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:1")
+    for name, start, dur in (("long", 100, 50), ("inside", 110, 10), ("across", 140, 30),
+                             ("after", 150, 5), ("later", 300, 1)):
+        dev.node_stats.add(node_name=name, all_start_micros=1000 + start, op_end_rel_micros=dur)
+    other = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:2")
+    other.node_stats.add(node_name="alone", all_start_micros=1000, op_end_rel_micros=7)
+
+    events = _tf_events(stats)
+    ops = [e for e in events if e["ph"] == "X"]
+    assert sorted(e["name"] for e in ops) == ["across", "after", "alone", "inside", "later", "long"]
+    by_name = {e["name"]: e for e in ops}
+    assert (by_name["long"]["ts"], by_name["long"]["dur"]) == (100.0, 50.0)
+    assert by_name["alone"]["ts"] == 0.0
+    named = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    threads: dict = {}
+    for e in ops:
+        assert (e["pid"], e["tid"]) in named
+        threads.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in threads.values():  # complete events of one thread never overlap
+        spans.sort()
+        assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans
+    assert len({t for p, t in threads if p == by_name["long"]["pid"]}) == 2  # two at once at most
+    assert by_name["later"]["tid"] == by_name["long"]["tid"] == 0
