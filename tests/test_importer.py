@@ -602,3 +602,66 @@ def test_nothing_is_left_to_place_when_every_colocation_group_holds_a_pin():
     # Pinned only for want of a kernel: the graph's device fields pinned nothing.
     assert not _nothing_to_place(graph(("s", "/device:CPU:0", ())), host_ops=("s",))
     assert _nothing_to_place(graph(("s", "/device:CPU:0", ()), ("a", "/device:GPU:0", ())), host_ops=("s",))
+
+
+def _v1_loop_training_graph(branches: int, layers: int):
+    """`branches` scopes layer_0.. of `layers` matmuls each, then a v1 while loop; Momentum."""
+    tf1 = tf.compat.v1
+    tf1.disable_control_flow_v2()
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf1.placeholder(tf.float32, [4, 32], name="x")
+            outs = []
+            for b in range(branches):
+                h = x
+                with tf1.variable_scope(f"layer_{b}"):
+                    for k in range(layers):
+                        init = tf1.random_normal_initializer(stddev=0.2, seed=100 * b + k)
+                        w = tf1.get_variable(f"w{k}", [32, 32], initializer=init)
+                        h = tf.nn.relu(tf.matmul(h, w)) + 0.01
+                    _, h = tf1.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, tf.tanh(a) * 1.01), [0, h])
+                outs.append(tf.reduce_mean(h))
+            loss = tf.add_n(outs, name="loss")
+            train = tf1.train.MomentumOptimizer(0.01, 0.9).minimize(loss, name="train")
+            init = tf1.global_variables_initializer()
+    finally:
+        tf1.enable_control_flow_v2()
+    return g, x, loss, train, init
+
+
+def test_a_v1_loop_enter_shares_a_group_with_its_first_reader():
+    g, *_ = _v1_loop_training_graph(2, 2)
+    gd = g.as_graph_def()
+    setup = standin_cluster(4, prefix=TASK)
+    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
+                             device_aliases=setup.aliases).graph
+    groups = colocation_groups(graph)
+    index = {name: i for i, name in enumerate(graph.names)}
+    enters = [n for n in gd.node if n.op == "Enter"]
+    assert len(enters) > 10 and any(n.attr["is_constant"].b for n in enters)
+    for enter in enters:
+        reader = next(n.name for n in gd.node if any(i.split(":")[0] == enter.name for i in n.input if i[0] != "^"))
+        assert groups.group_of[index[enter.name]] == groups.group_of[index[reader]], enter.name
+
+
+def test_a_placed_v1_loop_training_graph_runs_as_on_one_device():
+    # With 8 branches of 12 layers, layers' placement (and m-SCT's, on other profiles) put the
+    # loop-invariant Enter of a gradient loop's count on a device without its reader, and TF's
+    # step waited forever (the timeout below ended it). Losses of three steps are compared.
+    from baechi_tf import BaechiSession
+
+    tf1 = tf.compat.v1
+    g, x, loss, train, init = _v1_loop_training_graph(8, 12)
+    feed = {x: np.random.RandomState(0).randn(4, 32).astype(np.float32)}
+    with tf1.Session(graph=g) as plain:
+        plain.run(init)
+        expected = [plain.run([loss, train], feed)[0] for _ in range(3)]
+    limit = tf1.RunOptions(timeout_in_ms=60_000)
+    with BaechiSession(graph=g, num_devices=4, options=PlacementOptions("layers", refine_seconds=0.5)) as sess:
+        sess.run(init)
+        got = [sess.run([loss, train], feed, options=limit)[0] for _ in range(3)]
+        placed = sess.placed_graph_def
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    loop_devices = {n.device for n in placed.node if "/while/" in n.name}
+    assert len(loop_devices) == 4, loop_devices  # the loops and their gradients were spread

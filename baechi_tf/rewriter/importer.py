@@ -17,7 +17,7 @@ One op per node, in node order, with:
   device (TF moves it there whatever the GraphDef says), and so does a dataset op reading another
   dataset. Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
-  the iterator lives.
+  the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`).
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
   GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
@@ -339,6 +339,7 @@ def import_graph_def(
     names = [n.name for n in graph_def.node]
     node_types = {n.name: n.op for n in graph_def.node}
     from_handle = [n.name for n in graph_def.node if n.op in _FROM_STRING_HANDLE]
+    enter_readers = _enter_readers(graph_def)
 
     for node in graph_def.node:
         op = tfg.get_operation_by_name(node.name)
@@ -379,7 +380,8 @@ def import_graph_def(
             device=device,
             colocation=tuple(colocation)
             + tuple(_implicit_colocation(op))
-            + (tuple(from_handle[:1]) if node.op in _ITERATORS else ()),
+            + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
+            + enter_readers.get(node.name, ()),
             op_type=node.op,
         )
 
@@ -469,6 +471,34 @@ def _needs_host(
     if any(lookup(op_type, t) for t in checked_types):
         return False
     return "CPU" not in checked_types and lookup(op_type, "CPU")
+
+
+_ENTERS = frozenset({"Enter", "RefEnter"})
+
+
+def _enter_readers(graph_def: Any) -> dict[str, tuple[str, ...]]:
+    """Each v1 loop ``Enter`` node's first data reader (in node order), which it must share a
+    device with: an Enter placed apart from every op that reads it (the loop-invariant count of
+    a gradient loop on a device of its own, say) made TF's step wait forever, the receiving
+    device's iterations expecting copies that its device sent once. Not where both nodes name
+    different devices (the user's pins hold)."""
+    enters = {n.name: n for n in graph_def.node if n.op in _ENTERS}
+    out: dict[str, tuple[str, ...]] = {}
+    if not enters:
+        return out
+    for node in graph_def.node:
+        for text in node.input:
+            if text.startswith("^"):
+                continue
+            src = text.split(":", 1)[0]
+            enter = enters.get(src)
+            if enter is None or src in out:
+                continue
+            if enter.device and node.device and enter.device != node.device:
+                out[src] = ()
+            else:
+                out[src] = (node.name,)
+    return out
 
 
 def _implicit_colocation(op: Any) -> list[str]:
