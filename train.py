@@ -51,6 +51,7 @@ Errors in flags or files: one line on stderr and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -621,7 +622,9 @@ def _describe_devices(setup: Any) -> str:
     several_tasks = len({d.task for d in setup.cluster.devices}) > 1
     names = ", ".join(d.name if several_tasks else d.name.split("/")[-1] for d in setup.cluster.devices)
     if setup.virtual:
-        return (f"{setup.cluster.num_devices} virtual CPU devices standing in for GPUs "
+        one = setup.cluster.num_devices == 1
+        return (f"{setup.cluster.num_devices} virtual CPU device{'' if one else 's'} standing in for "
+                f"GPU{'' if one else 's'} "
                 f"({names}; CPU:0 is the host)")
     return f"{setup.cluster.num_devices} GPUs ({names})"
 
@@ -789,7 +792,12 @@ def _main() -> int:
     from baechi_tf.rewriter.devices import resolve_memory
 
     resolve_memory(FLAGS.memory_per_device)  # _devices reads it again, once TensorFlow is loaded
+    if not math.isfinite(FLAGS.learning_rate):
+        raise ConfigError(f"--learning_rate={FLAGS.learning_rate}; give a finite number")
     _check_outputs()
+    if FLAGS.costgen and FLAGS.report_dir:
+        print("train: --report_dir is not used with --costgen, which profiles and places nothing; "
+              "give it to the run that places", file=sys.stderr, flush=True)
     import_tensorflow_quietly()
     import tensorflow as tf
     from absl import logging

@@ -47,7 +47,12 @@ def train(*args, expect=0, **env):
 
 def costgen(tmp_path_factory, model_flags, name):
     path = str(tmp_path_factory.mktemp(name) / "cost.pkl")
-    out = train("--costgen", f"--cost_path={path}", *model_flags, *FAST_PROFILE).stdout
+    reports = tmp_path_factory.mktemp(name) / "reports"  # the placing run's flags, given here too
+    done = train("--costgen", f"--cost_path={path}", *model_flags, *FAST_PROFILE, f"--report_dir={reports}")
+    out = done.stdout
+    # It was dropped without a word.
+    assert "train: --report_dir is not used with --costgen, which profiles and places nothing" in done.stderr
+    assert not reports.exists()
     assert re.search(r"^Profile of \d+ ops over 2 traced steps written to ", out, re.M), out
     profile = load_profile(path)  # a protobuf CostProfile, whatever the file is called
     assert profile.num_traced_steps == 2 and len(profile.ops) > 20
@@ -220,6 +225,7 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--placement_method=magic"], "unknown placement method 'magic'"),
         (["--placement_jobs=-2"], "placement_jobs -2 must be a whole number >= 0"),
         (["--memory_per_device=inf"], "--memory_per_device 'inf' is not a finite size"),  # was OverflowError
+        (["--learning_rate=nan"], "--learning_rate=nan; give a finite number"),  # trained with NaN
         (["--memory_per_device=2PB"], "--memory_per_device '2PB' has the unknown unit 'PB'; use KiB"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
         # Refused after the profiling, with NotADirectoryError.
