@@ -306,3 +306,33 @@ def test_generated_module_matches_the_proto_file():
     assert declared == generated
     assert cost_profile_pb2.DESCRIPTOR.name == "baechi_tf/proto/cost_profile.proto"
     assert np.all([f.number < 15 for f in cost_profile_pb2.OpCost.DESCRIPTOR.fields])
+
+
+def test_a_function_bodys_op_does_not_add_to_the_graphs_op_of_its_name():
+    # The body of f has a 'MatMul' of 1024 x 1024 floats, as the graph has a 'MatMul' of 2 x 2:
+    # traced under one name, the body's time and 4 MiB output went to the graph's op.
+    tf1 = tf.compat.v1
+
+    @tf.function
+    def f(a):
+        b = tf.tile(a, [512, 512])
+        return tf.reduce_sum(tf.matmul(b, b))
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2, 2], name="x")
+        total = f(tf.matmul(x, x, name="MatMul"))
+    steps = []
+    with tf1.Session(graph=g) as sess:
+        for _ in range(3):
+            rm = tf1.RunMetadata()
+            sess.run(total, {x: np.ones([2, 2], np.float32)},
+                     options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=rm)
+            steps.append(rm.step_stats)
+    traced_names = [ns.node_name for d in steps[0].dev_stats for ns in d.node_stats]
+    assert traced_names.count("MatMul") == 2  # the graph's and the body's
+    profile = profile_from_step_stats(steps, g.as_graph_def())
+    matmul, call = profile.ops["MatMul"], next(c for n, c in profile.ops.items() if n != "MatMul")
+    assert call.op_type in ("PartitionedCall", "StatefulPartitionedCall")
+    assert matmul.output_bytes == (16,)  # 2 x 2 floats, not the body's 4 MiB
+    assert matmul.compute_us < call.compute_us / 10

@@ -114,6 +114,11 @@ def profile_from_step_stats(
     if not step_stats_list:
         raise ProfileError("no traced step to build a profile from; trace at least one step")
     names = {n.name: n.op for n in graph_def.node}
+    # The ops of a function's body run in an executor of their own and are traced under their
+    # names in the body: a body's 'MatMul' added its time and sizes to the graph's 'MatMul'.
+    # A traced op of such a name that ran within a call op of the same device is the body's.
+    calls = {n.name for n in graph_def.node if _calls_function(n)}
+    shadowed = _function_body_names(graph_def) & names.keys() if calls else set()
     acc: dict[str, _Acc] = {}
     step_totals: list[float] = []
     for step_stats in step_stats_list:
@@ -130,11 +135,14 @@ def profile_from_step_stats(
         step_time: dict[str, float] = {}
         total = 0.0
         for dev in executors:
+            call_spans = [_span_us(ns) for ns in dev.node_stats if ns.node_name in calls] if shadowed else []
             for ns in dev.node_stats:
                 name = ns.node_name
                 us = kernel_us.get(name, _op_us(ns))
                 total += us
                 if name == "_SOURCE" or _RUNTIME_NODE.match(name) or name not in names:
+                    continue
+                if name in shadowed and _within(_span_us(ns), call_spans):
                     continue
                 a = acc.get(name)
                 if a is None:
@@ -175,6 +183,31 @@ def profile_from_step_stats(
         num_traced_steps=len(step_stats_list),
         traced_compute_us=median(step_totals),
     )
+
+
+def _calls_function(node: Any) -> bool:
+    """Whether `node` runs a function of the graph's library (PartitionedCall, While, If, ...)."""
+    return any(v.func.name or len(v.list.func) for v in node.attr.values())
+
+
+def _function_body_names(graph_def: Any) -> set[str]:
+    """The names the library's functions give their ops and arguments in a trace."""
+    out: set[str] = set()
+    for function in graph_def.library.function:
+        out.update(n.name for n in function.node_def)
+        out.update(a.name for a in function.signature.input_arg)
+    return out
+
+
+def _span_us(ns: Any) -> tuple[float, float]:
+    """(start, end) of a traced op, in microseconds of the trace's clock."""
+    start = ns.all_start_nanos / 1e3 if ns.all_start_nanos else float(ns.all_start_micros)
+    length = ns.all_end_rel_nanos / 1e3 if ns.all_end_rel_nanos else float(ns.all_end_rel_micros)
+    return start, start + length
+
+
+def _within(span: tuple[float, float], outer: Sequence[tuple[float, float]]) -> bool:
+    return any(a <= span[0] and span[1] <= b for a, b in outer)
 
 
 def _op_us(ns) -> float:
