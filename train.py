@@ -120,7 +120,9 @@ flags.DEFINE_string("comm_cost_coeffs", "0.0001754,134",
                     "(utils/communication_benchmark prints it).")
 flags.DEFINE_float("comm_cost_factor", 1.0, "Multiplies both communication coefficients.")
 flags.DEFINE_float("cost_factor", 1.0,
-                   "Multiplies every op's compute time and both communication coefficients.")
+                   "Multiplies every profiled op's compute time, and so the estimates made from "
+                   "them (ops of a type never profiled keep the 1 us default), and both "
+                   "communication coefficients.")
 flags.DEFINE_enum("data_format", "NHWC", ["NHWC", "NCHW"], "Image layout of Inception-v3.")
 flags.DEFINE_integer("vocab_size", None, f"NMT/Transformer vocabulary {_MODEL}.", lower_bound=1)
 flags.DEFINE_integer("max_seq_length", None,
