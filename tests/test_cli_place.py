@@ -229,6 +229,24 @@ def test_graphs_that_do_not_parse(files, tmp_path, capsys):
                              "--memory_per_device", "lots"], out, [p["pb"]], "memory size")
 
 
+def test_a_saved_model_is_refused_with_how_to_take_its_meta_graph(files, tmp_path, capsys):
+    # It was 'neither a GraphDef nor a MetaGraphDef'; it holds MetaGraphDefs.
+    import tensorflow as tf
+
+    class Scale(tf.Module):
+        def __init__(self):
+            self.v = tf.Variable(2.0)
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+        def __call__(self, x):
+            return x * self.v
+
+    tf.saved_model.save(Scale(), str(tmp_path / "model"))
+    graph, out = tmp_path / "model" / "saved_model.pb", tmp_path / "placed.pb"
+    _expect_refusal(capsys, ["--graph", graph, "--cost_path", files[1]["cost"], "--out", out], out,
+                    [graph], "is a SavedModel, which holds one or more MetaGraphDefs: write the one to place")
+
+
 def test_exit_status_of_the_real_command(files, tmp_path):
     cost = tmp_path / "cost.pkl"
     cost.write_bytes(pickle.dumps({"cost_dict": {}}))

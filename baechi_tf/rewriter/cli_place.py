@@ -168,10 +168,27 @@ def read_graph_file(path: str, data: bytes) -> tuple[Any, bool, bool]:
         graph_def = msg.graph_def if is_meta else msg
         if _well_formed(graph_def):
             return msg, is_meta, False
+    if _is_saved_model(data):
+        raise InvalidGraphError(
+            f"graph {path!r} is a SavedModel, which holds one or more MetaGraphDefs: write the "
+            "one to place to a file of its own (saved_model_pb2.SavedModel.FromString(data)"
+            ".meta_graphs[i].SerializeToString()) and give that"
+        )
     raise InvalidGraphError(
         f"graph {path!r} is neither a GraphDef nor a MetaGraphDef (binary or text); write it "
         "with tf.io.write_graph or tf.compat.v1.train.export_meta_graph"
     )
+
+
+def _is_saved_model(data: bytes) -> bool:
+    from google.protobuf import message
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    try:
+        saved = saved_model_pb2.SavedModel.FromString(data)
+    except (message.DecodeError, RuntimeError, ValueError):
+        return False
+    return any(_well_formed(m.graph_def) for m in saved.meta_graphs)
 
 
 def read_graph_bytes(path: str) -> bytes:
