@@ -67,11 +67,11 @@ def figure(out, label):
     return float(m.group(1))
 
 
-def place(cost_path, model_flags, method, tmp_path, *extra, stderr=None):
+def place(cost_path, model_flags, method, tmp_path, *extra, stderr=None, **env):
     """Places and runs; (stdout, placement, where ops ran). `stderr`: a list to append it to."""
     logdir = tmp_path / "logdir"
     done = train(f"--cost_path={cost_path}", *model_flags, f"--placement_method={method}",
-                 *FAST_RUN, "--log_placer_device_placement", f"--logdir={logdir}", *extra)
+                 *FAST_RUN, "--log_placer_device_placement", f"--logdir={logdir}", *extra, **env)
     out = done.stdout
     if stderr is not None:
         stderr.append(done.stderr)
@@ -175,6 +175,23 @@ def test_gnmt_only_forward_places_forward_ops_and_gradients_follow(tmp_path_fact
              if n.node_name.startswith(cell) and not n.node_name.startswith(cell + "input")}
     assert grads
     assert set(grads.values()) == {placement["decoder/layer_1/t0/colocation"]}
+
+
+def test_inception_v3_in_nchw_keeps_each_max_pool_gradient_with_its_pool(tmp_path_factory, tmp_path):
+    # Split from its MaxPool, an NCHW MaxPoolGrad failed the first step on CPU devices: "Default
+    # MaxPoolingGradOp only supports NHWC on device type CPU" (HEFT, m-SCT and m-TOPO
+    # placements of a small Inception-v3). oneDNN's kernels, which take NCHW, are turned on.
+    nchw = [f for f in INCEPTION if not f.startswith("--num_gpus")] + ["--num_gpus=4", "--data_format=NCHW"]
+    onednn = {"TF_ENABLE_ONEDNN_OPTS": "1"}
+    path = str(tmp_path_factory.mktemp("inception_nchw") / "cost.pb")
+    train("--costgen", f"--cost_path={path}", *nchw, *FAST_PROFILE, **onednn)
+    out, placement, ran = place(path, nchw, "heft", tmp_path, **onednn)
+    grads = [n for n in placement if n.endswith("_grad/MaxPoolGrad")]
+    assert len(grads) >= 3
+    for grad in grads:
+        pool = grad.replace("gradients/", "", 1).replace("_grad/MaxPoolGrad", "")
+        assert placement[grad] == placement[pool], grad
+    assert len(set(placement.values())) == 4  # spread, not on one device
 
 
 def test_inception_v3_costgen_then_m_etf(tmp_path_factory, tmp_path):

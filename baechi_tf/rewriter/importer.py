@@ -17,7 +17,8 @@ One op per node, in node order, with:
   device (TF moves it there whatever the GraphDef says), and so does a dataset op reading another
   dataset. Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
-  the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`).
+  the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
+  on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`).
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
   GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
@@ -381,7 +382,8 @@ def import_graph_def(
             colocation=tuple(colocation)
             + tuple(_implicit_colocation(op))
             + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
-            + enter_readers.get(node.name, ()),
+            + enter_readers.get(node.name, ())
+            + _pool_grad_forward(node, target_types),
             op_type=node.op,
         )
 
@@ -499,6 +501,22 @@ def _enter_readers(graph_def: Any) -> dict[str, tuple[str, ...]]:
             else:
                 out[src] = (node.name,)
     return out
+
+
+_NCHW_POOL_GRADS = frozenset({"MaxPoolGrad", "MaxPoolGradV2"})
+
+
+def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
+    """The pooling op an NCHW ``MaxPoolGrad`` on CPU devices shares a device with. Apart from it,
+    Inception-v3 in NCHW failed its first step under HEFT, m-SCT and m-TOPO placements: TF ran
+    its own CPU kernel, which takes NHWC only ('Default MaxPoolingGradOp only supports NHWC on
+    device type CPU'), not oneDNN's; kept together, each of them ran. (A small conv and pool
+    split the same way ran: what else makes TF pick its own kernel is not known.)"""
+    if node.op not in _NCHW_POOL_GRADS or "CPU" not in device_types or len(node.input) < 2:
+        return ()
+    if node.attr["data_format"].s not in (b"NCHW", "NCHW"):
+        return ()
+    return (node.input[1].split(":", 1)[0].lstrip("^"),)
 
 
 def _implicit_colocation(op: Any) -> list[str]:
