@@ -16,6 +16,7 @@ import re
 from typing import Optional
 
 from baechi_tf.errors import ConfigError
+from baechi_tf.graph import MAX_TOTAL_COMPUTE_US
 
 __all__ = [
     "CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "check_device_count", "device_task",
@@ -25,9 +26,9 @@ __all__ = [
 GiB = 1 << 30
 MAX_MEMORY_BYTES = (1 << 63) - 1
 """Most bytes a device may hold: capacities are int64, as TF's are (no limit, in effect)."""
-MAX_COPY_US = 1e15
-"""The longest a copy of a GiB, or a copy's fixed cost, may take: a step's limit
-(`graph.MAX_TOTAL_COMPUTE_US`), so that schedules of any graph stay finite."""
+MAX_COPY_US = MAX_TOTAL_COMPUTE_US
+"""The longest a copy of a GiB, or a copy's fixed cost, may take: a step's limit, so that
+schedules of any graph stay finite."""
 _DEFAULT_SLOPE_US_PER_BYTE = 0.0001754  # the seed's fit: 5.7 GB/s
 _DEFAULT_INTERCEPT_US = 134.0
 
@@ -126,7 +127,7 @@ class CommCost:
                 raise ConfigError(
                     f"communication {field}={value!r}; it must be a finite number >= 0"
                 )
-        # A copy may take no longer than a step may (`graph.MAX_TOTAL_COMPUTE_US`): past that,
+        # A copy may take no longer than a step may (MAX_COPY_US): past that,
         # schedules overflowed to inf us or printed 300-digit step times, and HEFT failed.
         if self.intercept_us > MAX_COPY_US:
             raise ConfigError(

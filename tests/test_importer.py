@@ -665,3 +665,21 @@ def test_a_placed_v1_loop_training_graph_runs_as_on_one_device():
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     loop_devices = {n.device for n in placed.node if "/while/" in n.name}
     assert len(loop_devices) == 4, loop_devices  # the loops and their gradients were spread
+
+
+def test_a_pool_gradient_without_a_data_format_attr_is_left_as_given():
+    # Reading node.attr["data_format"] of a NodeDef that lacks it (defaults stripped) adds it,
+    # and so did TF's import_graph_def, which adds every default attr to the message it is given.
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [1, 4, 4, 1], name="x")
+        y = tf1.nn.max_pool(x, [1, 2, 2, 1], [1, 2, 2, 1], "VALID")
+        tf.gradients(tf.reduce_sum(y), x)
+    gd = g.as_graph_def()
+    grad = next(n for n in gd.node if n.op == "MaxPoolGrad")
+    del grad.attr["data_format"]  # NHWC by default, as a stripped graph has it
+    before = gd.SerializeToString(deterministic=True)
+    setup = standin_cluster(2, prefix=TASK)
+    import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host, device_aliases=setup.aliases)
+    assert gd.SerializeToString(deterministic=True) == before

@@ -152,6 +152,9 @@ def _tf_graph(graph_def):
     import tensorflow as tf
 
     g = tf.Graph()
+    given = graph_def
+    graph_def = type(given)()
+    graph_def.CopyFrom(given)  # TF's import adds the ops' default attrs to the message it is given
     try:
         with g.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
@@ -490,10 +493,8 @@ def _enter_readers(graph_def: Any) -> dict[str, tuple[str, ...]]:
         return out
     for node in graph_def.node:
         for text in node.input:
-            if text.startswith("^"):
-                continue
-            src = text.split(":", 1)[0]
-            enter = enters.get(src)
+            src, slot = _parse_input(text)
+            enter = enters.get(src) if slot >= 0 else None
             if enter is None or src in out:
                 continue
             if enter.device and node.device and enter.device != node.device:
@@ -514,9 +515,10 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
     split the same way ran: what else makes TF pick its own kernel is not known.)"""
     if node.op not in _NCHW_POOL_GRADS or "CPU" not in device_types or len(node.input) < 2:
         return ()
-    if node.attr["data_format"].s not in (b"NCHW", "NCHW"):
+    # `in` first: reading a missing key of a NodeDef's attr map adds it to the user's graph.
+    if "data_format" not in node.attr or node.attr["data_format"].s != b"NCHW":
         return ()
-    return (node.input[1].split(":", 1)[0].lstrip("^"),)
+    return (_parse_input(node.input[1])[0],)
 
 
 def _implicit_colocation(op: Any) -> list[str]:
