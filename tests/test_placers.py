@@ -1,5 +1,6 @@
 """Every placer: invariants on the catalogue and random graphs, exact answers, brute force."""
 
+import dataclasses
 import itertools
 import os
 import sys
@@ -149,6 +150,30 @@ def test_single_refuses_what_does_not_fit():
     graph, cluster = graphs.too_big_for_one()
     with pytest.raises(InfeasiblePlacementError, match="does not fit on one device"):
         place(graph, cluster, PlacementOptions(placement_method="single"))
+
+
+def test_auto_on_one_device_is_that_device_s_schedule():
+    # The portfolio ran every placer to find the one placement there is, and named the first.
+    graph = graphs.fork_join(width=6)
+    result = place(graph, graphs.cluster(1), PlacementOptions(placement_method="auto"))
+    single = place(graph, graphs.cluster(1), PlacementOptions(placement_method="single"))
+    assert result.placement.method == "auto(single)"
+    assert result.candidates == {"single": single.makespan_us}
+    assert result.makespan_us == single.makespan_us == result.single_device_makespan_us
+
+
+@pytest.mark.parametrize("method", ["single", "auto"])
+def test_a_graph_too_big_for_the_only_device_is_refused_with_that_reason(method):
+    # Weights fit the device (120 of 122 MiB), the step does not; "use a multi-device method"
+    # was no advice with one device, and auto added the fit search's single try.
+    graph, cluster = graphs.too_big_for_one(memory_bytes=122 * 2**20)
+    one = dataclasses.replace(cluster, devices=cluster.devices[:1])
+    with pytest.raises(InfeasiblePlacementError) as e:
+        place(graph, one, PlacementOptions(placement_method=method))
+    assert str(e.value).endswith(
+        "the graph does not fit on the only device, /device:GPU:0 (122.00 MiB); use more devices or "
+        "give it more memory"
+    )
 
 
 @pytest.mark.parametrize("method", MULTI)

@@ -52,6 +52,12 @@ def _single_is_baseline(options: "PlacementOptions", host: Optional["HostView"])
 def _single_schedule(graph: OpGraph, cluster: Cluster, groups: Groups) -> Schedule:
     schedule = single_device_schedule(graph, cluster, groups)
     if schedule is None:
+        if cluster.num_devices == 1:
+            raise InfeasiblePlacementError(
+                f"the graph does not fit on the only device, {cluster.names[0]} "
+                f"({cluster.devices[0].memory_bytes / 2**20:,.2f} MiB); use more devices or give it "
+                "more memory"
+            )
         raise InfeasiblePlacementError(
             "the graph does not fit on one device; use a multi-device method such as m_etf"
         )
@@ -131,6 +137,10 @@ def auto_candidates(
     A worker process (`workers`) builds the same list from the same arguments."""
     from baechi_tf.placer.grouping import coplace
 
+    if cluster.num_devices == 1 and host is None:
+        # Every placement is the same one: the portfolio would cost its time (8x `single`'s on a
+        # 7k-op GNMT) to say so, and name whichever placer came first.
+        return [("single", lambda cutoff: _single_schedule(graph, cluster, groups))]
     # The graph and groups the placers see, and the way back to `graph`'s ops.
     pgraph, pgroups = (fused.graph, fused.groups) if fused is not None else (graph, groups)
 
@@ -258,6 +268,8 @@ def _run_auto(
                 graph, cluster, groups, thunks, options=auto_options, run_first=RUN_FIRST, remote=remote
             )
         except InfeasiblePlacementError as e:
+            if cluster.num_devices == 1:
+                raise  # one device's schedule was the one placement there is
             found = _fit_instead(graph, cluster, groups, "auto", e, options.seed)
     return place_auto(graph, cluster, groups, [("fit", lambda cutoff: found)], options=auto_options)
 
