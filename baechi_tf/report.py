@@ -18,7 +18,12 @@ def summary_table(result) -> str:
     """A short table: per device ops, compute, peak memory; then makespan against the bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     device_of = result.placement.device_of
+    # With --placer_memory_fraction below 1 the placer filled only its share of each device.
+    fraction = result.memory_fraction
+    budgets = cluster.with_memory_fraction(fraction).devices if fraction < 1 else ()
     rows = [("device", "ops", "compute ms", "peak memory", "capacity")]
+    if budgets:
+        rows[0] += (f"placer's share ({fraction:.0%})",)
     for d, dev in enumerate(cluster.devices):
         mask = device_of == d
         rows.append(
@@ -29,6 +34,7 @@ def summary_table(result) -> str:
                 format_bytes(schedule.peak_memory_bytes[d]),
                 format_bytes(dev.memory_bytes),
             )
+            + ((format_bytes(budgets[d].memory_bytes),) if budgets else ())
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [

@@ -224,6 +224,22 @@ def test_bad_memory_fraction_exits_2(capsys):
     assert "must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_the_summary_shows_the_placer_s_share_of_each_device(capsys, tmp_path):
+    # It showed each device's whole memory only: a peak near half of it looked like room left
+    # under --placer_memory_fraction 0.5.
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(small_doc()))
+    assert main(["place-json", str(path), "--placer_memory_fraction", "0.25"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"device +ops +compute ms +peak memory +capacity +placer's share \(25%\)", lines[0])
+    for line in lines[1:3]:
+        assert line.split()[-4:] == ["1.00", "GiB", "256.00", "MiB"], line
+    assert main(["place-json", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"device +ops +compute ms +peak memory +capacity", lines[0])
+    assert lines[1].endswith("1.00 GiB"), lines[1]
+
+
 def test_help_explains():
     proc = subprocess.run(
         [sys.executable, "-m", "baechi_tf", "place-json", "--help"], capture_output=True, text=True, cwd=ROOT

@@ -445,6 +445,7 @@ class PlacementResult:
     step_seconds: dict[str, float]
     candidates: Optional[dict[str, Optional[float]]] = None  # auto: makespan of each placer
     refine_stats: Optional[object] = None  # auto: RefineStats
+    memory_fraction: float = 1.0  # of each device's memory the placer could fill
 
     @property
     def makespan_us(self) -> float:
@@ -658,4 +659,5 @@ def place(
         step_seconds=step.seconds,
         candidates=auto.candidates if auto else None,
         refine_stats=auto.refine_stats if auto else None,
+        memory_fraction=fraction,
     )

@@ -192,6 +192,7 @@ def place_with_host(
         step_seconds=seconds,
         candidates=inner.candidates if inner is not None else None,
         refine_stats=inner.refine_stats if inner is not None else None,
+        memory_fraction=options.memory_fraction,
     )
 
 
