@@ -153,17 +153,6 @@ def test_arguments_that_do_not_pickle_are_placed_in_this_process(caplog):
     assert not _worker_lines(caplog)
 
 
-@pytest.fixture
-def methods():
-    """Restores the registered placement methods."""
-    saved, cut_off = dict(pipeline._METHODS), set(pipeline._CUT_OFF)
-    yield
-    pipeline._METHODS.clear()
-    pipeline._METHODS.update(saved)
-    pipeline._CUT_OFF.clear()
-    pipeline._CUT_OFF.update(cut_off)
-
-
 def test_a_method_registered_here_runs_here(caplog, methods):
     from baechi_tf.placer.heft import place_heft
 

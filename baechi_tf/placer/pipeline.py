@@ -460,7 +460,7 @@ def _packed_instead(
     seed: int = 0, options: Optional["PlacementOptions"] = None,
 ) -> Placement:
     """A memory-first packing when `method`'s placement ran out of memory, else a placement the
-    fit search found (`fit`), else (with `options`) the first of the other placers' that fits;
+    fit search found (`fit`), else (with `options`) the fastest of the other placers' that fit;
     else `error`. One device (`single`) has nothing to fall back to."""
     if method == "single":
         raise error
@@ -480,7 +480,7 @@ def _fit_instead(
     seed: int, options: Optional["PlacementOptions"] = None,
 ) -> Placement:
     """The placement `fit.FitSearch` finds when `method` (and the packing) ran out of memory,
-    else (with `options`) the first of the other placers' that fits (the search is a heuristic:
+    else (with `options`) the fastest of the other placers' that fit (the search is a heuristic:
     it can miss a placement that a greedy placer finds); `error`, with what was searched, when
     none fits."""
     search = FitSearch(graph, cluster, groups, seed=seed)
@@ -488,18 +488,22 @@ def _fit_instead(
     if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal or str(error)) from None
     if found is None and options is not None:
+        fitting: list[tuple[float, str, Placement]] = []
         for other in _PORTFOLIO:
-            if other in (method, "single", "packed"):
+            if other in (method, "single", "packed") or other not in _METHODS:
                 continue
             try:
                 placement = _METHODS[other](graph, cluster, groups, options)
-                check_placement(graph, cluster, groups, placement)
+                schedule = check_placement(graph, cluster, groups, placement)
             except InfeasiblePlacementError:
                 continue
+            fitting.append((schedule.makespan_us, other, placement))
+        if fitting:
+            _, other, placement = min(fitting, key=lambda f: f[0])  # ties: the portfolio's order
             log.warning(
                 "%s ran out of memory (%s), and neither a memory-first packing nor a search for a "
-                "placement that fits found one (%d tried); using %s's placement, which fits",
-                method, error, search.tried, other,
+                "placement that fits found one (%d tried); using %s's placement, the fastest of "
+                "the %d other placers' that fit", method, error, search.tried, other, len(fitting),
             )
             return Placement(placement.device_of, f"{method}+{other}")
     if found is None:
