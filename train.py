@@ -739,7 +739,8 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
     for device in ran.values():
         per_device[device] = per_device.get(device, 0) + 1
     counts = ", ".join(f"{d.split('/')[-1]} {n}" for d, n in sorted(per_device.items()))
-    print(f"Traced step: {len(ran)} ops ran on {len(per_device)} devices ({counts})")
+    devices = "1 device" if len(per_device) == 1 else f"{len(per_device)} devices"
+    print(f"Traced step: {len(ran)} ops ran on {devices} ({counts})")
     expected = {n.name: canonical_device(n.device) for n in placed_def.node}
     for op in graph.get_operations():
         if op.name not in expected and op.device:

@@ -81,6 +81,8 @@ def place(cost_path, model_flags, method, tmp_path, *extra, stderr=None, **env):
     assert re.search(r"^makespan \(simulated\)\s+[0-9.]+ ms$", out, re.M), out  # the summary
     m = re.search(r"^Ops that ran where placed: (\d+) of (\d+); elsewhere: 0$", out, re.M)
     assert m and m.group(1) == m.group(2) and int(m.group(1)) > 20, out
+    m = re.search(r"^Traced step: \d+ ops ran on (1 device|([2-9]|\d\d+) devices) \(", out, re.M)
+    assert m, out  # not "1 devices"
     placement = dict(re.findall(r"^(\S+): (/job:\S+)$", out, re.M))
     traced = glob.glob(str(logdir / "run_metadata-placed-*.pbtxt"))
     assert len(traced) == 1, traced
