@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any, Mapping
 
 from baechi_tf.cluster import Cluster, CommCost, Device
@@ -86,8 +87,18 @@ def _kind_names(kinds: tuple) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+_MAX_FLOAT_INT = int(sys.float_info.max)  # the largest integer a float can hold
+
+
 def _number(obj: Mapping[str, Any], key: str, where: str, required: bool = True, default=0):
     value = _field(obj, key, where, (int, float), required, default)
+    if isinstance(value, int) and abs(value) > _MAX_FLOAT_INT:
+        # JSON's integers have no limit; math.isfinite and float() of one this long raise
+        # OverflowError (a traceback, not a line naming the field).
+        raise InvalidGraphError(
+            f"{where} has {key}=<an integer of {len(str(abs(value)))} digits>, larger than any time "
+            "or size can be; give microseconds and bytes"
+        )
     if not math.isfinite(value) or value < 0:
         raise InvalidGraphError(f"{where} has {key}={value!r}; it must be a finite number >= 0")
     return value

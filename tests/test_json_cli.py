@@ -156,6 +156,18 @@ BAD = {
     "endless copies": (mutate(lambda d: d["comm"].update(intercept_us=1e308)), "intercept_us=1e\\+308: every copy"),
     # a 300-digit step time
     "endless bytes": (mutate(lambda d: d["comm"].update(slope_us_per_byte=1e300)), "a copy of a GiB would take"),
+    # JSON integers have no limit: a 401-digit one was an OverflowError traceback (math.isfinite)
+    "integer too long for a float": (
+        mutate(lambda d: d["ops"][1].update(compute_us=10**400)),
+        "op 'b' has compute_us=<an integer of 401 digits>, larger than any time or size can be",
+    ),
+    "memory too long for a float": (
+        mutate(lambda d: d["devices"][0].update(memory_bytes=10**400)),
+        r"devices\[0\] has memory_bytes=<an integer of 401 digits>",
+    ),
+    "comm too long for a float": (
+        mutate(lambda d: d["comm"].update(intercept_us=10**309)), "intercept_us=<an integer of 310 digits>"
+    ),
     "does not fit": (
         mutate(lambda d: d["ops"][2].update(persistent_bytes=2 << 30)),
         "op 'c' cannot run on '/device:GPU:1', where it is pinned, whatever else goes there: .* "
