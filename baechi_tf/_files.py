@@ -15,7 +15,7 @@ import tempfile
 
 __all__ = [
     "REPORT_FILE", "atomic_write", "check_apart", "check_output_folder", "check_report_folder",
-    "check_writable", "keep_mode", "report_files",
+    "check_writable", "keep_mode", "output_error", "report_files",
 ]
 
 REPORT_FILE = re.compile(r"(gantt\.png|memory_\d+\.png|trace\.json|summary\.json|graph\.pbtxt|events\.out\.tfevents\.baechi)\Z")
@@ -189,12 +189,31 @@ def atomic_write(path: str, data: bytes | str) -> None:
     """Writes `data` to `path` through a temporary file in the same folder and `os.replace`;
     the file replaced keeps its mode (`keep_mode`), and a link's target is replaced.
 
-    On any error (or Ctrl-C) the temporary file is removed and `path` is left as it was. A path
+    On any error (or Ctrl-C) the temporary file is removed and `path` is left as it was; an
+    `OSError` (a full disk) is raised as an `OutputError` naming `path` (`output_error`). A path
     that is not a regular file (`_written_in_place`: ``/dev/null``, a FIFO, ``/dev/stdout``) is
     opened and written instead, and stays what it is.
     """
     if isinstance(data, str):
         data = data.encode("utf-8")
+    try:
+        _atomic_write(path, data)
+    except OSError as e:
+        raise output_error(e, path) from e
+
+
+def output_error(error: OSError, path: str) -> OSError:
+    """`error`, raised while `path` was written, as an `OutputError`: one line naming the path
+    and why (``No space left on device``), not a traceback. One already a `BaechiError` stays."""
+    from baechi_tf.errors import BaechiError, OutputError
+
+    if isinstance(error, BaechiError):
+        return error
+    why = error.strerror or str(error) or type(error).__name__
+    return OutputError(f"cannot write {path!r}: {why}; free some space or write elsewhere")
+
+
+def _atomic_write(path: str, data: bytes) -> None:
     if _written_in_place(path):
         with open(path, "wb") as f:
             f.write(data)

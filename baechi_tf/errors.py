@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "InfeasiblePlacementError",
     "InvalidGraphError",
+    "OutputError",
     "ProfileError",
     "SolverError",
     "first_line",
@@ -31,6 +32,11 @@ class ConfigError(BaechiError):
 
 class ProfileError(BaechiError):
     """A cost profile is unreadable, of another graph, or inconsistent with the graph."""
+
+
+class OutputError(BaechiError, OSError):
+    """An output could not be written (a full disk, a device that takes no more): an `OSError`
+    too, for callers that catch those."""
 
 
 class InfeasiblePlacementError(BaechiError):

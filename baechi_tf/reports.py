@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from baechi_tf._files import REPORT_FILE, keep_mode, report_files
+from baechi_tf._files import REPORT_FILE, keep_mode, output_error, report_files
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
@@ -88,7 +88,14 @@ def write_reports(
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     memory = memory_timeline(graph, cluster, schedule)
     critical = schedule.critical_path(graph, cluster)
-    report_dir = os.path.abspath(report_dir)
+    given = report_dir
+    try:
+        return _write_reports(result, os.path.abspath(report_dir), memory, critical, graph_def, tf_step_stats)
+    except OSError as e:  # a full disk: one line naming the folder, not a traceback
+        raise output_error(e, given) from e
+
+
+def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stats) -> dict[str, str]:
     if os.path.isdir(report_dir):  # needs only report_dir writable (its parent may not be)
         staging = tempfile.mkdtemp(prefix=".tmp-reports-", dir=report_dir)
     else:

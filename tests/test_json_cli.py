@@ -508,3 +508,44 @@ def test_the_one_device_baseline_and_its_label_with_host_ops_and_small_devices()
     small = Cluster((Device("/device:GPU:0", 10**9), Device("/device:GPU:1", 8_000_000)))
     r = place(b.build(), small, PlacementOptions(placement_method="m_etf"))
     assert r.single_device_count == 2 and one_device_label(r) == "one device + pins (2 devices)"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_full_disk_is_one_line_naming_the_output():
+    # ENOSPC while --out was written was an OSError traceback and exit status 1.
+    proc = subprocess.run(
+        [sys.executable, "-m", "baechi_tf", "place-json", EXAMPLE, "--refine_seconds", "0", "--out", "/dev/full"],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "baechi place-json: error: cannot write '/dev/full': No space left on device; free some "
+        "space or write elsewhere\n"
+    )
+
+
+def test_a_disk_that_fills_while_the_outputs_are_written_leaves_them_as_they_were(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import baechi_tf._files
+    import baechi_tf.reports
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out, reports = tmp_path / "p.json", tmp_path / "reports"
+    out.write_text("earlier")
+    monkeypatch.setattr(baechi_tf._files.os, "fsync", full)  # the os module: only while this test runs
+    assert main(["place-json", EXAMPLE, "--refine_seconds", "0", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"baechi place-json: error: cannot write {str(out)!r}: No space left on device; free some "
+        "space or write elsewhere\n"
+    )
+    monkeypatch.undo()
+    monkeypatch.setattr(baechi_tf.reports, "_write_into", full)
+    assert main(["place-json", EXAMPLE, "--refine_seconds", "0", "--report_dir", str(reports)]) == 2
+    assert capsys.readouterr().err == (
+        f"baechi place-json: error: cannot write {str(reports)!r}: No space left on device; free "
+        "some space or write elsewhere\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["p.json"] and out.read_text() == "earlier"
