@@ -7,6 +7,7 @@ keeps its permission bits and owner, and a link is followed: its target is repla
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -204,13 +205,28 @@ def atomic_write(path: str, data: bytes | str) -> None:
 
 def output_error(error: OSError, path: str) -> OSError:
     """`error`, raised while `path` was written, as an `OutputError`: one line naming the path
-    and why (``No space left on device``), not a traceback. One already a `BaechiError` stays."""
+    and why (``No space left on device``) and what to do about it, not a traceback; it keeps the
+    errno. One already a `BaechiError` stays."""
     from baechi_tf.errors import BaechiError, OutputError
 
     if isinstance(error, BaechiError):
         return error
     why = error.strerror or str(error) or type(error).__name__
-    return OutputError(f"cannot write {path!r}: {why}; free some space or write elsewhere")
+    advice = _OUTPUT_ADVICE.get(error.errno, "write elsewhere")
+    out = OutputError(f"cannot write {path!r}: {why}; {advice}")
+    out.errno = error.errno  # for callers that look at it; the message stays the one line above
+    return out
+
+
+# What to do about an error while an output was written, by errno; any other: write elsewhere.
+_OUTPUT_ADVICE = {
+    errno.ENOSPC: "free some space or write elsewhere",
+    errno.EDQUOT: "free some space or write elsewhere",
+    errno.EFBIG: "write elsewhere (a file system that takes files this large)",
+    errno.EACCES: "give this user write permission there, or write elsewhere",
+    errno.EPERM: "give this user write permission there, or write elsewhere",
+    errno.EROFS: "the file system is read-only; write elsewhere",
+}
 
 
 def _atomic_write(path: str, data: bytes) -> None:

@@ -524,6 +524,25 @@ def test_a_full_disk_is_one_line_naming_the_output():
     )
 
 
+def test_an_output_error_gives_the_advice_that_fits_its_cause():
+    # Every OSError said "free some space or write elsewhere", a permission error too.
+    import errno
+
+    from baechi_tf._files import output_error
+    from baechi_tf.errors import OutputError
+
+    cases = {
+        errno.ENOSPC: "No space left on device; free some space or write elsewhere",
+        errno.EACCES: "Permission denied; give this user write permission there, or write elsewhere",
+        errno.EROFS: "Read-only file system; the file system is read-only; write elsewhere",
+        errno.EIO: "Input/output error; write elsewhere",
+    }
+    for number, line in cases.items():
+        e = output_error(OSError(number, os.strerror(number)), "out/p.json")
+        assert isinstance(e, OutputError) and isinstance(e, OSError) and e.errno == number
+        assert str(e) == f"cannot write 'out/p.json': {line}"
+
+
 def test_a_disk_that_fills_while_the_outputs_are_written_leaves_them_as_they_were(tmp_path, capsys, monkeypatch):
     import errno
 
