@@ -1417,3 +1417,42 @@ def test_numpy_integers_are_taken_as_the_counts_they_are():
                        warmup_steps=np.int32(0), profile_steps=np.int32(1)) as sess:
         np.testing.assert_array_equal(sess.run(y), np.full((4, 4), 5.0))
         assert len(sess.placement.result.cluster.devices) == 2
+
+
+def test_ops_inside_v1_control_flow_are_refused_as_fetches_and_feeds_as_a_session_does():
+    # TF marks a v1 loop's and cond branch's inner ops unfetchable and a loop's inner tensors
+    # unfeedable; the imported copies run here lost the marks: the loop's fetch failed with
+    # InternalError 'Retval[0] has already been set', the branch's returned a value, and the
+    # loop's feed failed with 'has inputs from different frames'.
+    previous = tf.compat.v1.control_flow_v2_enabled()
+    tf.compat.v1.disable_control_flow_v2()
+    inner = {}
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [], name="x")
+            p = tf.compat.v1.placeholder(tf.bool, [], name="p")
+
+            def body(i, a):
+                inner["loop"] = a * 2.0
+                return i + 1, inner["loop"] + 1.0
+
+            def branch():
+                inner["branch"] = x + 1.0
+                return inner["branch"]
+
+            _, total = tf.compat.v1.while_loop(lambda i, a: i < 3, body, [0, x], name="loop")
+            picked = tf.cond(p, branch, lambda: x - 1.0)
+    finally:
+        if previous:
+            tf.compat.v1.enable_control_flow_v2()
+    feeds = {x: 1.0, p: True}
+    with tf.compat.v1.Session(graph=g) as plain, \
+            BaechiSession(graph=g, num_devices=2, placement_method="m_etf", **fast()) as sess:
+        for session in (plain, sess):
+            assert session.run([total, picked], feeds) == [15.0, 2.0]
+            for fetch in (inner["loop"], inner["branch"], inner["loop"].name):
+                with pytest.raises(ValueError, match="has been marked as not fetchable"):
+                    session.run(fetch, feeds)
+            with pytest.raises(ValueError, match="Tensor loop/mul:0 may not be fed"):
+                session.run(total, {x: 1.0, inner["loop"]: 5.0})

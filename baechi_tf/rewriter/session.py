@@ -715,6 +715,36 @@ class BaechiSession:
                 self._graph.as_graph_element(name)
             except (KeyError, ValueError) as e:  # what Session.run raises for them
                 raise ValueError(f"cannot fetch {name!r}: {e.args[0] if e.args else e}") from None
+        return self._fetchable(name)
+
+    def _fetchable(self, name: str) -> str:
+        """`name`, unless TF marked its op as not fetchable (one inside a v1 cond branch or while
+        loop), which ``Session.run`` refuses: the copies run here are imported GraphDefs, which
+        keep no such marks, so such a fetch returned a branch's value or failed with TF's
+        InternalError 'Retval[0] has already been set'."""
+        import tensorflow as tf
+        from tensorflow.python.framework.errors_impl import InaccessibleTensorError  # not public
+
+        element = self._graph.as_graph_element(name)
+        op = element if isinstance(element, tf.Operation) else element.op
+        if not self._graph.is_fetchable(op):
+            raise InaccessibleTensorError(  # what Session.run raises
+                f"Operation {op.name} has been marked as not fetchable. Typically this happens "
+                "when it is defined in another function or code block. Use return values, "
+                "explicit Python locals or TensorFlow collections to access it."
+            )
+        return name
+
+    def _feedable(self, name: str) -> str:
+        """`name`, unless TF marked its tensor as not feedable (one inside a v1 while loop),
+        which ``Session.run`` refuses (the copies run here keep no such marks: the run failed
+        with TF's 'has inputs from different frames')."""
+        try:
+            tensor = self._graph.get_tensor_by_name(name)
+        except (KeyError, ValueError):
+            return name  # not a tensor's name: the run fails as a Session's does
+        if not self._graph.is_feedable(tensor):
+            raise ValueError(f"Tensor {name} may not be fed.")  # what Session.run raises
         return name
 
     def _feeds_of(self, feed_dict: Optional[dict]) -> dict[str, Any]:
@@ -734,9 +764,9 @@ class BaechiSession:
                         f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
                     ) from None
                 for part, value in zip(_parts(k), (indices, values, dense_shape)):
-                    feeds[self._name_of(part)] = value
+                    feeds[self._feedable(self._name_of(part))] = value
             else:
-                feeds[self._name_of(k)] = v
+                feeds[self._feedable(self._name_of(k))] = v
         return feeds
 
     def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", "_FetchKind"]:
