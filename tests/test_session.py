@@ -1456,3 +1456,26 @@ def test_ops_inside_v1_control_flow_are_refused_as_fetches_and_feeds_as_a_sessio
                     session.run(fetch, feeds)
             with pytest.raises(ValueError, match="Tensor loop/mul:0 may not be fed"):
                 session.run(total, {x: 1.0, inner["loop"]: 5.0})
+
+
+def test_a_feed_is_checked_against_the_shape_the_users_graph_sets_as_a_session_does():
+    # The copies run here are imported GraphDefs, whose shapes are inferred again without the
+    # graph's set_shape: a feed that a Session refuses ran (3 values for 2).
+    g = tf.Graph()
+    with g.as_default():
+        q = tf.compat.v1.placeholder(tf.float32, None, name="q")
+        q.set_shape([2])
+        x = tf.compat.v1.placeholder(tf.float32, [None], name="x")
+        rows = tf.reshape(x, [-1, 2])
+        rows.set_shape([3, 2])
+        total = tf.reduce_sum(rows * 2.0, axis=1) + tf.reduce_sum(q)
+    with tf.compat.v1.Session(graph=g) as plain, BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        for session in (plain, sess):
+            good = session.run(total, {q: [1.0, 2.0], x: np.arange(6.0)})  # float64 fed to float32
+            np.testing.assert_array_equal(good, [5.0, 13.0, 21.0])
+            with pytest.raises(ValueError, match=r"Cannot feed value of shape \(3,\) for Tensor q:0, which has shape \(2,\)"):
+                session.run(total, {q: [1.0, 2.0, 3.0], x: np.arange(6.0)})
+            with pytest.raises(ValueError, match=r"Cannot feed value of shape \(2, 2\) for Tensor Reshape:0"):
+                session.run(total, {q: [1.0, 2.0], rows: np.ones((2, 2))})
+            with pytest.raises(TypeError, match="The value of a feed cannot be a tf.Tensor"):
+                session.run(total, {q: tf.ones([2]), x: np.arange(6.0)})

@@ -735,17 +735,33 @@ class BaechiSession:
             )
         return name
 
-    def _feedable(self, name: str) -> str:
-        """`name`, unless TF marked its tensor as not feedable (one inside a v1 while loop),
-        which ``Session.run`` refuses (the copies run here keep no such marks: the run failed
-        with TF's 'has inputs from different frames')."""
+    def _feedable(self, name: str, value: Any) -> Any:
+        """`value` as ``Session.run`` feeds it to the tensor `name` (an array of its dtype when
+        its shape is known), or the error a Session raises: TF marked the tensor as not feedable
+        (one inside a v1 while loop), or the value's shape does not fit the one the user's graph
+        gives it (``set_shape`` too). The copies run here keep neither: they are imported
+        GraphDefs, without the marks and with shapes inferred again, so such a feed failed with
+        TF's 'has inputs from different frames' or ran."""
+        from tensorflow.python.ops.session_ops import TensorHandle  # not public
+
         try:
             tensor = self._graph.get_tensor_by_name(name)
         except (KeyError, ValueError):
-            return name  # not a tensor's name: the run fails as a Session's does
+            return value  # not a tensor's name: the run fails as a Session's does
         if not self._graph.is_feedable(tensor):
             raise ValueError(f"Tensor {name} may not be fed.")  # what Session.run raises
-        return name
+        if tensor.shape.rank is None or isinstance(value, TensorHandle):
+            return value
+        try:  # converted once: the sessions here take the array as it is
+            array = np.asarray(value, dtype=tensor.dtype.as_numpy_dtype)
+        except Exception:
+            return value  # not convertible (a tf.Tensor, a ragged list): TF's own error says so
+        if not tensor.shape.is_compatible_with(array.shape):  # what Session.run raises
+            raise ValueError(
+                f"Cannot feed value of shape {array.shape} for Tensor {name}, which has shape "
+                f"{tensor.shape}"
+            )
+        return array
 
     def _feeds_of(self, feed_dict: Optional[dict]) -> dict[str, Any]:
         """Feeds by tensor name; a sparse placeholder's value goes to its three tensors."""
@@ -764,9 +780,11 @@ class BaechiSession:
                         f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
                     ) from None
                 for part, value in zip(_parts(k), (indices, values, dense_shape)):
-                    feeds[self._feedable(self._name_of(part))] = value
+                    name = self._name_of(part)
+                    feeds[name] = self._feedable(name, value)
             else:
-                feeds[self._feedable(self._name_of(k))] = v
+                name = self._name_of(k)
+                feeds[name] = self._feedable(name, v)
         return feeds
 
     def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", "_FetchKind"]:
