@@ -1479,3 +1479,17 @@ def test_a_feed_is_checked_against_the_shape_the_users_graph_sets_as_a_session_d
                 session.run(total, {q: [1.0, 2.0], rows: np.ones((2, 2))})
             with pytest.raises(TypeError, match="The value of a feed cannot be a tf.Tensor"):
                 session.run(total, {q: tf.ones([2]), x: np.arange(6.0)})
+
+
+def test_a_feed_key_of_another_graph_is_a_type_error_as_on_a_session():
+    g, x, y, v, s, init = _fetch_graph()
+    with tf.Graph().as_default():
+        stranger = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+    feeds = {stranger: [1.0, 2.0], y: [0.0, 0.0]}
+    with tf.compat.v1.Session(graph=g) as plain, BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        for session in (plain, sess):
+            session.run(init)
+            with pytest.raises(TypeError, match="Cannot interpret feed_dict key as Tensor: .*x:0.* not an element of this"):
+                session.run(s, feeds)
+        with pytest.raises(TypeError, match="Cannot interpret feed_dict key as Tensor"):
+            sess.make_callable(s, [stranger, y])

@@ -598,7 +598,7 @@ class BaechiSession:
         feed_list = list(feed_list or ())
         for key in feed_list:
             for part in _parts(key):
-                self._name_of(part)
+                self._feed_name(part)
 
         def call(*feed_args: Any, **kwargs: Any) -> Any:
             if len(feed_args) != len(feed_list):
@@ -780,12 +780,20 @@ class BaechiSession:
                         f"feed {k!r} a SparseTensorValue or (indices, values, dense_shape), not {v!r}"
                     ) from None
                 for part, value in zip(_parts(k), (indices, values, dense_shape)):
-                    name = self._name_of(part)
+                    name = self._feed_name(part)
                     feeds[name] = self._feedable(name, value)
             else:
-                name = self._name_of(k)
+                name = self._feed_name(k)
                 feeds[name] = self._feedable(name, v)
         return feeds
+
+    def _feed_name(self, key: Any) -> str:
+        """The name of a feed key; one of another graph is a TypeError, as ``Session.run``
+        raises for a key it cannot interpret (it was the ValueError a fetch of it is)."""
+        try:
+            return self._name_of(key)
+        except ValueError as e:
+            raise TypeError(f"Cannot interpret feed_dict key as Tensor: {e}") from None
 
     def _prepared(self, named: Any, feeds: dict[str, Any], timeout_ms: int = 0) -> tuple["_Placed", "_FetchKind"]:
         """The placed session to run `named` in, placed (again) first when it is a new fetch
