@@ -1439,6 +1439,7 @@ def test_ops_inside_v1_control_flow_are_refused_as_fetches_and_feeds_as_a_sessio
 
             def branch():
                 inner["branch"] = x + 1.0
+                inner["sparse"] = tf.sparse.SparseTensor([[0]], tf.reshape(inner["branch"], [1]), [2])
                 return inner["branch"]
 
             _, total = tf.compat.v1.while_loop(lambda i, a: i < 3, body, [0, x], name="loop")
@@ -1451,7 +1452,7 @@ def test_ops_inside_v1_control_flow_are_refused_as_fetches_and_feeds_as_a_sessio
             BaechiSession(graph=g, num_devices=2, placement_method="m_etf", **fast()) as sess:
         for session in (plain, sess):
             assert session.run([total, picked], feeds) == [15.0, 2.0]
-            for fetch in (inner["loop"], inner["branch"], inner["loop"].name):
+            for fetch in (inner["loop"], inner["branch"], inner["loop"].name, inner["sparse"]):
                 with pytest.raises(ValueError, match="has been marked as not fetchable"):
                     session.run(fetch, feeds)
             with pytest.raises(ValueError, match="Tensor loop/mul:0 may not be fed"):

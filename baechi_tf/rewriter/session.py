@@ -699,16 +699,17 @@ class BaechiSession:
         an IndexedSlices)."""
         import tensorflow as tf
 
+        def part(t: Any) -> str:
+            return self._fetchable(self._name_of(t))
+
         if isinstance(x, tf.sparse.SparseTensor):
-            return tf.compat.v1.SparseTensorValue(*map(self._name_of, _parts(x)))
+            return tf.compat.v1.SparseTensorValue(*map(part, _parts(x)))
         if isinstance(x, tf.IndexedSlices):  # a gather's gradient: an IndexedSlicesValue
             if x.dense_shape is None:
-                return tuple.__new__(_SlicesWithoutShape, (self._name_of(x.values), self._name_of(x.indices)))
+                return tuple.__new__(_SlicesWithoutShape, (part(x.values), part(x.indices)))
             from tensorflow.python.framework.indexed_slices import IndexedSlicesValue  # not public
 
-            return IndexedSlicesValue(
-                self._name_of(x.values), self._name_of(x.indices), self._name_of(x.dense_shape)
-            )
+            return IndexedSlicesValue(part(x.values), part(x.indices), part(x.dense_shape))
         name = self._name_of(x)
         if isinstance(x, (str, bytes)):  # a tensor or op given as such is in the graph already
             try:
