@@ -1,5 +1,6 @@
 """Operator fusion (baechi_tf.placer.fusion): the original's seven cases, cycles, the way back."""
 
+import dataclasses
 import os
 import sys
 
@@ -11,13 +12,15 @@ from hypothesis import strategies as st
 import graphs
 from baechi_tf.errors import ConfigError
 from baechi_tf.graph import CONTROL, OpGraphBuilder
+from baechi_tf.json_io import load_graph_json
 from baechi_tf.placer import Placement, colocation_groups, coplace
 from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from invariants import assert_valid_schedule
 from test_properties import graphs_with_memory
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 from lp_scaling import unrolled_rnn  # noqa: E402
 
 # op -> (compute_us, temp_bytes, persistent_bytes, output_bytes)
@@ -186,6 +189,19 @@ def test_unrolled_rnn_at_least_halves():
     graph = unrolled_rnn(steps=20, layers=2)
     fused = fuse(graph, coplace(graph))
     assert fused.graph.num_ops * 2 <= graph.num_ops
+
+
+def test_single_with_fusion_is_the_one_device_placement_of_the_unfused_graph():
+    # fork_join's coplace groups fuse into 6 ops that need 133 MiB on one device, the graph 101
+    # MiB: single with fusion said 'the graph does not fit on one device' under 128 MiB.
+    graph, cluster = load_graph_json(os.path.join(ROOT, "examples", "fork_join.json"))
+    options = PlacementOptions("single", placer_type="fusion", grouper="coplace", memory_fraction=0.5)
+    result = place(graph, cluster, options)
+    plain = place(graph, cluster, dataclasses.replace(options, placer_type="default"))
+    assert result.placement.method == "single"
+    assert result.placement.device_of.tolist() == plain.placement.device_of.tolist() == [0] * graph.num_ops
+    assert result.makespan_us == plain.makespan_us
+    assert_valid_schedule(graph, cluster.with_memory_fraction(0.5), result.groups, result.schedule)
 
 
 METHODS = sorted(m for m in PLACEMENT_METHODS if m not in ("expert", "layers"))  # see test_placers

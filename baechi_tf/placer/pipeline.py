@@ -559,7 +559,9 @@ def _fuse_and_place(
             return _packed_instead(g, cluster, gr, options.placement_method, e, options.seed, options)
 
     fused = None
-    if options.placer_type == "fusion":
+    # Everything on one device is one placement whatever is fused; on the fused graph, whose ops
+    # hold their outputs longer, `single` refused graphs that fit (auto has 'single+unfused').
+    if options.placer_type == "fusion" and options.placement_method != "single":
         fused = fuse(graph, groups, options=FusionOptions(path_check=options.fusion_path_check))
         log.info(
             "fusion (%s path check): %d ops into %d", options.fusion_path_check, graph.num_ops,
