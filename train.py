@@ -738,7 +738,11 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
     per_device: dict[str, int] = {}
     for device in ran.values():
         per_device[device] = per_device.get(device, 0) + 1
-    counts = ", ".join(f"{d.split('/')[-1]} {n}" for d, n in sorted(per_device.items()))
+    from baechi_tf.cluster import device_task
+
+    several_tasks = len({device_task(d) for d in per_device}) > 1  # CPU:1 of each task, told apart
+    counts = ", ".join(f"{d if several_tasks else d.split('/')[-1]} {n}"
+                       for d, n in sorted(per_device.items()))
     devices = "1 device" if len(per_device) == 1 else f"{len(per_device)} devices"
     print(f"Traced step: {len(ran)} ops ran on {devices} ({counts})")
     expected = {n.name: canonical_device(n.device) for n in placed_def.node}

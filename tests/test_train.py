@@ -370,6 +370,11 @@ def test_costgen_and_placement_across_two_local_workers(tmp_path):
                     f"--logdir={tmp_path / 'logdir'}").stdout
     assert "/job:worker/replica:0/task:1/" in out, out
     assert figure(out, "Average step time (measured)") > 0
+    # Each task's CPU:1 was 'device:CPU:1': the counts named two devices alike.
+    m = re.search(r"^Traced step: \d+ ops ran on \d+ devices \((.*)\)$", out, re.M)
+    assert m, out
+    names = [part.rsplit(" ", 1)[0] for part in m.group(1).split(", ")]
+    assert len(names) == len(set(names)) and all(n.startswith("/job:worker/") for n in names), names
     assert re.search(r"^Ops that ran where placed: (\d+) of \1; elsewhere: 0$", out, re.M), out
 
 
