@@ -222,6 +222,18 @@ def test_transformer_costgen_then_auto_with_reports(tmp_path_factory, tmp_path):
     assert all(names_device.endswith(ran[op]) for op, names_device in on_tf if op in ran)
 
 
+def test_one_step_is_counted_as_one_step(tmp_path):
+    # 'mean of 1 untraced steps', 'over 1 traced steps', 'mean of 1 steps'.
+    cost = str(tmp_path / "cost.pb")
+    out = train("--costgen", f"--cost_path={cost}", *TRANSFORMER, "--profile_warmup_steps=0",
+                "--profile_steps=2", "--profile_every_n_steps=2").stdout
+    assert re.search(r"^Original runtime: [0-9.]+ ms per step \(mean of 1 untraced step\)$", out, re.M), out
+    assert re.search(r"^Profile of \d+ ops over 1 traced step written to ", out, re.M), out
+    out = train(f"--cost_path={cost}", *TRANSFORMER, "--placement_method=single", "--warmup_steps=0",
+                "--timed_steps=1").stdout
+    assert re.search(r"^Average step time \(measured\): [0-9.]+ ms \(mean of 1 step\)$", out, re.M), out
+
+
 def test_a_profile_of_other_flags_is_refused(gnmt_profile):
     path, _ = gnmt_profile
     flags = [f for f in GNMT if not f.startswith("--rnn_units")] + ["--rnn_units=16"]
