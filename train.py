@@ -82,6 +82,7 @@ from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main 
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+from baechi_tf.report import counted  # noqa: E402
 
 _DEFAULTS = PlacementOptions()
 _OPTIMIZERS = ("adadelta", "adagrad", "adam", "ftrl", "momentum", "sgd", "rmsprop")
@@ -631,11 +632,6 @@ def _describe_devices(setup: Any) -> str:
     return f"{setup.cluster.num_devices} GPUs ({names})"
 
 
-def _count(n: int, noun: str) -> str:
-    """'1 step', '2 steps'."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def _describe_graph(config: TrainConfig, built: Built) -> str:
     what = "forward graph" if config.only_forward else "training graph"
     return f"{config.model_name}: {what} of {len(built.graph_def.node)} ops"
@@ -669,8 +665,8 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     save_profile(profile, FLAGS.cost_path)
     if timed:
         print(f"Original runtime: {1e3 * sum(timed) / len(timed):.3f} ms per step "
-              f"(mean of {_count(len(timed), 'untraced step')})")
-    print(f"Profile of {len(profile.ops)} ops over {_count(len(traces), 'traced step')} written to "
+              f"(mean of {counted(len(timed), 'untraced step')})")
+    print(f"Profile of {len(profile.ops)} ops over {counted(len(traces), 'traced step')} written to "
           f"{FLAGS.cost_path} (protobuf CostProfile)")
     return 0
 
@@ -725,7 +721,7 @@ def place_and_run(
         run, session_config, target=target, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
         steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1, result=report.result)
     print(f"Average step time (measured): {1e3 * sum(timed) / len(timed):.3f} ms "
-          f"(mean of {_count(len(timed), 'step')})")
+          f"(mean of {counted(len(timed), 'step')})")
     _print_where_ops_ran(traced[0], run.graph, placed_def)
     if FLAGS.report_dir:
         from baechi_tf.reports import write_reports

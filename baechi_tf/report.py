@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from baechi_tf.placer.list_scheduler import format_bytes
 
-__all__ = ["one_device_label", "summary_table"]
+__all__ = ["counted", "one_device_label", "summary_table"]
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 step', '2 steps': `n` and `noun`, plural unless `n` is 1."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def one_device_label(result) -> str:

@@ -27,6 +27,7 @@ from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
+from baechi_tf.report import counted  # noqa: E402
 
 
 def _positive(kind):
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         first = time.perf_counter() - t0
         report = sess.placement
         print(report.summary())
-        print(f"first step (profile {args.profile_steps} steps, place, run): {first:.1f} s; "
+        print(f"first step (profile {counted(args.profile_steps, 'step')}, place, run): {first:.1f} s; "
               f"placement {report.result.placement_seconds:.2f} s; loss {loss:.3f}", flush=True)
         times = []
         for step in range(1, args.steps + 1):
@@ -123,8 +124,8 @@ def main(argv=None) -> int:
             interrupts.check()  # a Ctrl-C that TensorFlow printed and dropped still stops here
             print(f"step {step}: loss {loss:.3f}, {1e3 * times[-1]:.1f} ms", flush=True)
     if times:
-        print(f"average step time {1e3 * sum(times) / len(times):.1f} ms over {len(times)} "
-              f"steps; simulated {report.makespan_us / 1e3:.1f} ms")
+        print(f"average step time {1e3 * sum(times) / len(times):.1f} ms over "
+              f"{counted(len(times), 'step')}; simulated {report.makespan_us / 1e3:.1f} ms")
     return 0
 
 

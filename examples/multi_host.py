@@ -34,6 +34,7 @@ from baechi_tf import CommCost, interrupts  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
+from baechi_tf.report import counted  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
 from baechi_tf.rewriter.distributed import placement_by_host, start_local_workers  # noqa: E402
 
@@ -94,7 +95,7 @@ def _train(args: argparse.Namespace, target: str) -> None:
     print(f"simulated step {report.makespan_us / 1000:.1f} ms, lower bound "
           f"{report.lower_bound_us / 1000:.1f} ms")
     print(f"step time: {1000 * statistics.median(seconds[1:]):.1f} ms "
-          f"(median of the {len(seconds) - 1} steps after the first)", flush=True)
+          f"(median of {counted(len(seconds) - 1, 'step')} after the first)", flush=True)
 
 
 def _stop_on_sigterm(signum, frame):

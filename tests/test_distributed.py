@@ -602,7 +602,7 @@ def test_example_places_gnmt_across_two_workers_and_stops_them(tmp_path):
     assert re.search(r"^placement per host \(m_etf, \d+ ops\):$", text, re.M), text
     hosts = re.findall(r"^/job:worker/replica:0/task:(\d): (\d+) ops \(", text, re.M)
     assert hosts and {t for t, _ in hosts} <= {"0", "1"}
-    assert re.search(r"^step time: [\d.]+ ms \(median of the 1 steps after the first\)$", text, re.M)
+    assert re.search(r"^step time: [\d.]+ ms \(median of 1 step after the first\)$", text, re.M)
     assert text.rstrip().endswith("workers stopped")
     assert wait_gone(pids) == []
 

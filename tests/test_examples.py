@@ -30,7 +30,7 @@ def test_gnmt_v2_example_places_and_trains():
     for i in range(1, 5):
         assert re.search(rf"^{re.escape(TASK)}/device:CPU:{i}\s+\d+", out, re.M), out
     assert re.search(r"^method\s+auto\([a-z_+]+\)$", out, re.M), out
-    first = re.search(r"^first step \(profile 1 steps, place, run\): [0-9.]+ s; placement "
+    first = re.search(r"^first step \(profile 1 step, place, run\): [0-9.]+ s; placement "
                       r"[0-9.]+ s; loss ([0-9.]+)$", out, re.M)
     assert first, out
     losses = [float(x) for x in re.findall(r"^step \d: loss ([0-9.]+), [0-9.]+ ms$", out, re.M)]

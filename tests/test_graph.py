@@ -82,7 +82,7 @@ def test_missing_output_slot():
     b.add_op("a", 1, [4])
     b.add_op("b", 1)
     b.add_edge("a", "b", 2)
-    with pytest.raises(InvalidGraphError, match="reads output 2 of 'a', which has 1 outputs; give 'a' a size for output 2 \\(output_bytes\\), or make the edge a control edge"):
+    with pytest.raises(InvalidGraphError, match="reads output 2 of 'a', which has 1 output; give 'a' a size for output 2 \\(output_bytes\\), or make the edge a control edge"):
         b.build()
 
 
