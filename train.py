@@ -761,6 +761,12 @@ def _check_outputs() -> None:
     work starts: a bad one is a `ConfigError` at once, not a traceback after the work."""
     from baechi_tf._files import check_apart, check_output_folder, check_report_folder, check_writable
 
+    for flag in ("cost_path", "logdir", "report_dir"):
+        value = getattr(FLAGS, flag)
+        if value and not value.strip():  # it named a folder ' ' in the working directory
+            raise ConfigError(f"--{flag}={value!r} is blank; give a path, or leave the flag out")
+    if not FLAGS.cost_path:
+        raise ConfigError("--cost_path is empty; give the profile's path")
     if FLAGS.logdir:
         check_output_folder(FLAGS.logdir, "--logdir")
     if FLAGS.costgen:

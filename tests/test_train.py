@@ -259,6 +259,11 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--learning_rate=nan"], "--learning_rate=nan; give a finite number"),  # trained with NaN
         (["--memory_per_device=2PB"], "--memory_per_device '2PB' has the unknown unit 'PB'; use KiB"),
         (["--costgen", "--cost_path=/nonexistent/cost.pkl"], "'/nonexistent' does not exist"),
+        # A blank path named a folder ' ' in the working directory.
+        (["--report_dir= "], "--report_dir=' ' is blank; give a path, or leave the flag out"),
+        (["--logdir=  "], "--logdir='  ' is blank; give a path"),
+        (["--costgen", "--cost_path= "], "--cost_path=' ' is blank"),
+        (["--cost_path="], "--cost_path is empty; give the profile's path"),
         # Refused after the profiling, with NotADirectoryError.
         (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], "'results/' names a folder, not a file"),
         # The original's flags for what is not ported: named, with what to do instead.
