@@ -47,22 +47,20 @@ def summary_table(result) -> str:
         for r in rows
     ]
     single = result.single_device_makespan_us
-    lines += [
-        "",
-        f"method                 {result.placement.method}",
-        f"ops / groups           {graph.num_ops} / {result.groups.num_groups}",
-        f"makespan (simulated)   {result.makespan_us / 1e3:.3f} ms",
-        f"lower bound            {result.lower_bound_us / 1e3:.3f} ms"
-        f"  (makespan / bound = {_ratio(result.makespan_us, result.lower_bound_us)})",
-        f"{one_device_label(result):<22} "
-        + (
-            f"{single / 1e3:.3f} ms  (speed-up {_ratio(single, result.makespan_us)})"
-            if single is not None
-            else "does not fit"
-        ),
-        f"transfers              {len(schedule.transfers)}",
-        f"placement time         {result.placement_seconds:.3f} s",
+    pairs = [
+        ("method", result.placement.method),
+        ("ops / groups", f"{graph.num_ops} / {result.groups.num_groups}"),
+        ("makespan (simulated)", f"{result.makespan_us / 1e3:.3f} ms"),
+        ("lower bound", f"{result.lower_bound_us / 1e3:.3f} ms"
+         f"  (makespan / bound = {_ratio(result.makespan_us, result.lower_bound_us)})"),
+        (one_device_label(result),
+         f"{single / 1e3:.3f} ms  (speed-up {_ratio(single, result.makespan_us)})"
+         if single is not None else "does not fit"),
+        ("transfers", str(len(schedule.transfers))),
+        ("placement time", f"{result.placement_seconds:.3f} s"),
     ]
+    width = max(22, max(len(label) for label, _ in pairs))  # "one device + pins (N devices)" is longer
+    lines += [""] + [f"{label:<{width}} {value}" for label, value in pairs]
     return "\n".join(lines)
 
 

@@ -91,6 +91,9 @@ def test_the_one_device_figure_says_when_pins_keep_it_on_several(tmp_path, capsy
     assert [x for x in lines if x.startswith("one device")] == [
         "one device + pins (2 devices) 0.010 ms  (speed-up 1.00x)"
     ]
+    # The other figures line up with it (they stood a column to the left of it).
+    assert "method                        m_etf" in lines
+    assert "transfers                     0" in lines
     doc["ops"][0].pop("device")
     src.write_text(json.dumps(doc))
     assert main(["place-json", str(src)]) == 0
