@@ -539,10 +539,6 @@ def run_graph(run: Runnable, session_config: Any, *, target: str = "", tag: str,
 def _config_from_flags() -> TrainConfig:
     from baechi_tf.models import hparams_from_flags
 
-    if FLAGS.only_forward and not FLAGS.colocate_grads_with_ops:
-        raise ConfigError(
-            "--only_forward places the forward graph and lets each gradient follow its forward "
-            "op: add --colocate_grads_with_ops")
     values = {name: FLAGS[name].value for name in _MODEL_FLAGS if FLAGS[name].value is not None}
     return TrainConfig(
         model_name=FLAGS.model_name,
@@ -757,8 +753,9 @@ def _print_where_ops_ran(step_stats: Any, graph: Any, placed_def: Any) -> None:
 
 
 def _check_outputs() -> None:
-    """The files and folders the run will write, checked before TensorFlow loads and the long
-    work starts: a bad one is a `ConfigError` at once, not a traceback after the work."""
+    """The files and folders the run will write, and the profile a placing run reads, checked
+    before TensorFlow loads and the long work starts: a bad one is a `ConfigError` at once, not a
+    traceback after the work (or, for a missing profile, an error after TensorFlow's 8 s load)."""
     from baechi_tf._files import check_apart, check_output_folder, check_report_folder, check_writable
 
     for flag in ("cost_path", "logdir", "report_dir"):
@@ -775,6 +772,10 @@ def _check_outputs() -> None:
             check_apart(FLAGS.logdir, "--logdir", FLAGS.cost_path, "--cost_path")
     elif FLAGS.report_dir:  # profiling writes no reports
         check_report_folder(FLAGS.report_dir, "--report_dir", keep=(FLAGS.cost_path,))
+    if not FLAGS.costgen and not os.path.lexists(FLAGS.cost_path):  # at once, not after TF loads
+        raise ConfigError(
+            f"cost profile {FLAGS.cost_path!r} does not exist; make it first: the same flags with --costgen"
+        )
 
 
 def _placement_options() -> PlacementOptions:
@@ -808,6 +809,10 @@ def _main() -> int:
     resolve_memory(FLAGS.memory_per_device)  # _devices reads it again, once TensorFlow is loaded
     if not math.isfinite(FLAGS.learning_rate):
         raise ConfigError(f"--learning_rate={FLAGS.learning_rate}; give a finite number")
+    if FLAGS.only_forward and not FLAGS.colocate_grads_with_ops:
+        raise ConfigError(
+            "--only_forward places the forward graph and lets each gradient follow its forward "
+            "op: add --colocate_grads_with_ops")
     _check_outputs()
     if FLAGS.costgen and FLAGS.report_dir:
         print("train: --report_dir is not used with --costgen, which profiles and places nothing; "

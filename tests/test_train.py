@@ -264,6 +264,8 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--logdir=  "], "--logdir='  ' is blank; give a path"),
         (["--costgen", "--cost_path= "], "--cost_path=' ' is blank"),
         (["--cost_path="], "--cost_path is empty; give the profile's path"),
+        (["--cost_path=/nonexistent/cost.pb"],
+         "cost profile '/nonexistent/cost.pb' does not exist; make it first: the same flags with --costgen"),
         # Refused after the profiling, with NotADirectoryError.
         (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], "'results/' names a folder, not a file"),
         # The original's flags for what is not ported: named, with what to do instead.
@@ -307,6 +309,7 @@ def test_help_is_printed_with_exit_status_0(flag):
     (["--placement_method=m_etf_reserve"], 2),
     (["--memory_per_device=1e400"], 2),
     (["--report_dir=/dev/null"], 2),
+    (["--cost_path={tmp}/missing.pb"], 2),  # was said after TensorFlow had loaded (8 s)
     (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], 2),
     (["--costgen", "--cost_path={tmp}/same", "--logdir={tmp}/same", *GNMT, *FAST_PROFILE], 2),
 ])
