@@ -386,9 +386,10 @@ def _check_edge_ids(src, dst, out, names: Sequence[str], output_bytes: Sequence[
     if bad.size:
         e = int(bad[0])
         s, o = int(src[e]), int(out[e])
+        k = len(output_bytes[s])
         raise InvalidGraphError(
             f"edge {names[s]!r} -> {names[int(dst[e])]!r} reads output "
-            f"{o} of {names[s]!r}, which has {len(output_bytes[s])} output{'' if len(output_bytes[s]) == 1 else 's'}; give {names[s]!r} "
+            f"{o} of {names[s]!r}, which has {k} output{'' if k == 1 else 's'}; give {names[s]!r} "
             f"a size for output {o} (output_bytes), or make the edge a control edge"
         )
 
