@@ -778,6 +778,19 @@ def _check_outputs() -> None:
         )
 
 
+def _warn_of_unused_model_flags() -> None:
+    """Says on stderr which model flags given are not the model's (the original dropped them
+    without a word: ``--model_name=transformer --rnn_units=64`` kept the Transformer's width)."""
+    from baechi_tf.models import flags_without_use
+
+    given = [name for name in _MODEL_FLAGS if name != "num_gpus" and FLAGS[name].present]
+    unused = flags_without_use(FLAGS.model_name, given)
+    if unused:
+        names = ", ".join(f"--{name}" for name in unused)
+        print(f"train: {FLAGS.model_name} has no use for {names}; "
+              f"{'it is' if len(unused) == 1 else 'they are'} ignored", file=sys.stderr, flush=True)
+
+
 def _placement_options() -> PlacementOptions:
     """The placement options the flags give, validated."""
     _refuse_unported()
@@ -813,6 +826,7 @@ def _main() -> int:
         raise ConfigError(
             "--only_forward places the forward graph and lets each gradient follow its forward "
             "op: add --colocate_grads_with_ops")
+    _warn_of_unused_model_flags()
     _check_outputs()
     if FLAGS.costgen and FLAGS.report_dir:
         print("train: --report_dir is not used with --costgen, which profiles and places nothing; "

@@ -285,6 +285,23 @@ def test_bad_flags_are_one_line_and_exit_2(args, message):
 
 
 
+def test_model_flags_the_model_has_no_use_for_are_named():
+    # They were dropped without a word: --rnn_units=64 kept the Transformer's width.
+    done = train("--model_name=transformer", "--rnn_units=64", "--image_size=32", "--num_layers=2",
+                 "--num_gpus=2", "--cost_path=/nonexistent/cost.pb", expect=2)
+    assert done.stderr.splitlines() == [
+        "train: transformer has no use for --rnn_units, --image_size; they are ignored",
+        "train: error: cost profile '/nonexistent/cost.pb' does not exist; make it first: the same "
+        "flags with --costgen",
+    ]
+    done = train("--model_name=inception_v3", "--disable_nmt_colocation", "--cost_path=/nonexistent/cost.pb",
+                 expect=2)
+    assert done.stderr.startswith("train: inception_v3 has no use for --disable_nmt_colocation; it is ignored\n")
+    done = train("--model_name=gnmt", "--disable_nmt_colocation", "--rnn_units=8",
+                 "--cost_path=/nonexistent/cost.pb", expect=2)
+    assert done.stderr.count("\n") == 1, done.stderr  # GNMT takes both
+
+
 def test_nchw_where_the_cpu_kernels_refuse_it_is_one_line_before_any_work(tmp_path):
     path = tmp_path / "cost.pkl"
     done = train("--costgen", f"--cost_path={path}", *INCEPTION, "--data_format=NCHW", expect=2,

@@ -21,7 +21,7 @@ its flags before TensorFlow loads; `build_model` loads it.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from baechi_tf._lazy import lazy_attributes
 from baechi_tf.errors import ConfigError
@@ -42,6 +42,7 @@ __all__ = [
     "TransformerHParams",
     "build_model",
     "default_hparams",
+    "flags_without_use",
     "hparams_from_flags",
 ]
 
@@ -84,6 +85,17 @@ def hparams_from_flags(name: str, flag_values: Mapping[str, Any]) -> Any:
         if flag in flag_values and field in fields:
             values[field] = convert(flag_values[flag])
     return _fix_variant(name, cls(**values))
+
+
+def flags_without_use(name: str, flag_names: Sequence[str]) -> list[str]:
+    """The train.py flags among `flag_names` that model `name` has no use for (`hparams_from_flags`
+    drops them): ``rnn_units`` for a Transformer, ``image_size`` for GNMT."""
+    _check_name(name)
+    fields = {f.name for f in dataclasses.fields(_HPARAMS[name])}
+    return [
+        flag for flag in flag_names
+        if flag not in fields and not (flag in _FLAG_ALIASES and _FLAG_ALIASES[flag][0] in fields)
+    ]
 
 
 def _fix_variant(name: str, hparams: Any) -> Any:
