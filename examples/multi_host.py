@@ -70,6 +70,8 @@ def _train(args: argparse.Namespace, target: str) -> None:
 
     from baechi_tf import BaechiSession
 
+    tf.get_logger().setLevel("ERROR")  # no deprecation warnings of the model's v1 calls
+
     hparams = GNMTHParams(batch_size=16, vocab_size=256, max_seq_length=args.max_seq_length,
                           rnn_units=64, num_layers=args.num_layers, num_gpus=4)
     model = build_model("gnmt_v2", hparams)

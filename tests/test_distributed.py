@@ -604,6 +604,7 @@ def test_example_places_gnmt_across_two_workers_and_stops_them(tmp_path):
     assert hosts and {t for t, _ in hosts} <= {"0", "1"}
     assert re.search(r"^step time: [\d.]+ ms \(median of 1 step after the first\)$", text, re.M)
     assert text.rstrip().endswith("workers stopped")
+    assert "deprecat" not in (tmp_path / "example.err").read_text()  # TF's _colocate_with warning
     assert wait_gone(pids) == []
 
 
