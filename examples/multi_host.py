@@ -34,8 +34,8 @@ from baechi_tf import CommCost, interrupts  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
-from baechi_tf.report import counted  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
+from baechi_tf.report import counted  # noqa: E402
 from baechi_tf.rewriter.distributed import placement_by_host, start_local_workers  # noqa: E402
 
 
