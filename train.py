@@ -230,7 +230,8 @@ flags.DEFINE_string("inter_host_comm_cost_coeffs", None,
 flags.DEFINE_float("cluster_timeout", 30.0, "Seconds to wait for the cluster's tasks.")
 flags.DEFINE_string("report_dir", "",
                     "If set: Gantt chart, memory per device, Chrome trace (with the traced step), "
-                    "TensorBoard graph and summary.json of the placement.")
+                    "TensorBoard graph and summary.json of the placement, written before the "
+                    "placed graph runs.")
 flags.DEFINE_integer("image_size", None, f"Inception-v3 input height and width {_MODEL}.",
                      lower_bound=1)
 flags.DEFINE_float("depth_multiplier", None, f"Inception-v3 convolution depth scale {_MODEL}.")
@@ -705,6 +706,12 @@ def place_and_run(
     if FLAGS.log_placer_device_placement:
         for node in sorted(placed_def.node, key=lambda n: n.name):
             print(f"{node.name}: {node.device}")
+    if FLAGS.report_dir:
+        from baechi_tf.reports import add_tf_timeline, write_reports
+
+        # Before the run: a run that fails (out of memory) or is stopped leaves them too.
+        write_reports(report.result, FLAGS.report_dir, graph_def=placed_def)
+        print(f"Reports written to {FLAGS.report_dir}")
 
     if config.only_forward:
         run = rebuild_forward_placed(config, placed_def)
@@ -720,11 +727,8 @@ def place_and_run(
           f"(mean of {counted(len(timed), 'step')})")
     _print_where_ops_ran(traced[0], run.graph, placed_def)
     if FLAGS.report_dir:
-        from baechi_tf.reports import write_reports
-
-        write_reports(report.result, FLAGS.report_dir, graph_def=placed_def,
-                      tf_step_stats=traced[0])
-        print(f"Reports written to {FLAGS.report_dir}")
+        trace = add_tf_timeline(report.result, FLAGS.report_dir, traced[0])
+        print(f"TensorFlow's timeline of the traced step added to {trace}")
     return 0
 
 

@@ -19,6 +19,9 @@
 * ``summary.json``: the figures of the placement (see `summary`) and ``files``, the names of the
   report's files.
 
+Written before the placed graph runs (so that a run that fails, out of memory, or is stopped
+still leaves them), the trace gets TF's timeline afterwards (`add_tf_timeline`).
+
 The reports are written all at once or not at all (`write_reports`). Figures use matplotlib's Agg
 canvas directly (no pyplot, no global state) and come out the same, byte for byte, for the same
 input. TensorFlow is imported only when `graph_def` or a serialized `tf_step_stats` is given.
@@ -39,13 +42,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from baechi_tf._files import REPORT_FILE, keep_mode, output_error, report_files
+from baechi_tf._files import REPORT_FILE, atomic_write, keep_mode, output_error, report_files
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
 from baechi_tf.report import one_device_label
 
-__all__ = ["chrome_trace", "summary", "write_reports"]
+__all__ = ["add_tf_timeline", "chrome_trace", "summary", "write_reports"]
 
 _DPI = 100
 _WIDTH_IN = 14.0
@@ -95,6 +98,16 @@ def write_reports(
         raise output_error(e, given) from e
 
 
+def add_tf_timeline(result: Any, report_dir: str, tf_step_stats: Any) -> str:
+    """Rewrites ``trace.json`` of the reports of `result` in `report_dir` with TF's timeline of a
+    real run of the step (`tf_step_stats`, as in `write_reports`) beside the simulated schedule;
+    returns its path. For reports written before the run, so that a run that fails (out of
+    memory) or is stopped still leaves them; the file is replaced whole or not at all."""
+    path = os.path.join(report_dir, "trace.json")
+    atomic_write(path, _trace_json(chrome_trace(result, tf_step_stats=tf_step_stats)))
+    return path
+
+
 def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stats) -> dict[str, str]:
     if os.path.isdir(report_dir):  # needs only report_dir writable (its parent may not be)
         staging = tempfile.mkdtemp(prefix=".tmp-reports-", dir=report_dir)
@@ -138,7 +151,7 @@ def _write_into(
         for d, mem in enumerate(memory):
             put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
     trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
-    put("trace", "trace.json", json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n")
+    put("trace", "trace.json", _trace_json(trace))
     if graph_def is not None:
         from google.protobuf import text_format
 
@@ -148,6 +161,10 @@ def _write_into(
     figures["files"] = sorted([*paths.values(), "summary.json"])
     put("summary", "summary.json", json.dumps(figures, indent=1, sort_keys=True) + "\n")
     return paths
+
+
+def _trace_json(trace: dict[str, Any]) -> str:
+    return json.dumps(trace, separators=(",", ":"), sort_keys=True) + "\n"
 
 
 # -------------------------------------------------------------------------------- summary

@@ -222,6 +222,29 @@ def test_transformer_costgen_then_auto_with_reports(tmp_path_factory, tmp_path):
     assert all(names_device.endswith(ran[op]) for op, names_device in on_tf if op in ran)
 
 
+def test_reports_are_written_before_the_placed_run_and_stay_when_it_is_stopped(gnmt_profile, tmp_path):
+    # They were written after the run: one that ran out of memory, or a Ctrl-C during a long
+    # timed run, left none, though the placement they show was made.
+    path, _ = gnmt_profile
+    reports = tmp_path / "reports"
+    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--cost_path={path}", *GNMT,
+               "--placement_method=m_etf", "--warmup_steps=0", "--timed_steps=300",
+               f"--report_dir={reports}"]
+    status, seen, err = ctrl_c.after_output(
+        command, lambda out: "Reports written to" in out, cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert status == 130, err
+    assert "Average step time (measured)" not in seen  # written before the run, not after it
+    assert err.endswith("train: interrupted; no partial file was written\n"), err
+    names = set(os.listdir(reports))
+    assert {"gantt.png", "memory_0.png", "summary.json", "trace.json", "graph.pbtxt"} <= names, names
+    assert json.loads((reports / "summary.json").read_text())["method"] == "m_etf"
+    events = json.loads((reports / "trace.json").read_text())["traceEvents"]
+    assert not [e for e in events if e["pid"] > 1000]  # no TF timeline: the run did not get there
+    assert not [n for n in names if n.startswith(".tmp")]
+
+
 def test_one_step_is_counted_as_one_step(tmp_path):
     # 'mean of 1 untraced steps', 'over 1 traced steps', 'mean of 1 steps'.
     cost = str(tmp_path / "cost.pb")
