@@ -642,6 +642,14 @@ def _bytes_unit(n: float) -> tuple[float, str]:
 
 def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
     import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        return _png(_memory_figure(result, d, mem))
+
+
+def _memory_figure(result: Any, d: int, mem: DeviceMemory) -> Any:
+    """The figure of ``memory_<d>.png`` (a matplotlib ``Figure``)."""
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -686,14 +694,17 @@ def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
             ax.spines[side].set_visible(False)
         if 0 < peak < 0.3 * capacity:
             # The curve is low against the capacity: repeat it, zoomed, above it.
+            # In a unit of its own: 93 KiB in GiB were ticks of 0 to 8 under a '1e-5' that ran
+            # into the title.
+            zsize, zunit = _bytes_unit(peak)
             inset = ax.inset_axes((0.5, 0.4, 0.48, 0.42))
-            _memory_curve(inset, times, values, persistent / size)
+            _memory_curve(inset, times, np.append(mem.bytes, mem.bytes[-1]) / zsize, persistent / zsize)
             inset.set_xlim(0, makespan * scale * 1.005)
-            inset.set_ylim(0, peak / size * 1.12)
+            inset.set_ylim(0, peak / zsize * 1.12)
             inset.tick_params(labelsize=6.5)
-            inset.set_title("zoomed", fontsize=7, loc="left")
+            inset.set_title(f"zoomed ({zunit})", fontsize=7, loc="left")
             inset.grid(color="#e4e4e4", lw=0.5)
-        return _png(fig)
+        return fig
 
 
 def _memory_curve(ax: Any, times: np.ndarray, values: np.ndarray, persistent: float) -> None:

@@ -556,3 +556,26 @@ def test_tensorflow_ops_that_ran_side_by_side_get_lanes_of_their_own():
         assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans
     assert len({t for p, t in threads if p == by_name["long"]["pid"]}) == 2  # two at once at most
     assert by_name["later"]["tid"] == by_name["long"]["tid"] == 0
+
+
+def test_memory_png_zooms_a_low_curve_in_a_unit_of_its_own():
+    # The zoomed inset kept the capacity's unit: a peak of 300 KiB on an 8 GiB device had ticks
+    # of 0 to 3 under a '1e-4' offset (GiB) that ran into the inset's title.
+    from baechi_tf.reports import _memory_figure
+
+    graph = chain(4, nbytes=100 * 1024)
+    c = cluster(1, 8 * GiB)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    (mem,) = memory_timeline(graph, c, result.schedule)
+    assert 0 < mem.peak_bytes < 1 * MiB
+    fig = _memory_figure(result, 0, mem)
+    (ax,) = fig.axes[:1]
+    (inset,) = ax.child_axes
+    assert ax.get_ylabel() == "memory in use (GiB)"
+    assert inset.get_title(loc="left") == "zoomed (KiB)"
+    top = inset.get_ylim()[1]
+    assert top == pytest.approx(mem.peak_bytes / 1024 * 1.12)
+    fig.canvas.draw()
+    assert inset.yaxis.get_offset_text().get_text() == ""  # no '1e-4' over the ticks
+    curve = inset.lines[0].get_ydata()
+    assert max(curve) == pytest.approx(mem.peak_bytes / 1024)
