@@ -79,7 +79,22 @@ def _field(obj: Mapping[str, Any], key: str, where: str, kinds: tuple, required:
         raise InvalidGraphError(f"{where} has {key}={value!r}; expected {_kind_names(kinds)}")
     if not isinstance(value, kinds):
         raise InvalidGraphError(f"{where} has {key}={value!r}; expected {_kind_names(kinds)}")
+    if isinstance(value, str) and not _is_utf8(value):
+        # JSON's \ud800 escapes a lone half of a UTF-16 pair: no character, which neither the
+        # reports' text nor a UTF-8 file can hold (a traceback once --out was written).
+        raise InvalidGraphError(
+            f"{where} has {key}={value!r}, which holds a lone UTF-16 surrogate (a \\ud800 to "
+            "\\udfff escape without its pair), no character; fix the text"
+        )
     return value
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _kind_names(kinds: tuple) -> str:

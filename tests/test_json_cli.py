@@ -171,6 +171,15 @@ BAD = {
     "comm too long for a float": (
         mutate(lambda d: d["comm"].update(intercept_us=10**309)), "intercept_us=<an integer of 310 digits>"
     ),
+    # JSON's \ud800 is half of a UTF-16 pair, no character: the reports' text failed with a
+    # traceback (exit 1) after --out was written
+    "lone surrogate in a name": (
+        mutate(lambda d: d["ops"][1].update(name="b\ud800")),
+        r"ops\[1\] has name='b\\ud800', which holds a lone UTF-16 surrogate .*; fix the text",
+    ),
+    "lone surrogate in a type": (
+        mutate(lambda d: d["ops"][1].update(type="\udfffMatMul")), r"op 'b' has type='\\udfffMatMul'",
+    ),
     "does not fit": (
         mutate(lambda d: d["ops"][2].update(persistent_bytes=2 << 30)),
         "op 'c' cannot run on '/device:GPU:1', where it is pinned, whatever else goes there: .* "
