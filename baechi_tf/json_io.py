@@ -44,7 +44,7 @@ def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
         raise BaechiError(f"cannot read {path!r}: {e.strerror}") from None
     try:
         # utf-8-sig: a byte order mark, which some editors write, is no error
-        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)
+        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant, parse_int=_parse_int)
     except UnicodeDecodeError:
         raise InvalidGraphError(f"{path!r} is not UTF-8 text; give a JSON graph file") from None
     except json.JSONDecodeError as e:
@@ -69,12 +69,38 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows; costs must be finite numbers")
 
 
+class _LongInteger:
+    """A JSON integer of more digits than Python converts (`sys.get_int_max_str_digits()`, 4300):
+    json.loads raised 'use sys.set_int_max_str_digits() to increase the limit', naming no field.
+    Kept as its length, it is refused where its field is read."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:  # too many digits to convert
+        return _LongInteger(len(text.lstrip("-")))
+
+
 def _field(obj: Mapping[str, Any], key: str, where: str, kinds: tuple, required: bool = True, default=None):
     if key not in obj:
         if required:
             raise InvalidGraphError(f"{where} has no {key!r}; add it")
         return default
     value = obj[key]
+    if isinstance(value, _LongInteger) and int in kinds:
+        raise InvalidGraphError(
+            f"{where} has {key}={value!r}, larger than any time or size can be; give microseconds "
+            "and bytes"
+        )
     if isinstance(value, bool) and bool not in kinds:
         raise InvalidGraphError(f"{where} has {key}={value!r}; expected {_kind_names(kinds)}")
     if not isinstance(value, kinds):

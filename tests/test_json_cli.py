@@ -171,6 +171,16 @@ BAD = {
     "comm too long for a float": (
         mutate(lambda d: d["comm"].update(intercept_us=10**309)), "intercept_us=<an integer of 310 digits>"
     ),
+    # more digits than Python's int() converts: 'use sys.set_int_max_str_digits() to increase
+    # the limit', no field named
+    "integer too long to convert": (
+        mutate(lambda d: d["ops"][1].update(compute_us="LONG")).replace('"LONG"', "1" + "0" * 5000),
+        "op 'b' has compute_us=<an integer of 5001 digits>, larger than any time or size can be",
+    ),
+    "slot too long to convert": (
+        mutate(lambda d: d["edges"][0].update(src_output="LONG")).replace('"LONG"', "1" + "0" * 5000),
+        r"edges\[0\] has src_output=<an integer of 5001 digits>, larger than",
+    ),
     # JSON's \ud800 is half of a UTF-16 pair, no character: the reports' text failed with a
     # traceback (exit 1) after --out was written
     "lone surrogate in a name": (
