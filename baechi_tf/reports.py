@@ -454,7 +454,7 @@ def _colour_keys(graph: Any) -> tuple[list[str], dict[str, str]]:
     """Per op, a colour key (op type, else top-level name scope); the 9 keys with the most
     compute get colours, the rest share grey."""
     if graph.op_types and any(graph.op_types):
-        keys = [t or "?" for t in graph.op_types]
+        keys = [t or "(no type)" for t in graph.op_types]  # the legend said '?' of untyped ops
     else:
         keys = [n.split("/")[0] if "/" in n else "(top level)" for n in graph.names]
     weight: dict[str, float] = {}

@@ -579,3 +579,16 @@ def test_memory_png_zooms_a_low_curve_in_a_unit_of_its_own():
     assert inset.yaxis.get_offset_text().get_text() == ""  # no '1e-4' over the ticks
     curve = inset.lines[0].get_ydata()
     assert max(curve) == pytest.approx(mem.peak_bytes / 1024)
+
+
+def test_gantt_legend_names_ops_without_a_type():
+    # Where some ops had a type and others none, the legend's entry of the untyped ones was '?'.
+    from baechi_tf.reports import _colour_keys
+
+    b = OpGraphBuilder()
+    b.add_op("src", 10, [4])
+    b.add_op("mm", 100, [4], op_type="MatMul")
+    b.add_edge("src", "mm")
+    keys, colours = _colour_keys(b.build())
+    assert keys == ["(no type)", "MatMul"]
+    assert set(colours) == {"(no type)", "MatMul"}
