@@ -175,8 +175,9 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
 
     Keys: method, num_ops, num_groups, makespan_us, lower_bound_us, makespan_over_lower_bound,
     single_device_makespan_us (None when the graph does not fit one device), placement_seconds,
-    step_seconds, devices (per device: name, ops, compute_us, peak_memory_bytes, capacity_bytes),
-    num_transfers, transfer_bytes, critical_path (op names, first to last), critical_path_us
+    step_seconds, memory_fraction (the share of each device's memory the placer could fill,
+    ``--placer_memory_fraction``), devices (per device: name, ops, compute_us, peak_memory_bytes,
+    capacity_bytes, placer_share_bytes: that share of capacity_bytes), num_transfers, transfer_bytes, critical_path (op names, first to last), critical_path_us
     (compute time of its ops), candidates (``auto``: makespan per placer it ran, null for one
     that failed or that auto stopped as too slow to be of use; else None).
     """
@@ -184,6 +185,8 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     if critical is None:
         critical = schedule.critical_path(graph, cluster)
     device_of = result.placement.device_of
+    fraction = float(result.memory_fraction)
+    shares = cluster.with_memory_fraction(fraction).devices
     devices = []
     for d, dev in enumerate(cluster.devices):
         mask = device_of == d
@@ -194,6 +197,7 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
                 "compute_us": float(graph.compute_us[mask].sum()),
                 "peak_memory_bytes": int(schedule.peak_memory_bytes[d]),
                 "capacity_bytes": int(dev.memory_bytes),
+                "placer_share_bytes": int(shares[d].memory_bytes),
             }
         )
     makespan, bound = float(result.makespan_us), float(result.lower_bound_us)
@@ -208,6 +212,7 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
         "single_device_makespan_us": None if single is None else float(single),
         "placement_seconds": float(result.placement_seconds),
         "step_seconds": {k: float(v) for k, v in result.step_seconds.items()},
+        "memory_fraction": fraction,
         "devices": devices,
         "num_transfers": len(schedule.transfers),
         "transfer_bytes": int(sum(int(graph.tensor_bytes[t.tensor]) for t in schedule.transfers)),
@@ -669,6 +674,11 @@ def _memory_figure(result: Any, d: int, mem: DeviceMemory) -> Any:
         ax = fig.add_axes((0.08, 0.14, 0.9, 0.70))
         _memory_curve(ax, times, values, persistent / size)
         ax.axhline(capacity / size, color=_CRITICAL, ls="--", lw=1.2, label=f"capacity {format_bytes(capacity)}")
+        fraction = result.memory_fraction
+        if fraction < 1:  # --placer_memory_fraction: the placer filled only this much
+            share = cluster.with_memory_fraction(fraction).devices[d].memory_bytes
+            ax.axhline(share / size, color="#e08214", ls="-.", lw=1.1,
+                       label=f"placer's share {format_bytes(share)} ({fraction:.0%})")
         i = int(np.argmax(mem.bytes))
         ax.plot([mem.times_us[i] * scale], [peak / size], "o", color="black", ms=4, zorder=5)
         right = mem.times_us[i] > 0.7 * makespan
@@ -686,7 +696,7 @@ def _memory_figure(result: Any, d: int, mem: DeviceMemory) -> Any:
             loc="left",
             pad=20,  # room for the legend's row under it: a long device name once ran into it
         )
-        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False, fontsize=7.5,
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False, fontsize=7.5,
                   borderaxespad=0.2)
         ax.grid(color="#e4e4e4", lw=0.5)
         ax.set_axisbelow(True)

@@ -592,3 +592,28 @@ def test_gantt_legend_names_ops_without_a_type():
     keys, colours = _colour_keys(b.build())
     assert keys == ["(no type)", "MatMul"]
     assert set(colours) == {"(no type)", "MatMul"}
+
+
+def test_reports_show_the_placer_s_share_of_each_device(tmp_path):
+    # With --placer_memory_fraction the terminal's table showed the share the placer could fill;
+    # summary.json and memory_<i>.png showed only the whole capacity, far above it.
+    from baechi_tf.reports import _memory_figure, summary
+
+    graph, c = load_graph_json(FORK_JOIN)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf", memory_fraction=0.2))
+    figures = summary(result)
+    assert figures["memory_fraction"] == 0.2
+    shares = c.with_memory_fraction(0.2).devices
+    for d, row in enumerate(figures["devices"]):
+        assert row["capacity_bytes"] == c.devices[d].memory_bytes
+        assert row["placer_share_bytes"] == shares[d].memory_bytes
+        assert row["peak_memory_bytes"] <= row["placer_share_bytes"]
+    mem = memory_timeline(graph, c, result.schedule)
+    ax = _memory_figure(result, 0, mem[0]).axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "placer's share 51.20 MiB (20%)" in labels, labels
+    full = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    assert summary(full)["memory_fraction"] == 1.0
+    assert all(row["placer_share_bytes"] == row["capacity_bytes"] for row in summary(full)["devices"])
+    ax = _memory_figure(full, 0, memory_timeline(graph, c, full.schedule)[0]).axes[0]
+    assert not [t for t in ax.get_legend().get_texts() if "share" in t.get_text()]
