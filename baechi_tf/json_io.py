@@ -14,6 +14,7 @@ and ``control`` are optional. Every problem is a `BaechiError` whose message nam
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -44,7 +45,8 @@ def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
         raise BaechiError(f"cannot read {path!r}: {e.strerror}") from None
     try:
         # utf-8-sig: a byte order mark, which some editors write, is no error
-        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant, parse_int=_parse_int)
+        doc = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant, parse_int=_parse_int,
+                         object_pairs_hook=_Object.of)
     except UnicodeDecodeError:
         raise InvalidGraphError(f"{path!r} is not UTF-8 text; give a JSON graph file") from None
     except json.JSONDecodeError as e:
@@ -67,6 +69,21 @@ def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows; costs must be finite numbers")
+
+
+class _Object(dict):
+    """A JSON object that remembers the keys it was given more than once: json.loads keeps the
+    last silently, so a second "edges" array dropped the first one's edges without a word."""
+
+    repeated: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, Any]]) -> "_Object":
+        obj = cls(pairs)
+        if len(obj) < len(pairs):
+            counts = collections.Counter(k for k, _ in pairs)
+            obj.repeated = tuple(sorted(k for k, n in counts.items() if n > 1))
+        return obj
 
 
 class _LongInteger:
@@ -154,6 +171,12 @@ def _bytes(obj: Mapping[str, Any], key: str, where: str, required: bool = False)
 
 
 def _unknown(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    repeated = getattr(obj, "repeated", ())
+    if repeated:
+        raise InvalidGraphError(
+            f"{where} has {', '.join(map(repr, repeated))} more than once (JSON keeps only the "
+            "last); keep one"
+        )
     extra = sorted(set(obj) - allowed)
     if extra:
         raise InvalidGraphError(

@@ -181,6 +181,15 @@ BAD = {
         mutate(lambda d: d["edges"][0].update(src_output="LONG")).replace('"LONG"', "1" + "0" * 5000),
         r"edges\[0\] has src_output=<an integer of 5001 digits>, larger than",
     ),
+    # json.loads keeps the last of a repeated key: a second 'edges' dropped the first one's edges
+    "repeated key": (
+        json.dumps(small_doc())[:-1] + ', "edges": []}',
+        "the graph has 'edges' more than once .*; keep one",
+    ),
+    "repeated key in an op": (
+        json.dumps(small_doc()).replace('"compute_us": 12.5', '"compute_us": 12.5, "compute_us": 1', 1),
+        r"ops\[0\] has 'compute_us' more than once",
+    ),
     # JSON's \ud800 is half of a UTF-16 pair, no character: the reports' text failed with a
     # traceback (exit 1) after --out was written
     "lone surrogate in a name": (
