@@ -422,6 +422,10 @@ def _graph_events(graph_def: Any) -> bytes:
 
 
 def _time_unit(makespan_us: float) -> tuple[float, str]:
+    """(scale, unit) of a time axis: ticks of at most 5 digits (matplotlib writes an offset such
+    as '1e6' beside a 'time (ms)' of a 40-minute step)."""
+    if makespan_us >= 10_000_000:
+        return 1e-6, "s"
     if makespan_us >= 10_000:
         return 1e-3, "ms"
     return 1.0, "us"
@@ -631,6 +635,8 @@ def _device_label(name: str, one_task: bool = False) -> str:
 
 
 def _us(us: float) -> str:
+    if us >= 1e9:  # '.3g' wrote 2400 s as '2.4e+03 s'
+        return f"{us / 1e6:,.0f} s"
     if us >= 1e6:
         return f"{us / 1e6:.3g} s"
     if us >= 1e3:

@@ -617,3 +617,22 @@ def test_reports_show_the_placer_s_share_of_each_device(tmp_path):
     assert all(row["placer_share_bytes"] == row["capacity_bytes"] for row in summary(full)["devices"])
     ax = _memory_figure(full, 0, memory_timeline(graph, c, full.schedule)[0]).axes[0]
     assert not [t for t in ax.get_legend().get_texts() if "share" in t.get_text()]
+
+
+def test_a_step_of_minutes_is_drawn_in_seconds():
+    # A 40-minute step had an axis 'time (ms)' of 0 to 2.4 under a '1e6' offset, and the Gantt's
+    # title said 'makespan 2.4e+03 s'.
+    from baechi_tf.reports import _memory_figure, _time_unit, _us
+
+    assert _time_unit(9_999.0) == (1.0, "us")
+    assert _time_unit(9_999_999.0) == (1e-3, "ms")
+    assert _time_unit(2.4e9) == (1e-6, "s")
+    assert (_us(2.4e9), _us(3.5e6), _us(1234.0)) == ("2,400 s", "3.5 s", "1.234 ms")
+    g = chain(3, compute_us=8e8)
+    c = cluster(1)
+    result = place(g, c, PlacementOptions(placement_method="m_etf"))
+    fig = _memory_figure(result, 0, memory_timeline(g, c, result.schedule)[0])
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "time (s)"
+    fig.canvas.draw()
+    assert ax.xaxis.get_offset_text().get_text() == ""
