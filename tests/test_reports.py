@@ -636,3 +636,19 @@ def test_a_step_of_minutes_is_drawn_in_seconds():
     assert ax.get_xlabel() == "time (s)"
     fig.canvas.draw()
     assert ax.xaxis.get_offset_text().get_text() == ""
+
+
+def test_the_readme_lists_every_figure_of_summary_json(fork_join_reports):
+    # The README named summary.json's files only: its figures were documented in a docstring.
+    import re
+
+    _, _, paths = fork_join_reports
+    with open(paths["summary"]) as f:
+        figures = json.load(f)
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    start = readme.index("`summary.json` (of `--report_dir`) holds")
+    paragraph = readme[start : readme.index("\n\n", start)]
+    named = set(re.findall(r"`([a-z_]+)`", paragraph))
+    assert set(figures) <= named, set(figures) - named
+    assert set(figures["devices"][0]) <= named, set(figures["devices"][0]) - named
