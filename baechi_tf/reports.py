@@ -476,6 +476,14 @@ def _colour_keys(graph: Any) -> tuple[list[str], dict[str, str]]:
 
 def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
     import matplotlib
+
+    with matplotlib.rc_context(_RC):
+        return _png(_gantt_figure(result, critical))
+
+
+def _gantt_figure(result: Any, critical: Sequence[int]) -> Any:
+    """The figure of ``gantt.png`` (a matplotlib ``Figure``)."""
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -485,7 +493,10 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
     makespan = max(schedule.makespan_us, 1e-9)
     scale, unit = _time_unit(makespan)
     start, end = schedule.start_us, schedule.end_us
-    ax_px = (_AX_RIGHT - _AX_LEFT) * _WIDTH_IN * _DPI
+    one_task = len({device_task(n) for n in cluster.names}) == 1  # then the task tells nothing
+    device_labels = [_device_label(name, one_task) for name in cluster.names]
+    ax_left = _label_margin(device_labels)
+    ax_px = (_AX_RIGHT - ax_left) * _WIDTH_IN * _DPI
     px_us = makespan / ax_px  # microseconds per pixel
     widths_px = (end - start) / px_us
     merged = graph.num_ops > _MAX_SINGLE_BARS or (
@@ -500,18 +511,17 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
         FigureCanvasAgg(fig)
         bottom_in = 0.95 if not merged else 0.6
         ax = fig.add_axes(
-            (_AX_LEFT, bottom_in / height_in, _AX_RIGHT - _AX_LEFT, 1 - (bottom_in + 0.5) / height_in)
+            (ax_left, bottom_in / height_in, _AX_RIGHT - ax_left, 1 - (bottom_in + 0.5) / height_in)
         )
         on_path = np.zeros(graph.num_ops, dtype=bool)
         on_path[list(critical)] = True
         keys, colours = _colour_keys(graph)
         yticks, ylabels = [], []
-        one_task = len({device_task(n) for n in cluster.names}) == 1  # then the task tells nothing
         for d in range(nd):
             y = -d * pitch
             ops = schedule.device_ops(d)
             yticks += [y, y - row_h / 2 - 0.03 - lane_h / 2]
-            ylabels += [_device_label(cluster.names[d], one_task), "channel"]
+            ylabels += [device_labels[d], "channel"]
             ax.axhspan(y - row_h / 2, y + row_h / 2, color="#f4f4f4", zorder=0, lw=0)
             if merged:
                 s, e = _merge(start[ops], end[ops], px_us)
@@ -571,8 +581,23 @@ def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
             if len(colours) < len(set(keys)):
                 handles.append(Patch(color=_OTHER, label="other"))
         fig.legend(handles=handles, loc="lower left", ncol=min(len(handles), 7), frameon=False,
-                   bbox_to_anchor=(_AX_LEFT, 0.0), fontsize=7.5)
-        return _png(fig)
+                   bbox_to_anchor=(ax_left, 0.0), fontsize=7.5)
+        return fig
+
+
+def _label_margin(labels: Sequence[str]) -> float:
+    """The Gantt axes' left edge, as a fraction of the figure's width: _AX_LEFT, or more where a
+    row's label needs it ('parameter_server/r0/t0 CPU:0' lost its first 9 characters)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer = RendererAgg(1, 1, _DPI)
+    prop = FontProperties(size=_RC["font.size"])
+    widest = max(
+        (renderer.get_text_width_height_descent(label, prop, ismath=False)[0] for label in labels),
+        default=0.0,
+    )
+    return max(_AX_LEFT, (widest + 12) / (_WIDTH_IN * _DPI))
 
 
 def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch) -> None:

@@ -652,3 +652,27 @@ def test_the_readme_lists_every_figure_of_summary_json(fork_join_reports):
     named = set(re.findall(r"`([a-z_]+)`", paragraph))
     assert set(figures) <= named, set(figures) - named
     assert set(figures["devices"][0]) <= named, set(figures["devices"][0]) - named
+
+
+def test_gantt_rows_of_several_tasks_keep_their_whole_label():
+    # The margin had room for about 18 characters: 'parameter_server/r0/t0 CPU:0' was cut
+    # to '_server/r0/t0 CPU:0' at the figure's left edge, 'worker/r0/t12 GPU:0' to 'orker...'.
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.reports import _gantt_figure
+
+    c = Cluster((Device("/job:parameter_server/replica:0/task:0/device:CPU:0", GiB, "CPU"),
+                 Device("/job:worker/replica:0/task:12/device:GPU:0", GiB, "GPU")), CommCost())
+    graph = fork_join(2, 100.0)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    fig = _gantt_figure(result, result.schedule.critical_path(graph, c))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels() if t.get_text() != "channel"]
+    assert [t.get_text() for t in labels] == ["parameter_server/r0/t0 CPU:0", "worker/r0/t12 GPU:0"]
+    for label in labels:
+        assert label.get_window_extent(renderer).x0 >= 0, label.get_text()
+    # One task: the margin is the usual one, the labels short.
+    result = place(graph, cluster(2), PlacementOptions(placement_method="m_etf"))
+    fig = _gantt_figure(result, [])
+    assert fig.axes[0].get_position().x0 == pytest.approx(0.085)
