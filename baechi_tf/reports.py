@@ -490,7 +490,7 @@ def _gantt_figure(result: Any, critical: Sequence[int]) -> Any:
 
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     nd = cluster.num_devices
-    makespan = max(schedule.makespan_us, 1e-9)
+    makespan = schedule.makespan_us or 1.0  # a step of 0 us: an axis of 1 us, not of 1e-9
     scale, unit = _time_unit(makespan)
     start, end = schedule.start_us, schedule.end_us
     one_task = len({device_task(n) for n in cluster.names}) == 1  # then the task tells nothing
@@ -691,7 +691,7 @@ def _memory_figure(result: Any, d: int, mem: DeviceMemory) -> Any:
 
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     device = cluster.devices[d]
-    makespan = max(schedule.makespan_us, 1e-9)
+    makespan = schedule.makespan_us or 1.0  # as in the Gantt chart
     scale, unit = _time_unit(makespan)
     capacity = device.memory_bytes
     peak = mem.peak_bytes

@@ -676,3 +676,22 @@ def test_gantt_rows_of_several_tasks_keep_their_whole_label():
     result = place(graph, cluster(2), PlacementOptions(placement_method="m_etf"))
     fig = _gantt_figure(result, [])
     assert fig.axes[0].get_position().x0 == pytest.approx(0.085)
+
+
+def test_a_step_of_no_time_has_an_axis_of_one_microsecond():
+    # Ops of 0 us: the axes ran from 0 to 1e-9 us under a '1e-9' offset.
+    from baechi_tf.reports import _gantt_figure, _memory_figure
+
+    b = OpGraphBuilder()
+    b.add_op("a", 0.0, [4])
+    b.add_op("b", 0.0, [4])
+    b.add_edge("a", "b")
+    g, c = b.build(), cluster(2)
+    result = place(g, c, PlacementOptions(placement_method="m_etf"))
+    assert result.makespan_us == 0
+    for fig in (_gantt_figure(result, result.schedule.critical_path(g, c)),
+                _memory_figure(result, 0, memory_timeline(g, c, result.schedule)[0])):
+        ax = fig.axes[0]
+        assert ax.get_xlim()[1] == pytest.approx(1.005)
+        fig.canvas.draw()
+        assert ax.xaxis.get_offset_text().get_text() == ""
