@@ -167,6 +167,12 @@ def _bytes(obj: Mapping[str, Any], key: str, where: str, required: bool = False)
     # Only a float can be fractional; float() of a large int rounds (2**63 - 1 is whole).
     if isinstance(value, float) and not value.is_integer():
         raise InvalidGraphError(f"{where} has {key}={value!r}; give a whole number of bytes")
+    if isinstance(value, float) and value >= 2**63:
+        # int(1e300) is a 301-digit integer, which the message of the check downstream printed.
+        raise InvalidGraphError(
+            f"{where} has {key}={value!r}, more bytes than any device can hold (2**63 - 1 at "
+            "most); give a size in bytes"
+        )
     return int(value)
 
 

@@ -171,6 +171,15 @@ BAD = {
     "comm too long for a float": (
         mutate(lambda d: d["comm"].update(intercept_us=10**309)), "intercept_us=<an integer of 310 digits>"
     ),
+    # the message printed int(1e300), 301 digits
+    "memory as a float too large": (
+        mutate(lambda d: d["devices"][0].update(memory_bytes=1e300)),
+        r"devices\[0\] has memory_bytes=1e\+300, more bytes than any device can hold \(2\*\*63 - 1 at most\); "
+        "give a size in bytes$",
+    ),
+    "output as a float too large": (
+        mutate(lambda d: d["ops"][0].update(output_bytes=[4e19])), r"op 'a' has output_bytes=4e\+19, more bytes",
+    ),
     # more digits than Python's int() converts: 'use sys.set_int_max_str_digits() to increase
     # the limit', no field named
     "integer too long to convert": (
