@@ -174,11 +174,12 @@ BAD = {
     # the message printed int(1e300), 301 digits
     "memory as a float too large": (
         mutate(lambda d: d["devices"][0].update(memory_bytes=1e300)),
-        r"devices\[0\] has memory_bytes=1e\+300, more bytes than any device can hold \(2\*\*63 - 1 at most\); "
-        "give a size in bytes$",
+        r"devices\[0\] has memory_bytes=1e\+300, more bytes than any device can hold "
+        r"\(2\*\*63 - 1 at most\); give a size in bytes$",
     ),
     "output as a float too large": (
-        mutate(lambda d: d["ops"][0].update(output_bytes=[4e19])), r"op 'a' has output_bytes=4e\+19, more bytes",
+        mutate(lambda d: d["ops"][0].update(output_bytes=[4e19])),
+        r"op 'a' has output_bytes=4e\+19, more bytes",
     ),
     # more digits than Python's int() converts: 'use sys.set_int_max_str_digits() to increase
     # the limit', no field named
