@@ -98,6 +98,11 @@ def check_output_folder(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path!r} is a file, not a folder; give a folder (it is created if missing)")
     existing = os.path.abspath(path)
     while not os.path.exists(existing):
+        if os.path.islink(existing):  # makedirs fails on it (FileExistsError), after the work
+            raise ConfigError(
+                f"{flag} {path!r}: {existing!r} is a link to {os.readlink(existing)!r}, which does "
+                "not exist; create the folder it names, or give another folder"
+            )
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ConfigError(f"{flag} {path!r}: {existing!r} is a file, so the folder cannot be created")

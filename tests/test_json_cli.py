@@ -327,6 +327,23 @@ def test_placer_flags_reach_the_placer(tmp_path, caplog):
     assert e.value.code == 2
 
 
+def test_a_report_folder_that_is_a_dangling_link_is_refused_first(tmp_path, capsys):
+    # The check climbed past a link to nothing (os.path.exists is false for it); makedirs then
+    # failed on it ('cannot write ...: File exists') after the placement, with --out written.
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(small_doc()))
+    out = tmp_path / "p.json"
+    (tmp_path / "reports").symlink_to(tmp_path / "gone" / "reports")
+    for folder in ("reports", os.path.join("reports", "run1")):
+        capsys.readouterr()
+        assert main(["place-json", str(src), "--out", str(out), "--report_dir", str(tmp_path / folder)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is a link to {str(tmp_path / 'gone' / 'reports')!r}, which does not exist" in err[0], err
+        assert err[0].endswith("create the folder it names, or give another folder")
+        assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json", "reports"]
+
+
 def test_outputs_that_would_lose_an_input_or_the_work_are_refused_first(tmp_path, capsys):
     # --out equal to the input overwrote it; a --report_dir that is a file ended in a traceback
     # after the placement, with --out already written.
