@@ -3,16 +3,18 @@
 `write_reports(result, report_dir)` writes, from a `PlacementResult` (``placer.pipeline.place``):
 
 * ``gantt.png``: one row per device with its ops as bars and, under it, a thin lane for its
-  communication channel (sends and receives); the critical path (`Schedule.critical_path`) is
-  marked by a red band over its ops, red transfers and red arrows where it changes device. Small
-  graphs get labelled bars coloured by op type (or top-level name scope); when bars would be
-  narrower than a few pixels, ops are merged at the resolution of one pixel.
+  communication channel (sends and receives); the critical path (`Schedule.critical_chain`: the
+  chain of waits that ends the step, through the copies ahead of one that waited for a busy
+  channel) is marked by a red band over its ops, red transfers and red arrows where it changes
+  device. Small graphs get labelled bars coloured by op type (or top-level name scope); when bars
+  would be narrower than a few pixels, ops are merged at the resolution of one pixel.
 * ``memory_<i>.png``: memory in use on device i over the step (`placer.memory_timeline`, the
   scheduler's memory model) with its capacity as a line, the peak and the persistent part.
 * ``trace.json``: the simulated schedule in Chrome's trace format (Perfetto, chrome://tracing):
   a process per device (pid = device index + 1) with a ``compute`` thread (tid 0) and a
-  ``channel`` thread (tid 1), ops and transfers as complete events, memory as a counter; with
-  `tf_step_stats`, TensorFlow's own timeline of the real step as more processes (pid >= 1001).
+  ``channel`` thread (tid 1), ops and transfers as complete events (``critical_path`` in their
+  args when on that path), memory as a counter; with `tf_step_stats`, TensorFlow's own timeline
+  of the real step as more processes (pid >= 1001).
 * ``graph.pbtxt`` and ``events.out.tfevents.baechi``: with `graph_def`, the placed graph as text
   and as an events file for TensorBoard's graph view (``tensorboard --logdir report_dir``,
   colour by device).
@@ -46,6 +48,7 @@ from baechi_tf._files import REPORT_FILE, atomic_write, keep_mode, output_error,
 from baechi_tf.cluster import device_task
 from baechi_tf.placer.list_scheduler import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory, memory_timeline
+from baechi_tf.placer.schedule import Transfer
 from baechi_tf.report import one_device_label
 
 __all__ = ["add_tf_timeline", "chrome_trace", "summary", "write_reports"]
@@ -90,7 +93,7 @@ def write_reports(
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     memory = memory_timeline(graph, cluster, schedule)
-    critical = schedule.critical_path(graph, cluster)
+    critical = schedule.critical_chain(graph, cluster)
     given = report_dir
     try:
         return _write_reports(result, os.path.abspath(report_dir), memory, critical, graph_def, tf_step_stats)
@@ -133,9 +136,10 @@ def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stat
 
 
 def _write_into(
-    folder: str, result: Any, memory: Any, critical: Sequence[int], graph_def: Any, tf_step_stats: Any
+    folder: str, result: Any, memory: Any, critical: tuple[list[int], list[Transfer]], graph_def: Any,
+    tf_step_stats: Any,
 ) -> dict[str, str]:
-    """Writes the reports into `folder`; key -> file name."""
+    """Writes the reports into `folder`; key -> file name. `critical`: `Schedule.critical_chain`."""
     paths: dict[str, str] = {}
 
     def put(key: str, name: str, data: bytes | str) -> None:
@@ -147,7 +151,7 @@ def _write_into(
     with warnings.catch_warnings():
         # Op names in scripts the font lacks are drawn as boxes; a warning per glyph says nothing more.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
-        put("gantt", "gantt.png", _gantt_png(result, critical))
+        put("gantt", "gantt.png", _gantt_png(result, *critical))
         for d, mem in enumerate(memory):
             put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
     trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
@@ -157,7 +161,7 @@ def _write_into(
 
         put("graph_pbtxt", "graph.pbtxt", text_format.MessageToString(graph_def))
         put("graph_events", "events.out.tfevents.baechi", _graph_events(graph_def))
-    figures = summary(result, critical)
+    figures = summary(result, critical[0])
     figures["files"] = sorted([*paths.values(), "summary.json"])
     put("summary", "summary.json", json.dumps(figures, indent=1, sort_keys=True) + "\n")
     return paths
@@ -184,7 +188,7 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     if critical is None:
-        critical = schedule.critical_path(graph, cluster)
+        critical = schedule.critical_chain(graph, cluster)[0]
     device_of = result.placement.device_of
     fraction = float(result.memory_fraction)
     shares = cluster.with_memory_fraction(fraction).devices
@@ -239,9 +243,10 @@ def chrome_trace(
     *,
     tf_step_stats: Any = None,
     memory: Optional[Sequence[DeviceMemory]] = None,
-    critical: Optional[Sequence[int]] = None,
+    critical: Optional[tuple[list[int], list[Transfer]]] = None,
 ) -> dict[str, Any]:
-    """The schedule as a Chrome trace (a JSON object with ``traceEvents``).
+    """The schedule as a Chrome trace (a JSON object with ``traceEvents``); `critical`: the
+    critical path (`Schedule.critical_chain`, made when not given), marked in the events' args.
 
     Device i is process i + 1 with threads ``compute`` (tid 0) and ``channel`` (tid 1). Each op
     is one complete event (ts = start, dur = compute time); each transfer is two, a ``send`` on
@@ -252,9 +257,11 @@ def chrome_trace(
     if memory is None:
         memory = memory_timeline(graph, cluster, schedule)
     if critical is None:
-        critical = schedule.critical_path(graph, cluster)
+        critical = schedule.critical_chain(graph, cluster)
+    critical_ops, critical_copies = critical
+    on_copies = {(t.tensor, t.dst_device) for t in critical_copies}
     on_path = np.zeros(graph.num_ops, dtype=bool)
-    on_path[list(critical)] = True
+    on_path[critical_ops] = True
     events: list[dict[str, Any]] = []
     for d, dev in enumerate(cluster.devices):
         pid = d + 1
@@ -292,6 +299,7 @@ def chrome_trace(
             "bytes": int(graph.tensor_bytes[tr.tensor]),
             "from": cluster.names[tr.src_device],
             "to": cluster.names[tr.dst_device],
+            "critical_path": (tr.tensor, tr.dst_device) in on_copies,
         }
         for pid, what in ((tr.src_device + 1, "send"), (tr.dst_device + 1, "receive")):
             events.append(
@@ -475,15 +483,16 @@ def _colour_keys(graph: Any) -> tuple[list[str], dict[str, str]]:
     return keys, colours
 
 
-def _gantt_png(result: Any, critical: Sequence[int]) -> bytes:
+def _gantt_png(result: Any, critical: Sequence[int], copies: Sequence[Transfer] = ()) -> bytes:
     import matplotlib
 
     with matplotlib.rc_context(_RC):
-        return _png(_gantt_figure(result, critical))
+        return _png(_gantt_figure(result, critical, copies))
 
 
-def _gantt_figure(result: Any, critical: Sequence[int]) -> Any:
-    """The figure of ``gantt.png`` (a matplotlib ``Figure``)."""
+def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfer] = ()) -> Any:
+    """The figure of ``gantt.png`` (a matplotlib ``Figure``): `critical` and `copies` are the ops
+    and copies of the critical path (`Schedule.critical_chain`), drawn in red."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -547,7 +556,7 @@ def _gantt_figure(result: Any, critical: Sequence[int]) -> Any:
             s, e = _merge(start[crit], end[crit], px_us)
             ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (y + row_h / 2 - 0.1, 0.13),
                            facecolors=_CRITICAL, lw=0, zorder=3)
-        _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch)
+        _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h, pitch)
         bound = result.lower_bound_us * scale
         ax.axvline(bound, color="#555555", ls=":", lw=1, zorder=5)
         ax.text(bound, row_h / 2 + 0.08, " lower bound", color="#555555", fontsize=7, va="bottom",
@@ -601,26 +610,12 @@ def _label_margin(labels: Sequence[str]) -> float:
     return max(_AX_LEFT, (widest + 12) / (_WIDTH_IN * _DPI))
 
 
-def _draw_transfers(ax, graph, cluster, schedule, critical, scale, px_us, row_h, lane_h, pitch) -> None:
-    """Sends and receives on each device's channel lane; the critical path's in red, with an
-    arrow from the producer's end to the consumer's start where the path changes device."""
+def _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h, pitch) -> None:
+    """Sends and receives on each device's channel lane; the critical path's `copies` in red, with
+    an arrow from an op's end to the next op's start where the path changes device."""
     device_of = schedule.placement.device_of
-    crit_transfers: set[tuple[int, int]] = set()
-    hops: list[tuple[int, int]] = []  # (producer, consumer)
-    arrival = {(t.tensor, t.dst_device): t for t in schedule.transfers}
-    for p, q in zip(critical[:-1], critical[1:]):
-        if device_of[p] == device_of[q]:
-            continue
-        hops.append((p, q))
-        gating = [
-            arrival[key]
-            for e in graph.in_edges(q).tolist()
-            if int(graph.edge_src[e]) == p
-            and (key := (int(graph.edge_tensor[e]), int(device_of[q]))) in arrival
-        ]
-        if gating:
-            tr = max(gating, key=lambda t: (t.end_us, t.tensor))
-            crit_transfers.add((tr.tensor, tr.dst_device))
+    crit_transfers = {(t.tensor, t.dst_device) for t in copies}
+    hops = [(p, q) for p, q in zip(critical[:-1], critical[1:]) if device_of[p] != device_of[q]]
     for d in range(cluster.num_devices):
         lane_y = -d * pitch - row_h / 2 - 0.03 - lane_h
         for what, colour in (("send", _SEND), ("receive", _RECEIVE)):

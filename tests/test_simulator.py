@@ -623,6 +623,41 @@ def test_critical_path_ends_at_the_last_op():
     assert s.critical_path(g, c) == [0, 1, 2, 3]
 
 
+def test_critical_chain_follows_a_copy_that_waited_for_the_channel():
+    # GPU:0 runs a (10 us) then b (20 us); a's 1 MB goes to c (1 us) and b's 100 kB to d (5 us),
+    # both on GPU:1, over a link of 1 ns a byte. d can start first (b's copy, 30 to 130 us,
+    # before a's could end), so a's copy waits for the channel until 130 and ends at 1,130; c
+    # ends the step at 1,131. critical_path counts that copy from a's end at 10 us and leaves
+    # its 120 us wait unexplained; the chain runs through b and b's copy, which held the channel.
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [1_000_000])
+    b.add_op("b", 20, [100_000])
+    b.add_op("c", 1, [4])
+    b.add_op("d", 5, [4])
+    b.add_edge("a", "c")
+    b.add_edge("b", "d")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.001, 0))
+    s = simulate(g, c, place(g, [0, 0, 1, 1]))
+    assert s.makespan_us == pytest.approx(1131)
+    a, b_, c_ = (g.index[n] for n in "abc")
+    assert s.critical_path(g, c) == [a, c_]
+    ops, copies = s.critical_chain(g, c)
+    assert ops == [a, b_, c_]
+    assert [(g.names[g.tensor_src[t.tensor]], t.start_us, t.end_us) for t in copies] == [
+        ("b", pytest.approx(30), pytest.approx(130)), ("a", pytest.approx(130), pytest.approx(1130))
+    ]
+
+
+def test_critical_chain_is_the_critical_path_where_no_copy_waited():
+    g = graphs.chain(4, compute_us=100, nbytes=1000)
+    c = graphs.cluster(2, comm=COMM)
+    s = simulate(g, c, place(g, [0, 0, 1, 1]))
+    ops, copies = s.critical_chain(g, c)
+    assert ops == s.critical_path(g, c) == [0, 1, 2, 3]
+    assert [(t.src_device, t.dst_device, t.start_us) for t in copies] == [(0, 1, s.end_us[1])]
+
+
 def test_lower_bound_pays_for_a_copy_between_ops_pinned_apart():
     #  a(100) -> b(10), a pinned to GPU:0 and b to GPU:1: the 40 B copy, 0.5 * 40 + 20 = 40 us,
     #  is paid in every placement: 150 us. Without the pins a placement keeps both on one

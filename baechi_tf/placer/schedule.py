@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -68,35 +69,93 @@ class Schedule:
         """Ops on a longest chain of waits ending at the last op to finish.
 
         Walks back from the op that ends last; at each op, the predecessor (or the previous op on
-        the same device) whose finish, plus the transfer when there is one, gated its start.
+        the same device) whose finish, plus the transfer when there is one, gated its start. A
+        copy that waited for a busy channel counts from its producer (`critical_chain` follows
+        the channel instead).
         """
+        return self._walk_back(graph, cluster, through_channels=False)[0]
+
+    def critical_chain(self, graph: OpGraph, cluster: Cluster) -> tuple[list[int], list[Transfer]]:
+        """The chain of waits that ends the step: (ops, copies on it), as `critical_path` walks
+        it, but a copy that started after its producer's end, because a channel it needs was busy,
+        is followed to the copy that held that channel until it started, and so on back, to the
+        producer of the first copy that did not wait. The copies come in time order; the ops are
+        the ones the chain runs through, so that a long wait for a channel is explained by the
+        copies ahead of it, not by a producer that ended long before."""
+        return self._walk_back(graph, cluster, through_channels=True)
+
+    def _walk_back(
+        self, graph: OpGraph, cluster: Cluster, *, through_channels: bool
+    ) -> tuple[list[int], list[Transfer]]:
         if graph.num_ops == 0:
-            return []
+            return [], []
         dev = self.placement.device_of
         prev_on_device = np.full(graph.num_ops, -1, dtype=np.int64)
         for d in range(cluster.num_devices):
             ops = self.device_ops(d)
             prev_on_device[ops[1:]] = ops[:-1]
-        arrival: dict[tuple[int, int], float] = {
-            (t.tensor, t.dst_device): t.end_us for t in self.transfers
-        }
+        arrival = {(t.tensor, t.dst_device): t for t in self.transfers}
+        ending = _ChannelEnds(self.transfers, cluster.num_devices) if through_channels else None
+        producer = graph.tensor_src
         op = int(np.argmax(self.end_us))
-        path = [op]
+        path, copies = [op], []
         while True:
             best: Optional[int] = None
             best_time = -1.0
+            gate: Optional[Transfer] = None
             for e in graph.in_edges(op).tolist():
                 p = int(graph.edge_src[e])
-                t = self.end_us[p] if dev[p] == dev[op] else arrival.get(
-                    (int(graph.edge_tensor[e]), int(dev[op])), self.end_us[p]
-                )
+                copy = None if dev[p] == dev[op] else arrival.get((int(graph.edge_tensor[e]), int(dev[op])))
+                t = self.end_us[p] if copy is None else copy.end_us
                 if t > best_time:
-                    best, best_time = p, t
+                    best, best_time, gate = p, t, copy
             q = int(prev_on_device[op])
             if q >= 0 and self.end_us[q] >= best_time:
-                best, best_time = q, self.end_us[q]
+                best, best_time, gate = q, self.end_us[q], None
             if best is None:
                 break
+            if gate is not None and ending is not None:
+                seen = set()
+                while True:
+                    copies.append(gate)
+                    seen.add(id(gate))
+                    if gate.start_us <= self.end_us[int(producer[gate.tensor])] + _TIME_TOLERANCE_US:
+                        break
+                    ahead = ending.before(gate, seen)
+                    if ahead is None:
+                        break
+                    gate = ahead
+                best = int(producer[gate.tensor])
             path.append(best)
             op = best
-        return path[::-1]
+        return path[::-1], copies[::-1]
+
+
+# Times that differ by less than this are the same instant (sums of floats).
+_TIME_TOLERANCE_US = 1e-6
+
+
+class _ChannelEnds:
+    """The copies that use each device's channel (sending or receiving), by end time."""
+
+    def __init__(self, transfers: Sequence[Transfer], num_devices: int) -> None:
+        by_device: list[list[Transfer]] = [[] for _ in range(num_devices)]
+        for t in transfers:
+            by_device[t.src_device].append(t)
+            by_device[t.dst_device].append(t)
+        self.copies = [sorted(c, key=lambda t: (t.end_us, t.start_us, t.tensor, t.dst_device)) for c in by_device]
+        self.ends = [[t.end_us for t in c] for c in self.copies]
+
+    def before(self, copy: Transfer, seen: set[int]) -> Optional[Transfer]:
+        """A copy not in `seen` (by id) that held one of `copy`'s channels until `copy` started:
+        it ends then; of those, the one that started first. None when the channels were free."""
+        found: Optional[Transfer] = None
+        for d in (copy.src_device, copy.dst_device):
+            ends = self.ends[d]
+            i = bisect.bisect_right(ends, copy.start_us + _TIME_TOLERANCE_US)
+            while i > 0 and ends[i - 1] >= copy.start_us - _TIME_TOLERANCE_US:
+                i -= 1
+                other = self.copies[d][i]
+                if id(other) not in seen and (found is None or other.start_us < found.start_us):
+                    found = other
+        return found
