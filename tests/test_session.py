@@ -624,6 +624,41 @@ def test_an_iterator_initialised_through_the_session_lets_the_training_step_be_p
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
 
 
+def test_an_iterator_initialised_with_the_variables_lets_the_training_step_be_profiled():
+    # sess.run([init, iterator.initializer]) marked the iterator as in use (the run also assigns
+    # variables, so it is not run again whole), and the training step that followed ran on the
+    # placement made for the initializers, never profiled (its gradients placed by estimated
+    # costs). The iterator's initializer alone is now run again in each new session.
+    def build():
+        g = tf.Graph()
+        with g.as_default():
+            data = tf.compat.v1.placeholder(tf.float32, [None, 4], name="data")
+            it = tf.compat.v1.data.make_initializable_iterator(tf.data.Dataset.from_tensor_slices(data).batch(2))
+            w = tf.compat.v1.get_variable("w", [4, 4], initializer=tf.compat.v1.ones_initializer())
+            loss = tf.reduce_sum(tf.tanh(tf.matmul(it.get_next(), w)))
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss)
+            init = tf.compat.v1.global_variables_initializer()
+        return g, data, it, w, loss, train, init
+
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4) / 24
+    results = []
+    for wrap in (False, True):
+        g, data, it, w, loss, train, init = build()
+        sess = BaechiSession(graph=g, num_devices=2, **fast()) if wrap else tf.compat.v1.Session(graph=g)
+        with sess:
+            sess.run([init, it.initializer], {data: rows})
+            out = [sess.run([loss, train])[0] for _ in range(2)]
+            if wrap:
+                assert any(name.startswith("gradients/") for name in sess.profile.ops), sorted(sess.profile.ops)
+                assert sess.placement.coverage.op_share > 0.5, sess.placement.coverage.describe()
+            out.append(sess.run(loss))
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(loss)
+            out.append(sess.run(w).sum())
+        results.append(out)
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
 def test_seeded_random_ops_do_not_draw_their_numbers_again_after_a_new_placement():
     # With set_random_seed, a new placement (any new fetch: a metric, Saver.save) started every
     # random op's sequence again: the same dropout masks as in the first steps.

@@ -43,7 +43,8 @@ Only variables and the contents of hash tables carry over from one session to th
 wrapped session too): the state of iterators, queues, staging areas and random number generators
 starts afresh in each placed session. A run that only initialises iterators (an iterator's
 initializer) is run again in each new session, the profiling copies' too, with a copy of its feeds
-kept for that (a dataset fed from a large array holds that much more memory). So once a run has used
+kept for that (of a run that also initialises variables, ``[init, iterator.initializer]``, the
+iterators' initializers alone) (a dataset fed from a large array holds that much more memory). So once a run has used
 an iterator (read from it), queue, reader or accumulator in the placed session, a new fetch whose
 ops the
 placed graph already holds runs there as placed (those of its ops no run had profiled were placed
@@ -562,6 +563,12 @@ class BaechiSession:
                     key = _fetch_key(named, feeds)
                     self._replays.pop(key, None)
                     self._replays[key] = (named, _copied(feeds))
+            if kind.iterator_inits:  # each iterator it set up, alone, as a run of its initializer
+                with self._lock:
+                    for name, fed in kind.iterator_inits:
+                        own = _copied({t: feeds[t] for t in fed})
+                        self._replays.pop(_fetch_key([name], own), None)
+                        self._replays[_fetch_key([name], own)] = ([name], own)
             if kind.writer_inits:  # each writer the run made, alone, with the feeds it read
                 with self._lock:
                     for name, fed in kind.writer_inits:
@@ -840,7 +847,9 @@ class BaechiSession:
                         "this fetch does not run)"
                     ) from None
             ops = [self._graph.get_operation_by_name(n) for n in closure]
-            self._ready[key] = _FetchKind.of({op.type for op in ops}, self._writer_inits(ops, feeds))
+            self._ready[key] = _FetchKind.of(
+                {op.type for op in ops}, self._writer_inits(ops, feeds), self._iterator_inits(ops, feeds)
+            )
             self._ran |= closure
         kind = self._ready[key]
         self._state_in_use = self._state_in_use or kind.uses_state
@@ -854,14 +863,30 @@ class BaechiSession:
         out = []
         for op in ops:
             if op.type in _WRITER_INIT_TYPES:
-                fed = {
-                    t.name
-                    for n in self._closure((op.name,), feeds)
-                    for t in self._graph.get_operation_by_name(n).inputs
-                    if t.name in feeds
-                }
-                out.append((op.name, tuple(sorted(fed))))
+                out.append(self._alone(op.name, self._closure((op.name,), feeds), feeds))
         return tuple(sorted(out))
+
+    def _iterator_inits(self, ops: list[Any], feeds: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The iterator initializers (``MakeIterator``) among `ops` (a fetch's), each with the fed
+        tensors it reads, when every op that a run of each alone executes may be run again
+        (`_replayable`); else none. A run of a fetch that also initialises variables
+        (``sess.run([global_variables_initializer(), iterator.initializer])``) records them to be
+        run again, alone, in each new session, as a run of the initializers alone is recorded."""
+        out = []
+        for op in ops:
+            if op.type == "MakeIterator":
+                closure = self._closure((op.name,), feeds)
+                if not all(_replayable(self._graph.get_operation_by_name(n).type) for n in closure):
+                    return ()
+                out.append(self._alone(op.name, closure, feeds))
+        return tuple(sorted(out))
+
+    def _alone(self, name: str, closure: set[str], feeds: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+        """`name` with the fed tensors that the ops of `closure` (what a run of it executes) read."""
+        fed = {
+            t.name for n in closure for t in self._graph.get_operation_by_name(n).inputs if t.name in feeds
+        }
+        return name, tuple(sorted(fed))
 
     def _replay_user_writers(self) -> None:
         """The summary writers the wrapped session made (``writer.init()``) do not carry over:
@@ -1272,19 +1297,31 @@ class _FetchKind:
     queues: bool  # takes from or puts into a queue (`_blocks_on_state`)
     # the ops that make summary writers it runs, each with the fed tensors it reads
     writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the iterator initializers it runs beside work that carries over (a variable's initializer),
+    # each with the fed tensors it reads: run again alone in each new session, as `initializes` is
+    iterator_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
-    def of(cls, op_types: set[str], writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> "_FetchKind":
+    def of(
+        cls,
+        op_types: set[str],
+        writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = (),
+        iterator_inits: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    ) -> "_FetchKind":
         stateful = {t for t in op_types if _holds_state(t)}
         # Run again in a new session, a fetch that also assigns a variable (an initializer run
         # with the iterator's) would undo what the runs since did: only iterator set-up, dataset
         # construction and stateless ops may be in it.
         initializes = "MakeIterator" in stateful and all(map(_replayable, op_types))
+        # Such a fetch (sess.run([global_variables_initializer(), iterator.initializer])) sets up
+        # iterators and changes what carries over: its iterators' initializers alone are run again.
+        sets_up = not initializes and bool(iterator_inits) and stateful <= _ITERATOR_SETUP_TYPES
         return cls(
-            uses_state=bool(stateful) and not initializes,
+            uses_state=bool(stateful) and not initializes and not sets_up,
             initializes=initializes,
             queues=any(map(_blocks_on_state, op_types)),
             writer_inits=writer_inits,
+            iterator_inits=iterator_inits if sets_up else (),
         )
 
 
