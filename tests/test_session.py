@@ -1,6 +1,7 @@
 """BaechiSession: both forms, training losses equal a plain session's, re-placement, the API."""
 
 import collections
+import logging
 import os
 import subprocess
 import sys
@@ -968,6 +969,20 @@ def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
         np.testing.assert_array_equal(sess.run(z, {x: [1.0, 2.0]}), [3.0, 5.0])
         placed = {n.name: n.device for n in sess.placed_graph_def.node}
     assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
+
+
+def test_a_graph_pinned_whole_is_said_to_need_its_pins_gone_not_a_command_line_flag(caplog):
+    # Towers written for GPUs (every op under tf.device): the warning said to run
+    # "baechi place --replace_devices", which a BaechiSession has no use for.
+    g = tf.Graph()
+    with g.as_default(), tf.device("/gpu:0"):
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        y = tf.square(x)
+    with caplog.at_level(logging.WARNING, logger="baechi_tf"), BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        np.testing.assert_array_equal(sess.run(y, {x: [1.0, 2.0]}), [1.0, 4.0])
+    assert "every op is pinned to a device by the graph" in caplog.text
+    assert "to place them again, build the graph without its tf.device() pins" in caplog.text
+    assert "baechi place" not in caplog.text
 
 
 @pytest.mark.parametrize("ignore", [False, True])

@@ -288,6 +288,9 @@ _HOST_FALLBACK_METHODS = ("m_topo", "m_etf", "m_sct", "heft")
 # The method of a placement that only the graph's device fields made.
 _PINNED = "none: every op pinned by the graph"
 
+# What the warning about such a graph says to do, by default.
+_UNPIN_HINT = "clear the graph's device fields (baechi place --replace_devices)"
+
 
 def _nothing_to_place(graph: OpGraph, host_ops: tuple[str, ...]) -> bool:
     """Whether every TF colocation group holds an op pinned to a device, some by the graph's own
@@ -312,12 +315,15 @@ def place_graph_def(
     device_aliases: Optional[Mapping[str, str]] = None,
     ignore_user_devices: bool = False,
     kernel_lookup: Optional[KernelLookup] = None,
+    unpin_hint: str = _UNPIN_HINT,
 ) -> tuple[Any, PlacementReport]:
     """Places the ops of `graph_def` on `cluster` and returns (placed GraphDef, report).
 
     `profile` is a `CostProfile` or the path of a profile file. The placed GraphDef is a new
     message; `graph_def` is not changed. `host_device` defaults to CPU:0 of the cluster's first
-    device's task. The other keywords are those of `baechi_tf.rewriter.importer.import_graph_def`.
+    device's task. `unpin_hint` is what the warning about a graph whose every op is pinned says to
+    do to have them placed (by default, `baechi place`'s flag). The other keywords are those of
+    `baechi_tf.rewriter.importer.import_graph_def`.
     """
     options.validate()
     if not hasattr(graph_def, "node") or not hasattr(graph_def, "SerializeToString"):
@@ -349,8 +355,8 @@ def place_graph_def(
         log.warning(
             "every op is pinned to a device by the graph (%d ops: a graph placed before?), so "
             "placement method %r placed none and the placement is the graph's own; to place them "
-            "again, clear the graph's device fields (baechi place --replace_devices)",
-            imported.graph.num_ops, options.placement_method,
+            "again, %s",
+            imported.graph.num_ops, options.placement_method, unpin_hint,
         )
         result = dataclasses.replace(result, placement=Placement(result.placement.device_of, _PINNED))
     placed = step("apply", lambda: apply_placement(graph_def, result.op_to_device()))

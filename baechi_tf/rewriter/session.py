@@ -1153,6 +1153,8 @@ class BaechiSession:
             host_device=self._setup.host,
             device_aliases=self._setup.aliases,
             ignore_user_devices=self._ignore_user_devices,
+            # ignore_user_devices keeps pins to devices that exist: only the graph's code drops them
+            unpin_hint="build the graph without its tf.device() pins",
         )
         self._sessions += 1
         if old is not None:
