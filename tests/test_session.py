@@ -585,6 +585,32 @@ def test_an_iterator_initialised_in_the_wrapped_session_is_named_in_the_error():
 
 
 
+@pytest.mark.parametrize("use_resource", [True, False])
+def test_a_variable_initialised_in_the_wrapped_session_after_the_first_run_is_named_in_the_error(use_resource):
+    # The wrapped session's values are read at the first placement; a variable initialised there
+    # later failed with TF's "Could not find variable w" ("uninitialized value w") alone, though a
+    # Session would have run: the error did not say why, nor where to initialise it.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        doubled = x * 2.0
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.ones_initializer(), use_resource=use_resource)
+        y = tf.reduce_sum(x * w)
+        init = tf.compat.v1.global_variables_initializer()
+    user = tf.compat.v1.Session(graph=g)
+    with BaechiSession(user, num_devices=2, **fast()) as sess:
+        np.testing.assert_array_equal(sess.run(doubled, {x: [1.0, 2.0]}), [2.0, 4.0])
+        user.run(init)
+        with pytest.raises(tf.errors.FailedPreconditionError, match=(
+            "(?s)(Could not find variable w|uninitialized value w).*BaechiSession: the variables of the "
+            "session it wraps carry over as they are at its first run; initialize or restore them there "
+            "before that run, or through the BaechiSession"
+        )):
+            sess.run(y, {x: [1.0, 2.0]})
+        sess.run(init)  # as the error says
+        assert sess.run(y, {x: [1.0, 2.0]}) == 3.0
+
+
 def test_an_iterator_initialised_through_the_session_lets_the_training_step_be_profiled():
     # Running the initializer through the BaechiSession (as the error above says to) marked the
     # iterator as in use, so the training step that followed ran on the placement made for the

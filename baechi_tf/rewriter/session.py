@@ -64,6 +64,7 @@ import functools
 import logging
 import numbers
 import os
+import re
 import threading
 import tempfile
 import time
@@ -299,6 +300,11 @@ def _session_class_for(user_graph: Any) -> type:
                 raise type(e)(op.node_def, op, message)
 
     return ReportingSession
+
+
+# What TF says of a variable read before it was initialised: a reference variable's, a resource
+# variable's (its resource does not exist in the session).
+_UNINITIALIZED_VARIABLE = re.compile(r"uninitialized value|Could not find variable|variable was uninitialized")
 
 
 def _reraise(error: BaseException) -> Any:
@@ -681,20 +687,28 @@ class BaechiSession:
     @contextlib.contextmanager
     def _hints(self) -> Iterator[None]:
         """TF's errors of profiling or running, with what this class changes about them said:
-        an iterator initialised in the wrapped session is not initialised in the sessions here."""
+        an iterator initialised in the wrapped session is not initialised in the sessions here, nor
+        is a variable initialised (or restored) there after the first placement read the values."""
         import tensorflow as tf
 
         try:
             yield
         except tf.errors.FailedPreconditionError as e:
-            if self._user_session is None or "iterator has not been initialized" not in e.message:
+            if self._user_session is None:
                 raise
-            raise type(e)(
-                e.node_def,
-                e.op,
-                e.message + " (BaechiSession: iterators do not carry over from the session it wraps; "
-                "if you initialized this one there, run its initializer through the BaechiSession)",
-            ) from e
+            if "iterator has not been initialized" in e.message:
+                hint = (
+                    "iterators do not carry over from the session it wraps; if you initialized this "
+                    "one there, run its initializer through the BaechiSession"
+                )
+            elif _UNINITIALIZED_VARIABLE.search(e.message):
+                hint = (
+                    "the variables of the session it wraps carry over as they are at its first run; "
+                    "initialize or restore them there before that run, or through the BaechiSession"
+                )
+            else:
+                raise
+            raise type(e)(e.node_def, e.op, f"{e.message} (BaechiSession: {hint})") from e
 
     def _check_open(self) -> None:
         if self._closed:
