@@ -1265,6 +1265,18 @@ def test_arguments_are_checked(tmp_path):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=same + "/r", cost_path=same)
 
 
+def test_the_expert_method_without_a_layout_is_refused_before_the_first_run_profiles():
+    # It was refused only once the first run had profiled the fetch (minutes for a large model).
+    g = tf.Graph()
+    with g.as_default():
+        tf.square(tf.compat.v1.placeholder(tf.float32, [2]))
+    with pytest.raises(ConfigError, match=r"^placement method 'expert' needs a hand layout and none was "
+                       r"given: give PlacementOptions\(expert=\{op name: device name\}\), or choose another method$"):
+        BaechiSession(graph=g, placement_method="expert", num_devices=2)
+    layout = PlacementOptions(placement_method="expert", expert={"Square": f"{TASK}/device:CPU:2"})
+    assert BaechiSession(graph=g, options=layout, num_devices=2).devices.cluster.num_devices == 2
+
+
 def test_import_baechi_tf_does_not_import_tensorflow():
     code = (
         "import sys, baechi_tf; "

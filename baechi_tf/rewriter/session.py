@@ -407,6 +407,13 @@ class BaechiSession:
                 f"{options.placement_method!r}; give one of them"
             )
         options.validate()
+        if options.placement_method == "expert" and not options.expert:
+            # Nothing gives it a layout later (train.py gives its model's): said now, not once the
+            # first run has profiled.
+            raise ConfigError(
+                "placement method 'expert' needs a hand layout and none was given: give "
+                "PlacementOptions(expert={op name: device name}), or choose another method"
+            )
         if profile_steps < 1 or warmup_steps < 0:
             raise ConfigError(
                 f"profile_steps={profile_steps}, warmup_steps={warmup_steps}: trace at least one "
