@@ -263,6 +263,18 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         assert "restarts the iterators and queues" in caplog.text
 
 
+def test_one_op_placed_by_estimates_is_counted_as_one_op(caplog):
+    # The warning said "where 1 of its ops were placed by estimated costs".
+    g = tf.Graph()
+    with g.as_default():
+        value = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(5)).get_next()
+        same = tf.identity(value)
+    with caplog.at_level(logging.WARNING, logger="baechi_tf"), BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        assert sess.run(value) == 0
+        assert sess.run(same) == 1  # on the placement as it is: the iterator goes on
+    assert "running a new fetch on the placement as it is, where 1 of its ops was placed by estimated costs" in caplog.text
+
+
 def test_an_iterator_made_again_reads_what_was_fed_not_what_the_buffer_holds_now(caplog):
     # The initializer's run is replayed in each new session (the profiling copies' and the placed
     # one) with its feeds, which were kept by reference: a caller that refilled its buffer after

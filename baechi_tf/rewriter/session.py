@@ -835,11 +835,12 @@ class BaechiSession:
             closure = self._closure(leaves, feeds)
             placed = self._placed is not None and closure <= self._placed.names
             if placed and self._state_in_use and not closure <= self._covered:
+                unprofiled = len(closure - self._covered)
                 log.warning(
-                    "running a new fetch on the placement as it is, where %d of its ops were "
+                    "running a new fetch on the placement as it is, where %d of its ops %s "
                     "placed by estimated costs: placing it again would restart the iterators or "
                     "queues that earlier runs used",
-                    len(closure - self._covered),
+                    unprofiled, "was" if unprofiled == 1 else "were",
                 )
             elif not placed or not closure <= self._covered:
                 readers = sorted(n for n in closure if self._graph.get_operation_by_name(n).type == "GetSessionTensor")
