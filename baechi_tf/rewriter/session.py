@@ -43,15 +43,14 @@ Only variables and the contents of hash tables carry over from one session to th
 wrapped session too): the state of iterators, queues, staging areas and random number generators
 starts afresh in each placed session. A run that only initialises iterators (an iterator's
 initializer) is run again in each new session, the profiling copies' too, with a copy of its feeds
-kept for that (of a run that also initialises variables, ``[init, iterator.initializer]``, the
-iterators' initializers alone) (a dataset fed from a large array holds that much more memory). So once a run has used
-an iterator (read from it), queue, reader or accumulator in the placed session, a new fetch whose
-ops the
-placed graph already holds runs there as placed (those of its ops no run had profiled were placed
-by estimated costs) rather than being profiled and placed again, which would restart that
-state: a dataset would be read again from its start. Only a fetch of ops added to the graph
-since forces a new placement then, with a warning. A fetch that takes from a queue (a dequeue, a
-reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is placed
+kept for that (a dataset fed from a large array holds that much more memory); of a run that also
+initialises variables (``[init, iterator.initializer]``), the iterators' initializers alone. So once
+a run has used an iterator (read from it), queue, reader or accumulator in the placed session, a new
+fetch whose ops the placed graph already holds runs there as placed (those of its ops no run had
+profiled were placed by estimated costs) rather than being profiled and placed again, which would
+restart that state: a dataset would be read again from its start. Only a fetch of ops added to the
+graph since forces a new placement then, with a warning. A fetch that takes from a queue (a dequeue,
+a reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is placed
 without profiling: nothing fills or drains the scratch copy's queues.
 """
 
