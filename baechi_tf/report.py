@@ -59,9 +59,19 @@ def summary_table(result) -> str:
         ("transfers", str(len(schedule.transfers))),
         ("placement time", f"{result.placement_seconds:.3f} s"),
     ]
+    if result.refine_stats is not None:  # auto's: the method names where refinement started
+        pairs.insert(3, ("refinement", _refinement(result.refine_stats)))
     width = max(22, max(len(label) for label, _ in pairs))  # "one device + pins (N devices)" is longer
     lines += [""] + [f"{label:<{width}} {value}" for label, value in pairs]
     return "\n".join(lines)
+
+
+def _refinement(stats) -> str:
+    """'13.102 -> 12.784 ms (-2.4%) in 3.0 s', or 'no gain in 3.0 s'."""
+    before, after = stats.initial_makespan_us, stats.final_makespan_us
+    if not after < before:
+        return f"no gain in {stats.seconds:.1f} s"
+    return f"{before / 1e3:.3f} -> {after / 1e3:.3f} ms ({100 * (after / before - 1):+.1f}%) in {stats.seconds:.1f} s"
 
 
 def _ratio(a: float, b: float) -> str:

@@ -183,8 +183,10 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     ``--placer_memory_fraction``), devices (per device: name, ops, compute_us, peak_memory_bytes,
     capacity_bytes, placer_share_bytes: that share of capacity_bytes), num_transfers,
     transfer_bytes, critical_path (op names, first to last), critical_path_us (compute time of
-    its ops), candidates (``auto``: makespan per placer it ran, null for one
-    that failed or that auto stopped as too slow to be of use; else None).
+    its ops), candidates (``auto``: makespan per placer it ran, null for one that failed or that
+    auto stopped as too slow to be of use; else None), refinement (``auto``: initial_makespan_us,
+    the makespan of the placement it started from, the winner in method, and seconds; None when
+    it did not refine).
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     if critical is None:
@@ -224,7 +226,15 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
         "critical_path": [graph.names[op] for op in critical],
         "critical_path_us": float(sum(float(graph.compute_us[op]) for op in critical)),
         "candidates": _candidates(result),
+        "refinement": _refinement(result),
     }
+
+
+def _refinement(result: Any) -> Optional[dict[str, float]]:
+    stats = getattr(result, "refine_stats", None)
+    if stats is None:
+        return None
+    return {"initial_makespan_us": float(stats.initial_makespan_us), "seconds": float(stats.seconds)}
 
 
 def _candidates(result: Any) -> Optional[dict[str, Optional[float]]]:

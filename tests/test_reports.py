@@ -464,6 +464,37 @@ def _red_pixels(png: bytes) -> np.ndarray:
     return (image[..., 0] > 0.6) & (image[..., 1] < 0.4) & (image[..., 2] < 0.4)
 
 
+def test_the_summaries_say_what_refinement_gained_from_the_placement_auto_names():
+    # auto(m_etf) said which placer won, not that refinement then moved groups (a placement
+    # named auto(single) ran on two devices); neither summary gave the start's step time.
+    import re
+
+    from baechi_tf.report import summary_table
+    from baechi_tf.reports import summary
+
+    graph = random_dag(0, 40, edge_prob=0.08)
+    c = cluster(3)
+    result = place(graph, c, PlacementOptions(refine_seconds=0.5))
+    stats = result.refine_stats
+    assert result.placement.method == "auto(m_etf)"
+    assert stats.initial_makespan_us == result.candidates["m_etf"] > result.makespan_us
+    before, after = stats.initial_makespan_us / 1e3, result.makespan_us / 1e3
+    change = 100 * (after / before - 1)
+    line = f"refinement             {before:.3f} -> {after:.3f} ms ({change:+.1f}%) in {stats.seconds:.1f} s"
+    assert line in summary_table(result).splitlines()
+    figures = summary(result)
+    assert figures["refinement"] == {"initial_makespan_us": stats.initial_makespan_us, "seconds": stats.seconds}
+    json.dumps(figures)
+    # A method that does not refine says nothing of it.
+    m_etf = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    assert m_etf.makespan_us == pytest.approx(stats.initial_makespan_us)
+    assert "refinement" not in summary_table(m_etf) and summary(m_etf)["refinement"] is None
+    # Nor does auto told not to refine; one that found nothing better says so.
+    assert "refinement" not in summary_table(place(graph, c, PlacementOptions(refine_seconds=0)))
+    stuck = place(chain(4), cluster(2), PlacementOptions(refine_seconds=0.2))
+    assert re.search(r"^refinement +no gain in [0-9.]+ s$", summary_table(stuck), re.M), summary_table(stuck)
+
+
 def test_the_critical_path_of_the_reports_accounts_for_the_whole_step(fork_join_reports):
     # Its copies that waited for a busy channel were counted from their producer's end: 5.7 ms
     # of this 15.9 ms step (m-ETF on the fork-join example) lay between the path's ops and
