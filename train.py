@@ -551,28 +551,50 @@ def _config_from_flags() -> TrainConfig:
     )
 
 
-def _devices() -> tuple[Any, Any, str]:
-    """(DeviceSetup, session ConfigProto, session target) for --num_gpus devices, on this
-    machine or, with --cluster_spec (or TF_CONFIG), on every task of a running cluster."""
-    import tensorflow as tf
-
-    from baechi_tf.cluster import CommCost
-    from baechi_tf.rewriter.devices import resolve_memory, session_config, session_devices
+def _comm_costs() -> tuple[Any, Any]:
+    """(--comm_cost_coeffs, --inter_host_comm_cost_coeffs or None) as `CommCost` lines, scaled by
+    --comm_cost_factor and --cost_factor; --memory_fraction checked too. TensorFlow is not needed:
+    a bad value is refused before it loads, naming the flag (a factor of inf, or one that scaled
+    a coefficient past what a copy may take, was a line about 'communication slope_us_per_byte'
+    after TensorFlow had loaded, naming no flag)."""
+    from baechi_tf.cluster import MAX_COPY_US, CommCost
 
     fraction = FLAGS.memory_fraction
     if not 0 < fraction <= 1:
         raise ConfigError(f"--memory_fraction={fraction} must be in (0, 1]")
     for name in ("comm_cost_factor", "cost_factor"):
-        if not FLAGS[name].value > 0:
-            raise ConfigError(f"--{name}={FLAGS[name].value} must be positive")
+        value = FLAGS[name].value
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{name}={value} must be a finite number > 0")
     scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
 
-    def scaled(text: str) -> CommCost:
-        line = CommCost.parse(text)
-        return CommCost(line.slope_us_per_byte * scale, line.intercept_us * scale)
+    def scaled(flag: str) -> CommCost:
+        text = FLAGS[flag].value
+        try:
+            line = CommCost.parse(text)
+        except ConfigError as e:
+            raise ConfigError(f"--{flag}={text!r}: {e}") from None
+        try:
+            return CommCost(line.slope_us_per_byte * scale, line.intercept_us * scale)
+        except ConfigError:  # only the factors can bring a valid line past the limits
+            raise ConfigError(
+                f"--comm_cost_factor={FLAGS.comm_cost_factor:g} times --cost_factor="
+                f"{FLAGS.cost_factor:g} makes --{flag}={text!r} a copy of more than the "
+                f"{MAX_COPY_US:g} us (31 years) a step may take; give smaller factors") from None
 
-    comm = scaled(FLAGS.comm_cost_coeffs)
-    inter = scaled(FLAGS.inter_host_comm_cost_coeffs) if FLAGS.inter_host_comm_cost_coeffs else None
+    inter = FLAGS.inter_host_comm_cost_coeffs
+    return scaled("comm_cost_coeffs"), scaled("inter_host_comm_cost_coeffs") if inter else None
+
+
+def _devices() -> tuple[Any, Any, str]:
+    """(DeviceSetup, session ConfigProto, session target) for --num_gpus devices, on this
+    machine or, with --cluster_spec (or TF_CONFIG), on every task of a running cluster."""
+    import tensorflow as tf
+
+    from baechi_tf.rewriter.devices import resolve_memory, session_config, session_devices
+
+    fraction = FLAGS.memory_fraction
+    comm, inter = _comm_costs()
     memory = resolve_memory(FLAGS.memory_per_device)  # stand-ins' and GPUs' alike get `fraction` of theirs
     base = tf.compat.v1.ConfigProto(allow_soft_placement=True,
                                     log_device_placement=FLAGS.log_device_placement)
@@ -824,6 +846,7 @@ def _main() -> int:
     from baechi_tf.rewriter.devices import resolve_memory
 
     resolve_memory(FLAGS.memory_per_device)  # _devices reads it again, once TensorFlow is loaded
+    _comm_costs()  # and these
     if not math.isfinite(FLAGS.learning_rate):
         raise ConfigError(f"--learning_rate={FLAGS.learning_rate}; give a finite number")
     if FLAGS.only_forward and not FLAGS.colocate_grads_with_ops:

@@ -299,6 +299,17 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--only_important_ops"], "--only_important_ops is not supported"),
         (["--adjustment_method=memory"], "adjuster is not ported"),
         (["--adjustment_with_memory_limit"], "--adjustment_with_memory_limit is not supported"),
+        # The communication flags: named, the line said only 'communication slope_us_per_byte'
+        # (two flags give one), and an infinite factor passed the check '> 0'.
+        (["--comm_cost_coeffs=-1,5"],
+         "--comm_cost_coeffs='-1,5': communication slope_us_per_byte=-1.0; it must be a finite number >= 0"),
+        (["--inter_host_comm_cost_coeffs=1,nan"], "--inter_host_comm_cost_coeffs='1,nan': communication"),
+        (["--comm_cost_coeffs=0.1"], "--comm_cost_coeffs='0.1': communication cost '0.1' is not"),
+        (["--cost_factor=inf"], "--cost_factor=inf must be a finite number > 0"),
+        (["--comm_cost_factor=0"], "--comm_cost_factor=0.0 must be a finite number > 0"),
+        (["--cost_factor=1e300"],
+         "--comm_cost_factor=1 times --cost_factor=1e+300 makes --comm_cost_coeffs='0.0001754,134' a copy "
+         "of more than the 1e+15 us (31 years) a step may take; give smaller factors"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args, message):
@@ -350,6 +361,10 @@ def test_help_is_printed_with_exit_status_0(flag):
     (["--memory_per_device=1e400"], 2),
     (["--report_dir=/dev/null"], 2),
     (["--cost_path={tmp}/missing.pb"], 2),  # was said after TensorFlow had loaded (8 s)
+    # These three too (the path exists: a missing profile is refused first).
+    (["--comm_cost_coeffs=abc", "--cost_path={tmp}"], 2),
+    (["--cost_factor=inf", "--cost_path={tmp}"], 2),
+    (["--memory_fraction=0", "--cost_path={tmp}"], 2),
     (["--costgen", "--cost_path=results/", *GNMT, *FAST_PROFILE], 2),
     (["--costgen", "--cost_path={tmp}/same", "--logdir={tmp}/same", *GNMT, *FAST_PROFILE], 2),
 ])
