@@ -820,6 +820,9 @@ def _warn_of_unused_model_flags() -> None:
 def _placement_options() -> PlacementOptions:
     """The placement options the flags give, validated."""
     _refuse_unported()
+    # PlacementOptions calls it 'memory fraction', which here is also --memory_fraction's name.
+    if not 0 < FLAGS.placer_memory_fraction <= 1:
+        raise ConfigError(f"--placer_memory_fraction={FLAGS.placer_memory_fraction} must be in (0, 1]")
     options = PlacementOptions(
         placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
         placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
