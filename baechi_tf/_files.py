@@ -43,6 +43,13 @@ def check_writable(path: str, flag: str, inputs: tuple[str, ...] = ()) -> None:
             raise ConfigError(f"{flag} {path!r} is not writable; write elsewhere")
         return
     if not os.path.isdir(folder):
+        existing = folder
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):  # a file where a folder should be: none can be made there
+            what = ("is a file, not a folder" if existing == folder
+                    else f"is a file, so the folder {folder!r} cannot be created")
+            raise ConfigError(f"{flag} {path!r}: {existing!r} {what}; write elsewhere")
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist; create it first")
     if not _can_write_in(folder):
         raise ConfigError(f"{flag} {path!r}: the folder {folder!r} is not writable; write elsewhere")

@@ -385,6 +385,12 @@ def test_help_and_flag_errors_come_before_tensorflow_loads(tmp_path, args, statu
         (["--logdir={file}"], "--logdir '{file}' is a file, not a folder"),
         (["--report_dir={file}"], "--report_dir '{file}' is a file, not a folder"),
         (["--report_dir={file}/reports"], "'{file}' is a file, so the folder cannot be created"),
+        # It said "the folder '{file}' does not exist; create it first": it exists, as a file.
+        (["--costgen", "--cost_path={file}/cost.pb"],
+         "--cost_path '{file}/cost.pb': '{file}' is a file, not a folder; write elsewhere"),
+        (["--costgen", "--cost_path={file}/deeper/cost.pb"],
+         "--cost_path '{file}/deeper/cost.pb': '{file}' is a file, so the folder '{file}/deeper' cannot "
+         "be created; write elsewhere"),
         # --costgen wrote the profile over the folder --logdir had made, after the profiling.
         (["--costgen", "--logdir={cost}"],
          "--logdir '{cost}' and --cost_path '{cost}' name the same path; give --logdir a folder of its own"),
