@@ -698,6 +698,26 @@ def _scaled(profile: Any, factor: float) -> Any:
     return dataclasses.replace(profile, ops=ops)
 
 
+def _check_only_forward(config: TrainConfig, profile: Any, built: Built) -> None:
+    """A profile of these model flags but the other --only_forward (the README's commands give it
+    to both runs) is refused saying so: the general mismatch error says to profile again, which
+    the flag makes needless."""
+    from baechi_tf.cost_model.profile import compare_to_graph
+
+    if compare_to_graph(profile, built.graph_def) is None:
+        return
+    other = dataclasses.replace(config, only_forward=not config.only_forward)
+    if compare_to_graph(profile, build_graph(other).graph_def) is not None:
+        return  # another difference: the importer's error lists it
+    if config.only_forward:
+        raise ConfigError(
+            f"the cost profile {FLAGS.cost_path!r} is of the whole training graph (profiled without "
+            "--only_forward): leave out --only_forward, as when it was profiled")
+    raise ConfigError(
+        f"the cost profile {FLAGS.cost_path!r} is of the forward graph only (profiled with "
+        "--only_forward): add --only_forward, as when it was profiled")
+
+
 def place_and_run(
     config: TrainConfig, options: PlacementOptions, setup: Any, session_config: Any, target: str = ""
 ) -> int:
@@ -709,6 +729,8 @@ def place_and_run(
     profile = _scaled(load_profile(FLAGS.cost_path), FLAGS.cost_factor)
     built = build_graph(config)
     print(_describe_graph(config, built))
+    if not FLAGS.allow_profile_mismatch:
+        _check_only_forward(config, profile, built)
     method = options.placement_method
     if method in ("expert", "auto"):
         options = dataclasses.replace(

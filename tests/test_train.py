@@ -177,6 +177,20 @@ def test_gnmt_only_forward_places_forward_ops_and_gradients_follow(tmp_path_fact
              if n.node_name.startswith(cell) and not n.node_name.startswith(cell + "input")}
     assert grads
     assert set(grads.values()) == {placement["decoder/layer_1/t0/colocation"]}
+    # Placed without --only_forward, the forward profile was "taken on another graph; profile this
+    # graph again": the flag is the fix, not a new profile.
+    done = train(f"--cost_path={path}", *GNMT, "--placement_method=m_etf", expect=2)
+    assert done.stderr == (
+        f"train: error: the cost profile {path!r} is of the forward graph only (profiled with "
+        "--only_forward): add --only_forward, as when it was profiled\n")
+
+
+def test_a_profile_of_the_training_graph_placed_with_only_forward_says_so(gnmt_profile):
+    path, _ = gnmt_profile
+    done = train(f"--cost_path={path}", *GNMT, "--only_forward", "--placement_method=m_etf", expect=2)
+    assert done.stderr == (
+        f"train: error: the cost profile {path!r} is of the whole training graph (profiled without "
+        "--only_forward): leave out --only_forward, as when it was profiled\n")
 
 
 def test_inception_v3_in_nchw_keeps_each_max_pool_gradient_with_its_pool(tmp_path_factory, tmp_path):
