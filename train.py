@@ -691,8 +691,16 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
 
 
 def _scaled(profile: Any, factor: float) -> Any:
+    """`profile` with its compute times times --cost_factor `factor`."""
+    from baechi_tf.graph import MAX_TOTAL_COMPUTE_US
+
     if factor == 1.0:
         return profile
+    if not profile.profiled_compute_us * factor <= MAX_TOTAL_COMPUTE_US:  # the importer refuses it
+        raise ConfigError(
+            f"--cost_factor={factor:g} makes the profile's {profile.profiled_compute_us:.3g} us of "
+            f"compute per step more than the {MAX_TOTAL_COMPUTE_US:g} us (31 years) a step may take; "
+            "give a smaller factor")
     ops = {name: dataclasses.replace(c, compute_us=c.compute_us * factor)
            for name, c in profile.ops.items()}
     return dataclasses.replace(profile, ops=ops)

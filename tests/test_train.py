@@ -185,6 +185,16 @@ def test_gnmt_only_forward_places_forward_ops_and_gradients_follow(tmp_path_fact
         "--only_forward): add --only_forward, as when it was profiled\n")
 
 
+def test_a_cost_factor_that_makes_the_step_too_long_is_named(gnmt_profile):
+    # It was "step 'import' failed: the ops' compute times add up to 4.76e+303 us, ... check that
+    # they are in microseconds": they were; the factor made them so.
+    path, _ = gnmt_profile
+    done = train(f"--cost_path={path}", *GNMT, "--comm_cost_coeffs=0,0", "--cost_factor=1e300", expect=2)
+    assert re.fullmatch(r"train: error: --cost_factor=1e\+300 makes the profile's \S+ us of compute per "
+                        r"step more than the 1e\+15 us \(31 years\) a step may take; give a smaller "
+                        r"factor\n", done.stderr), done.stderr
+
+
 def test_a_profile_of_the_training_graph_placed_with_only_forward_says_so(gnmt_profile):
     path, _ = gnmt_profile
     done = train(f"--cost_path={path}", *GNMT, "--only_forward", "--placement_method=m_etf", expect=2)
