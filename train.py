@@ -95,7 +95,10 @@ flags.DEFINE_bool(
     "Build gradients with colocate_gradients_with_ops: each gradient op goes where its forward op "
     "goes. Required by --only_forward.")
 flags.DEFINE_enum("optimizer", "sgd", _OPTIMIZERS, "Optimizer of the training step.")
-flags.DEFINE_enum("model_name", "inception_v3", list(MODEL_NAMES), "Model to build.")
+# Values of the original's flags that worked there and are not ported: refused with what to use.
+_ORIGINAL_MODELS = ("cifarnet", "attention_nmt")
+flags.DEFINE_enum("model_name", "inception_v3", [*MODEL_NAMES, *_ORIGINAL_MODELS],
+                  f"Model to build ({', '.join(_ORIGINAL_MODELS)}: the original's, not ported).")
 flags.DEFINE_integer("batch_size", None, f"Batch size of the synthetic input {_MODEL}.",
                      lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.01, "Learning rate of the optimizer.")
@@ -147,8 +150,9 @@ flags.DEFINE_string(
     "placement_method", _DEFAULTS.placement_method,
     f"One of {', '.join(sorted(PLACEMENT_METHODS))}. 'single': everything on one device; "
     "'expert': the model's hand layout; 'auto': every placer, the best simulated one refined.")
-flags.DEFINE_enum("placer_type", _DEFAULTS.placer_type, ["default", "fusion"],
-                  "'fusion' fuses connected ops of a group before placing.")
+flags.DEFINE_enum("placer_type", _DEFAULTS.placer_type, ["default", "fusion", "colocation"],
+                  "'fusion' fuses connected ops of a group before placing ('colocation': the "
+                  "original's, not ported).")
 flags.DEFINE_enum("grouper", _DEFAULTS.grouper, ["tf", "coplace"],
                   "'tf': TF colocation groups; 'coplace': also an op with one consumer joins it.")
 flags.DEFINE_float("sct_threshold", _DEFAULTS.sct_threshold,
@@ -195,6 +199,15 @@ def _refuse_unported() -> None:
     for flag, refused, why in _NOT_PORTED:
         if FLAGS[flag].value == refused:
             raise ConfigError(f"--{flag} is not supported: {why}")
+    if FLAGS.model_name in _ORIGINAL_MODELS:
+        raise ConfigError(
+            f"--model_name={FLAGS.model_name} is the original's, not ported: choose one of "
+            f"{', '.join(MODEL_NAMES)}")
+    if FLAGS.placer_type == "colocation":
+        raise ConfigError(
+            "--placer_type=colocation is the original's ColocationGraphPlacer, not ported (it was "
+            "broken there); every placer here keeps TF's colocation groups: use --placer_type=default "
+            "or --placer_type=fusion")
     if FLAGS.adjustment_method != "noop":
         raise ConfigError(
             f"--adjustment_method={FLAGS.adjustment_method}: the original's post-placement adjuster "

@@ -323,6 +323,14 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--only_important_ops"], "--only_important_ops is not supported"),
         (["--adjustment_method=memory"], "adjuster is not ported"),
         (["--adjustment_with_memory_limit"], "--adjustment_with_memory_limit is not supported"),
+        # They worked in the original and were absl's "value should be one of <...>", saying nothing
+        # of why.
+        (["--placer_type=colocation"], "--placer_type=colocation is the original's ColocationGraphPlacer, "
+         "not ported (it was broken there); every placer here keeps TF's colocation groups: use "
+         "--placer_type=default or --placer_type=fusion"),
+        (["--model_name=cifarnet"], "--model_name=cifarnet is the original's, not ported: choose one of "
+         "gnmt_v2, gnmt, inception_v3, transformer"),
+        (["--model_name=attention_nmt"], "--model_name=attention_nmt is the original's, not ported"),
         # The communication flags: named, the line said only 'communication slope_us_per_byte'
         # (two flags give one), and an infinite factor passed the check '> 0'.
         (["--comm_cost_coeffs=-1,5"],
