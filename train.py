@@ -627,6 +627,9 @@ def _devices() -> tuple[Any, Any, str]:
     )
     if remote is not None:
         return remote.devices, remote_session_config(session_config(remote.devices, base)), remote.target
+    if inter is not None:  # it was dropped without a word
+        print("train: --inter_host_comm_cost_coeffs is not used: every device is on this host (give "
+              "--cluster_spec, or TF_CONFIG, to run across hosts)", file=sys.stderr, flush=True)
     setup = session_devices(
         FLAGS.num_gpus,
         memory_bytes_per_device=memory,

@@ -195,6 +195,16 @@ def test_a_cost_factor_that_makes_the_step_too_long_is_named(gnmt_profile):
                         r"factor\n", done.stderr), done.stderr
 
 
+def test_the_inter_host_line_without_a_cluster_is_said_to_be_unused(tmp_path):
+    # It was dropped without a word. (The folder given as the profile ends the run once said.)
+    done = train(f"--cost_path={tmp_path}", "--inter_host_comm_cost_coeffs=0.001,500", expect=2,
+                 TF_CONFIG="")
+    assert done.stderr.splitlines() == [
+        "train: --inter_host_comm_cost_coeffs is not used: every device is on this host (give "
+        "--cluster_spec, or TF_CONFIG, to run across hosts)",
+        f"train: error: cost profile {str(tmp_path)!r} is a directory; give a file"], done.stderr
+
+
 def test_a_profile_of_the_training_graph_placed_with_only_forward_says_so(gnmt_profile):
     path, _ = gnmt_profile
     done = train(f"--cost_path={path}", *GNMT, "--only_forward", "--placement_method=m_etf", expect=2)
