@@ -840,6 +840,14 @@ def _check_outputs() -> None:
         check_output_folder(FLAGS.logdir, "--logdir")
     if FLAGS.costgen:
         check_writable(FLAGS.cost_path, "--cost_path")
+        from baechi_tf.cost_model.profile import not_a_profile_to_replace
+
+        why = not_a_profile_to_replace(FLAGS.cost_path)
+        if why:  # a typo naming a source file was written over without a word
+            raise ConfigError(
+                f"--cost_path {FLAGS.cost_path!r} is a file that is not a cost profile ({why}), and "
+                "--costgen would write over it; give another path, or remove the file first"
+            )
         if FLAGS.logdir:
             check_apart(FLAGS.logdir, "--logdir", FLAGS.cost_path, "--cost_path")
     elif FLAGS.report_dir:  # profiling writes no reports

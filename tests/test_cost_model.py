@@ -78,6 +78,24 @@ def test_real_profile_coverage(lstm):
     assert "ops have estimated costs" in coverage.describe()
 
 
+def test_what_profiling_may_write_over(lstm, tmp_path):
+    from baechi_tf.cost_model.profile import not_a_profile_to_replace
+
+    ours = tmp_path / "cost.pb"
+    save_profile(lstm.profile, ours)
+    cut = tmp_path / "cut.pb"  # "profile the graph again", its error says: into the same file
+    cut.write_bytes(ours.read_bytes()[:100])
+    old = tmp_path / "cost.pkl"  # the original's profile, which the README's commands name
+    old.write_bytes(pickle.dumps({"op": 1.0}, protocol=2))
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    for path in (ours, cut, old, empty, tmp_path / "missing", tmp_path):
+        assert not_a_profile_to_replace(str(path)) is None, path
+    source = tmp_path / "model.py"
+    source.write_text("import tensorflow as tf\n")
+    assert "does not start as one" in not_a_profile_to_replace(str(source))
+
+
 def test_round_trip_is_exact_and_deterministic(lstm, tmp_path):
     path = tmp_path / "cost.pb"
     save_profile(lstm.profile, path)

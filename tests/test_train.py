@@ -454,6 +454,22 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 
 
+def test_costgen_does_not_write_over_a_file_that_is_not_a_profile(tmp_path):
+    # --cost_path=model.py (a typo) was profiled into, the source lost without a word.
+    source = tmp_path / "model.py"
+    source.write_text("import tensorflow as tf\n")
+    done, loaded = run_listing_modules(
+        [sys.executable, os.path.join(ROOT, "train.py"), "--costgen", f"--cost_path={source}", *GNMT],
+        tmp_path, cwd=ROOT, timeout=120,
+    )
+    assert done.returncode == 2 and done.stderr == (
+        f"train: error: --cost_path {str(source)!r} is a file that is not a cost profile (it does not "
+        "start as one, nor as the original's pickle), and --costgen would write over it; give another "
+        "path, or remove the file first\n"), done.stderr
+    assert "tensorflow" not in loaded
+    assert source.read_text() == "import tensorflow as tf\n"
+
+
 def test_a_report_folder_holding_files_of_the_users_is_refused_before_tensorflow_loads(tmp_path):
     # The user's graph.pbtxt in --report_dir was replaced by the report's, after the whole run.
     reports = tmp_path / "reports"

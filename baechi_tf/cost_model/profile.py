@@ -39,6 +39,7 @@ __all__ = [
     "graph_nodes",
     "load_profile",
     "merge_profiles",
+    "not_a_profile_to_replace",
     "profile_coverage",
     "profile_from_bytes",
     "profile_to_bytes",
@@ -352,6 +353,22 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
 def save_profile(profile: CostProfile, path: str | os.PathLike) -> None:
     """Writes `profile` to `path` atomically (a reader never sees half a file)."""
     atomic_write(os.fspath(path), profile_to_bytes(profile))
+
+
+def not_a_profile_to_replace(path: str) -> Optional[str]:
+    """Why writing a profile to `path` would replace a file that holds something else (a typo
+    that names a source file): None when nothing is there, or it is not a regular file, or it is
+    empty, or it is a profile to replace: one of ours (of any format version, or cut short: the
+    marker heads the file) or the original Baechi's pickle."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        head = f.read(64)
+        f.seek(-1 if head else 0, os.SEEK_END)
+        last = f.read(1)
+    if not head or _MAGIC.encode() in head or (head[:1] == b"\x80" and last == b"."):
+        return None
+    return "it does not start as one, nor as the original's pickle"
 
 
 def read_bytes(path: str, what: str, error: type = ProfileError) -> bytes:
