@@ -19,9 +19,10 @@ overhead, as in the original). The line is fitted by least squares on the *relat
 ruled by the largest sizes.
 
 Devices: ``--device_type=GPU`` times GPU ``from_gpu_id`` -> GPU ``to_gpu_id``. ``CPU`` (what
-``auto`` picks on a machine without GPUs) creates ``max(from, to) + 1`` virtual CPU devices with
-``ConfigProto(device_count={"CPU": N})``, the stand-ins that train.py's ``--num_gpus`` uses; their
-transfers stay in one process's memory, so the line is that of TF's local Send/Recv, not of a bus.
+``auto`` picks on a machine without GPUs) times the virtual CPU devices that train.py's
+``--num_gpus`` makes to stand in for those GPUs: GPU i is ``CPU:i+1`` (``CPU:0`` stays the host),
+made with ``ConfigProto(device_count={"CPU": N})``; their transfers stay in one process's memory,
+so the line is that of TF's local Send/Recv, not of a bus.
 
 Across hosts: given ``--cluster_spec`` (a JSON cluster like TF_CONFIG's ``"cluster"``, or a
 file holding it) the benchmark asks the running cluster for its devices (those `baechi place`
@@ -314,6 +315,7 @@ def _main() -> int:
     import_tensorflow_quietly()
     device_type = _device_type(FLAGS.device_type)
     num_devices = max(src_id, dst_id) + 1
+    first = 0  # the device index of GPU 0: a stand-in's is 1, after the host's CPU:0 (train.py)
     if device_type == "GPU":
         num_gpus = _num_gpus()
         if num_gpus < num_devices:
@@ -321,14 +323,19 @@ def _main() -> int:
                 f"GPU {max(src_id, dst_id)} is wanted but this machine has {num_gpus} GPU(s): "
                 "use --device_type=CPU for virtual CPU devices"
             )
-    elif num_devices > _MAX_VIRTUAL_DEVICES:
+    elif num_devices >= _MAX_VIRTUAL_DEVICES:
         raise ConfigError(
             f"--from_gpu_id={src_id} --to_gpu_id={dst_id}: virtual CPU devices take indices below "
-            f"{_MAX_VIRTUAL_DEVICES} (the line between two of them does not depend on their "
+            f"{_MAX_VIRTUAL_DEVICES - 1} (the line between two of them does not depend on their "
             "indices); give e.g. --from_gpu_id=0 --to_gpu_id=1"
         )
-    src, dst = f"/device:{device_type}:{src_id}", f"/device:{device_type}:{dst_id}"
-    comm = _measure_line(src, dst, _config(device_type, num_devices))
+    else:
+        first = 1
+    src, dst = f"/device:{device_type}:{src_id + first}", f"/device:{device_type}:{dst_id + first}"
+    if first:
+        print(f"GPU {src_id} and GPU {dst_id} are the virtual CPU devices {src} and {dst}, as in "
+              "train.py --num_gpus", flush=True)
+    comm = _measure_line(src, dst, _config(device_type, num_devices + first))
     a, b = comm.slope_us_per_byte, comm.intercept_us
     print(f"Use it with: --comm_cost_coeffs={a:.6g},{b:.6g}")
     print(f"Communication cost function: {a:.6g} x + {b:.6g}")
