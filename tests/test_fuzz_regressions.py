@@ -20,6 +20,7 @@ from baechi_tf.placer.grouping import coplace, make_groups
 from baechi_tf.placer.pipeline import PlacementOptions, place
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from invariants import assert_valid_schedule  # noqa: E402
 from quality_graphs import rnn  # noqa: E402
 
 MiB = 1 << 20
@@ -306,3 +307,64 @@ def test_options_of_the_wrong_type_are_config_errors(options):
     b.add_op("a", 1, [4])
     with pytest.raises(ConfigError):
         place(b.build(), Cluster.homogeneous(2, 1 << 30), PlacementOptions(**options))
+
+
+# ---------------------------------------------------------------- auto against each method alone
+
+
+def _data_graph(name):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", name)) as f:
+        return parse_graph_json(json.load(f))
+
+
+def _placed(graph, cluster, method, **options):
+    from baechi_tf.errors import InfeasiblePlacementError
+
+    try:
+        return place(graph, cluster, PlacementOptions(placement_method=method, **options))
+    except InfeasiblePlacementError:
+        return None
+
+
+def test_auto_judges_the_fit_search_that_a_method_alone_falls_back_to():
+    # 18 ops on three devices of 52 MiB to 680 MiB (a fuzzed graph, minimised): HEFT, m-ETF and
+    # m-SCT run out of memory, so does the packing, and the fit search that they fall back to
+    # finds a placement of 1,780.9 ms. auto kept m-TOPO's, 2,718.4 ms, refined to 2,545.9 ms:
+    # it had no such candidate.
+    graph, cluster = _data_graph("auto_misses_the_fit_search_fallback.json")
+    heft = _placed(graph, cluster, "heft")
+    assert heft.placement.method == "heft+fit"
+    auto = place(graph, cluster, PlacementOptions(refine_seconds=0.05))
+    assert auto.candidates["packed"] is None and auto.candidates["fit"] == pytest.approx(heft.makespan_us)
+    assert auto.makespan_us <= heft.makespan_us
+    assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)
+    # Where the packing fits, a method alone falls back to it, auto's candidate already: no search.
+    roomy = Cluster.homogeneous(3, 1 << 40, comm=cluster.comm)
+    assert "fit" not in place(graph, roomy, PlacementOptions(refine_seconds=0.05)).candidates
+
+
+def test_auto_runs_the_originals_m_topo_variant_too():
+    # 7 ops, a copy costing 10 ms plus 1 us a byte (fuzzed, minimised): m_topo_nonuniform, which
+    # fills each device to its capacity in turn, simulates at 836.2 us, and auto without
+    # refinement kept m-TOPO's 838.5 us: it did not run that method.
+    graph, cluster = _data_graph("m_topo_nonuniform_beats_the_rest.json")
+    options = dict(grouper="coplace", placer_type="fusion", memory_fraction=0.5, refine_seconds=0.0)
+    variant = _placed(graph, cluster, "m_topo_nonuniform", **options)
+    auto = place(graph, cluster, PlacementOptions(**options))
+    assert auto.makespan_us <= variant.makespan_us
+    assert auto.candidates["m_topo_nonuniform"] == pytest.approx(variant.makespan_us)
+
+
+def test_auto_places_with_fusion_what_a_method_alone_places():
+    # 14 ops on five devices (fuzzed, minimised), fused before placing: no placement of the fused
+    # graph fits, whose ops hold their outputs longer, and auto failed ("ran out of memory");
+    # HEFT alone, whose fused placement did not fit the real graph either, fell back to m-ETF's
+    # placement of the real graph, which fits. auto now falls back as it does.
+    graph, cluster = _data_graph("fits_only_unfused.json")
+    options = dict(grouper="coplace", placer_type="fusion", memory_fraction=0.5, refine_seconds=0.2)
+    heft = _placed(graph, cluster, "heft", **options)
+    assert heft is not None and heft.placement.method == "heft+m_etf"
+    auto = place(graph, cluster, PlacementOptions(**options))
+    assert auto.placement.method == "auto(m_etf)"
+    assert auto.makespan_us <= heft.makespan_us
+    assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)

@@ -1,9 +1,10 @@
 """``auto``: a portfolio of placers, the best simulated placement kept, then refined.
 
-Runs every placer it is given (the pipeline gives m-TOPO, m-ETF, m-SCT, HEFT, ``layers`` when op
-names have numbered scopes, ``single``, ``packed``, ``expert`` when the model brought its own
-layout, and m-ETF, m-SCT and HEFT on coarser groups; with ops pinned to a host outside the
-cluster, also a packing that counts the copies from it), simulates each placement, keeps the
+Runs every placer it is given (the pipeline gives m-TOPO and the original's variant of it, m-ETF,
+m-SCT, HEFT, ``layers`` when op names have numbered scopes, ``single``, ``packed``, ``expert`` when
+the model brought its own layout, and m-ETF, m-SCT and HEFT on coarser groups; with ops pinned to a
+host outside the cluster, also a packing that counts the copies from it; after them, the fit search
+when a method alone would fall back to it), simulates each placement, keeps the
 one with the lowest makespan (ties: the order above), and improves it with `refine` (which may
 also start its window balancing from the two best distinct runners-up) unless one simulation
 alone takes more than the refinement budget (then it warns and skips refinement). A placer that
@@ -23,7 +24,7 @@ import math
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import BaechiError, ConfigError
+from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import ScheduleCutOff
@@ -117,6 +118,7 @@ def place_auto(
     run_first: Sequence[str] = (),
     free_devices: Optional[int] = None,
     remote: Optional[Remote] = None,
+    fallbacks: Sequence[tuple[str, str, Thunk]] = (),
 ) -> AutoResult:
     """Runs `placers` (name, thunk), keeps the best simulated one (ties: the first in `placers`),
     refines it. A thunk returns a `Placement`, or a `Schedule` that `simulate` made of it on
@@ -140,6 +142,12 @@ def place_auto(
 
     Refinement moves unpinned groups only among the first `free_devices` devices (all by
     default): a host that runs only the ops pinned to it comes last.
+
+    `fallbacks` (name, after, thunk) are what a method run alone falls back to when its
+    placement does not fit and neither does the placement of the candidate `after` (the
+    packing), which it tries first: the fit search. Each is judged, after the others and here,
+    when some candidate fitted, some ran out of memory and `after` did too; otherwise it could
+    not be the result of any method alone, and it is not run (nor listed in `candidates`).
     """
     refines = (
         options.refine.seconds > 0
@@ -147,6 +155,7 @@ def place_auto(
         and simulation_work(graph) <= work_budget(options.refine.seconds)
     )
     reach = alternative_reach(graph, options.refine.seconds) if refines else 1.0
+    placers = list(placers)  # and the fallbacks judged
     best: Optional[tuple[int, Schedule]] = None  # (index in placers, its simulated schedule)
     made: list[tuple[int, Schedule]] = []  # every success
     candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
@@ -205,6 +214,12 @@ def place_auto(
                 record(i, outcomes[i])
         else:
             one_by_one(rest)
+        failed = {placers[i][0] for i, e in errors.items() if isinstance(e, InfeasiblePlacementError)}
+        for name, after, thunk in fallbacks:
+            if best is not None and failed and after in failed:
+                candidates[name] = None
+                placers.append((name, thunk))
+                record(len(placers) - 1, here(len(placers) - 1, cutoff_now()))
     if best is None:
         raise errors[min(errors)]  # the first placer's, whatever ran first
     winner, schedule = placers[best[0]][0], best[1]
