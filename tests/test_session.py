@@ -255,23 +255,26 @@ def test_iterators_and_queues_keep_their_state_across_new_fetches(caplog):
         np.testing.assert_array_equal(sess.run(dequeue), [1.0, 1.0, 1.0])
         np.testing.assert_array_equal(sess.run(batch), [4.0, 5.0])
         # An op made after the runs is not in the placed graph: placing again restarts the
-        # iterators, and says so.
+        # queues, and says so; the iterators are copied into the new session and go on.
         with g.as_default():
             tripled = one_shot * 3
         with caplog.at_level("WARNING", logger="baechi_tf.rewriter.session"):
-            np.testing.assert_array_equal(sess.run(tripled), [0, 3])
-        assert "restarts the iterators and queues" in caplog.text
+            np.testing.assert_array_equal(sess.run(tripled), [18, 21])
+            with pytest.raises(tf.errors.OutOfRangeError):  # read to its end before
+                sess.run(batch)
+        assert "placing it again restarts the queues" in caplog.text
 
 
 def test_one_op_placed_by_estimates_is_counted_as_one_op(caplog):
     # The warning said "where 1 of its ops were placed by estimated costs".
     g = tf.Graph()
     with g.as_default():
-        value = tf.compat.v1.data.make_one_shot_iterator(tf.data.Dataset.range(5)).get_next()
-        same = tf.identity(value)
+        q = tf.queue.FIFOQueue(10, tf.float32, shapes=[])
+        enqueue = q.enqueue_many([[1.0, 2.0]])
+        size = q.size()
     with caplog.at_level(logging.WARNING, logger="baechi_tf"), BaechiSession(graph=g, num_devices=2, **fast()) as sess:
-        assert sess.run(value) == 0
-        assert sess.run(same) == 1  # on the placement as it is: the iterator goes on
+        sess.run(enqueue)
+        assert sess.run(size) == 2  # on the placement as it is: the queue keeps its elements
     assert "running a new fetch on the placement as it is, where 1 of its ops was placed by estimated costs" in caplog.text
 
 
@@ -308,8 +311,9 @@ def test_an_iterator_made_again_reads_what_was_fed_not_what_the_buffer_holds_now
         with g.as_default():
             tripled = batch * 3
         with caplog.at_level("WARNING", logger="baechi_tf.rewriter.session"):
-            np.testing.assert_array_equal(sess.run(tripled), [0.0, 3.0])  # placed again: from the start
-        assert "restarts the iterators and queues" in caplog.text
+            # Placed again: the initializer again (what was fed), then the iterator where it was.
+            np.testing.assert_array_equal(sess.run(tripled), [6.0, 9.0])
+        assert "restarts" not in caplog.text
 
 
 def _feedable_iterators():
@@ -374,6 +378,124 @@ def test_feedable_iterators_and_staging_areas_run_as_on_a_session(build, placer)
     else:
         np.testing.assert_array_equal(got, [[3.0, 6.0]])
         np.testing.assert_array_equal(got, expected)
+
+
+def _feedable_training(one_shot=True, external_state=False):
+    # A training step that reads its batches through a feedable iterator (from_string_handle).
+    g = tf.Graph()
+    with g.as_default():
+        rows = np.arange(64, dtype=np.float32).reshape(16, 4) / 64
+        data = tf.data.Dataset.from_tensor_slices(rows)
+        if external_state:  # a py_func: TF cannot write down where such a dataset's iterator is
+            data = data.map(lambda r: tf.numpy_function(lambda v: v * 2, [r], tf.float32, stateful=True))
+            data = data.map(lambda r: tf.ensure_shape(r, [4]))
+        data = data.shuffle(8, seed=1).batch(2).repeat()
+        make = tf.compat.v1.data.make_one_shot_iterator if one_shot else tf.compat.v1.data.make_initializable_iterator
+        source = make(data)
+        handle = tf.compat.v1.placeholder(tf.string, [], name="handle")
+        batch = tf.compat.v1.data.Iterator.from_string_handle(
+            handle, tf.compat.v1.data.get_output_types(source), tf.compat.v1.data.get_output_shapes(source)
+        ).get_next()
+        w = tf.compat.v1.get_variable("w", [4, 4], initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_sum(tf.tanh(tf.matmul(batch, w)))
+        train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+        peek, make_handle = source.get_next(), source.string_handle()
+    return types.SimpleNamespace(
+        graph=g, source=None if one_shot else source.initializer, handle=handle, loss=loss,
+        train=train, init=init, peek=peek, make_handle=make_handle,
+    )
+
+
+def _feedable_steps(sess, m, peek=False, steps=3):
+    sess.run(m.init)
+    if m.source is not None:
+        sess.run(m.source)  # the initializer
+    out = [sess.run(m.peek).sum()] if peek else []
+    train_handle = sess.run(m.make_handle)
+    return out + [sess.run([m.loss, m.train], {m.handle: train_handle})[0] for _ in range(steps)]
+
+
+FOUR_CPUS = dict(config=tf.compat.v1.ConfigProto(device_count={"CPU": 4}), num_devices=4)
+
+
+@pytest.mark.parametrize("one_shot", [True, False], ids=["one_shot", "initializable"])
+@pytest.mark.parametrize("peek", [False, True], ids=["", "batch_read_first"])
+def test_a_training_step_fed_a_string_handle_is_profiled_and_trains_as_on_a_session(one_shot, peek):
+    # The fetch of train_iterator.string_handle() counted as a use of the iterator, and a batch
+    # read before the first step (peek) used it: the training step then ran on the placement as it
+    # was, its gradients placed by estimated costs, never profiled. Fetching a handle now uses
+    # nothing; the handle fed is swapped for the same iterator's handle in the session the run goes
+    # to (the scratch copy, the new placed session), and a new placement copies where the iterators
+    # that runs read are into its sessions.
+    m = _feedable_training(one_shot)
+    with tf.compat.v1.Session(graph=m.graph) as plain:
+        expected = _feedable_steps(plain, m, peek)
+    m = _feedable_training(one_shot)
+    with BaechiSession(graph=m.graph, **FOUR_CPUS, **fast()) as sess:
+        got = _feedable_steps(sess, m, peek)
+        assert any(name.startswith("gradients/") for name in sess.profile.ops), sorted(sess.profile.ops)
+        assert sess.placement.coverage.op_share > 0.5, sess.placement.coverage.describe()
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_a_string_handle_names_its_iterator_after_a_new_placement():
+    # A fetch of ops made after the handle was fetched is placed again, in a new session: the
+    # handle named an iterator of the session it replaced ("Attempted create an iterator on device
+    # CPU:0 from handle defined on device CPU:1", or "Resource ... does not exist"), and the
+    # iterator would have been read from its start there. It goes on where it was, as on a Session.
+    def steps(sess, m):
+        out = _feedable_steps(sess, m, steps=2)
+        with m.graph.as_default():
+            doubled = m.loss * 2
+        train_handle = sess.run(m.make_handle)
+        return out + [sess.run(doubled, {m.handle: train_handle}), sess.run(m.loss, {m.handle: train_handle})]
+
+    m = _feedable_training()
+    with tf.compat.v1.Session(graph=m.graph) as plain:
+        expected = steps(plain, m)
+    m = _feedable_training()
+    with BaechiSession(graph=m.graph, **FOUR_CPUS, **fast()) as sess:
+        got = steps(sess, m)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_a_string_handle_of_the_wrapped_session_is_named_in_the_error():
+    # TF's "Resource localhost/_0_OneShotIterator/... does not exist" did not say that the handle
+    # came from the wrapped session, whose iterators do not carry over.
+    m = _feedable_training()
+    user = tf.compat.v1.Session(graph=m.graph)
+    user.run(m.init)
+    foreign = user.run(m.make_handle)
+    with BaechiSession(user, **fast()) as sess:
+        with pytest.raises(tf.errors.NotFoundError, match=(
+            "(?s)does not exist.*BaechiSession: the string handle fed to handle:0 was not fetched "
+            "through the BaechiSession: it names an iterator of the session it wraps.*fetch "
+            r"iterator.string_handle\(\) through the BaechiSession"
+        )):
+            sess.run(m.loss, {m.handle: foreign})
+        assert sess.run(m.loss, {m.handle: sess.run(m.make_handle)}) > 0  # as the error says
+
+
+def test_an_iterator_whose_state_cannot_be_copied_stays_where_it_is_and_says_so(caplog):
+    # A dataset that calls a py_func: where its iterator is cannot be written down, so a new fetch
+    # after a batch was read runs on the placement as it is (its iterator goes on), with a warning
+    # that names the iterator and why.
+    m = _feedable_training(external_state=True)
+    with tf.compat.v1.Session(graph=m.graph) as plain:
+        expected = _feedable_steps(plain, m, peek=True)
+    m = _feedable_training(external_state=True)
+    with caplog.at_level(logging.WARNING, logger="baechi_tf"), BaechiSession(graph=m.graph, **FOUR_CPUS, **fast()) as sess:
+        got = _feedable_steps(sess, m, peek=True)
+        assert (
+            "placing it again would restart the iterator 'OneShotIterator' (read again from its "
+            "start: its state cannot be copied into a new session," in caplog.text
+        )
+        with m.graph.as_default():  # an op made now has to be placed again: the warning says so
+            doubled = m.loss * 2
+        sess.run(doubled, {m.handle: sess.run(m.make_handle)})
+        assert "placing it again restarts the iterator 'OneShotIterator' (read again" in caplog.text
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_hash_tables_carry_over_from_the_wrapped_session_and_to_a_new_placement():

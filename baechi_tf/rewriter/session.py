@@ -39,19 +39,26 @@ placed and keep their names. Ops the graph pins (``tf.device``) stay there; a pi
 is not among them is an error unless ``ignore_user_devices=True``, which places those ops like the
 others (code written for more GPUs than the machine has).
 
-Only variables and the contents of hash tables carry over from one session to the next (from the
-wrapped session too): the state of iterators, queues, staging areas and random number generators
-starts afresh in each placed session. A run that only initialises iterators (an iterator's
-initializer) is run again in each new session, the profiling copies' too, with a copy of its feeds
-kept for that (a dataset fed from a large array holds that much more memory); of a run that also
-initialises variables (``[init, iterator.initializer]``), the iterators' initializers alone. So once
-a run has used an iterator (read from it), queue, reader or accumulator in the placed session, a new
-fetch whose ops the placed graph already holds runs there as placed (those of its ops no run had
-profiled were placed by estimated costs) rather than being profiled and placed again, which would
-restart that state: a dataset would be read again from its start. Only a fetch of ops added to the
-graph since forces a new placement then, with a warning. A fetch that takes from a queue (a dequeue,
-a reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is placed
-without profiling: nothing fills or drains the scratch copy's queues.
+Variables and the contents of hash tables carry over from one session to the next (from the
+wrapped session too), and so do the iterators (``Iterator``, ``OneShotIterator``) that runs read,
+from one placed session to the next and into the profiling copies, but not from the wrapped session:
+each is copied where it is in its dataset (``SerializeIterator``, buffers and random state too),
+after its initializer. A run that only initialises iterators (an iterator's initializer) is run
+again in each new session, the profiling copies' too, with a copy of its feeds kept for that (a
+dataset fed from a large array holds that much more memory); of a run that also initialises
+variables (``[init, iterator.initializer]``), the iterators' initializers alone. A string handle
+that a run fetched (``iterator.string_handle()``) names an iterator of the session that made it: fed
+again, it is swapped for the handle of the same iterator in the session the run goes to, so a
+training step fed one (``Iterator.from_string_handle``) is profiled and placed like any other, also
+after a batch was read. The state of queues, readers, accumulators, staging areas and random number
+generators starts afresh in each placed session, and so does an iterator whose state cannot be
+written down (its dataset calls a ``py_func``). So once a run has used one of them in the placed
+session, a new fetch whose ops the placed graph already holds runs there as placed (those of its
+ops no run had profiled were placed by estimated costs) rather than being profiled and placed
+again, which would restart that state, with a warning that names it. Only a fetch of ops added to
+the graph since forces a new placement then, with a warning. A fetch that takes from a queue (a
+dequeue, a reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is
+placed without profiling: nothing fills or drains the scratch copy's queues.
 """
 
 from __future__ import annotations
@@ -164,14 +171,88 @@ class _TableIO:
             session.run([e[6] for e in todo], feed_dict=feeds)
 
 
+@dataclasses.dataclass(frozen=True)
+class _IteratorState:
+    """Where an iterator is in its dataset (its buffers and random state too), as
+    ``SerializeIterator`` writes it, in a ``serialize_tensor`` string."""
+
+    serialized: bytes
+
+
+class _CannotCarry(Exception):
+    """An iterator that runs have read cannot be copied into a new session (says which, and why)."""
+
+
+class _IteratorIO:
+    """Reads and writes where the iterators of a graph this module owns are (``SerializeIterator``
+    and ``DeserializeIterator``, added beside each iterator)."""
+
+    def __init__(self, graph: Any, name_scope: str) -> None:
+        import tensorflow as tf
+
+        self.entries: dict[str, tuple[Any, Any, Any]] = {}
+        with graph.as_default(), tf.name_scope(name_scope):
+            for op in graph.get_operations():
+                if op.type not in _ITERATOR_TYPES:
+                    continue
+                with graph.colocate_with(op):  # a resource is looked up on its own device
+                    handle = op.outputs[0]
+                    state = tf.raw_ops.SerializeIterator(
+                        resource_handle=handle, external_state_policy=_FAIL_ON_EXTERNAL_STATE
+                    )
+                    new = tf.compat.v1.placeholder(tf.string, [])
+                    restore = tf.raw_ops.DeserializeIterator(
+                        resource_handle=handle, serialized=tf.io.parse_tensor(new, tf.variant)
+                    )
+                self.entries[op.name] = (tf.io.serialize_tensor(state), new, restore)
+
+    def read(self, session: Any, names: set[str], strict: bool = True) -> dict[str, _IteratorState]:
+        """Where the initialised iterators among `names` are, by op name. One that cannot be
+        written down (its dataset calls a ``py_func`` or another op with state outside the
+        dataset) is `_CannotCarry` when `strict`, else left out (it starts afresh)."""
+        import tensorflow as tf
+
+        out: dict[str, _IteratorState] = {}
+        for name in sorted(names & self.entries.keys()):
+            try:
+                out[name] = _IteratorState(session.run(self.entries[name][0]))
+            except tf.errors.OpError as e:
+                if "has not been initialized" in e.message or not strict:
+                    continue  # not initialised: nor is it in a new session (but by its initializer)
+                raise _CannotCarry(
+                    f"the iterator {name!r} (read again from its start: its state cannot be copied "
+                    f"into a new session, {first_line(e)})"
+                ) from None
+        return out
+
+    def load(self, session: Any, states: dict[str, Any]) -> None:
+        """Puts the iterators of `states` where they were; run after the initializers (`_replay`),
+        since an iterator is restored within the dataset it was initialised with."""
+        import tensorflow as tf
+
+        for name, (_, new, restore) in self.entries.items():
+            state = states.get(name)
+            if not isinstance(state, _IteratorState):
+                continue
+            try:
+                session.run(restore, feed_dict={new: state.serialized})
+            except tf.errors.OpError as e:  # its initializer could not be run again (`_replay`)
+                log.warning(
+                    "could not put the iterator %s where it was in the new session (%s: %s); it "
+                    "reads from where its initializer left it there",
+                    name, type(e).__name__, first_line(e),
+                )
+
+
 class _VariableIO:
-    """Reads and writes the variables and lookup tables of a graph this module owns (helper ops
-    added to it)."""
+    """Reads and writes the variables, lookup tables and iterators of a graph this module owns
+    (helper ops added to it)."""
 
     def __init__(self, graph: Any) -> None:
         import tensorflow as tf
 
         self.tables = _TableIO(graph, "baechi_tf_io")
+        self.iterators = _IteratorIO(graph, "baechi_tf_io")
         self.entries: list[tuple[str, Any, Any, Any, Any]] = []
         variables = [op for op in graph.get_operations() if op.type in VARIABLE_OP_TYPES]
         with graph.as_default(), tf.name_scope("baechi_tf_io"):
@@ -190,9 +271,11 @@ class _VariableIO:
                         assign = tf.raw_ops.Assign(ref=handle, value=value, validate_shape=False)
                 self.entries.append((op.name, is_init, read, value, assign))
 
-    def read(self, session: Any) -> dict[str, Any]:
-        """Values of the initialised variables and contents of the filled tables, by op name."""
+    def read(self, session: Any, iterators: set[str] = frozenset(), strict: bool = True) -> dict[str, Any]:
+        """Values of the initialised variables, contents of the filled tables and where the
+        `iterators` are (`_IteratorIO.read`), by op name."""
         out: dict[str, Any] = self.tables.read(session)
+        out.update(self.iterators.read(session, iterators, strict))
         if not self.entries:
             return out
         flags = session.run([e[1] for e in self.entries])
@@ -202,7 +285,8 @@ class _VariableIO:
         return out
 
     def load(self, session: Any, values: dict[str, Any]) -> None:
-        """Writes `values` into the variables and tables of the same names."""
+        """Writes `values` into the variables and tables of the same names (not the iterators:
+        `self.iterators.load`, after their initializers)."""
         todo = [e for e in self.entries if e[0] in values]
         if todo:
             session.run([e[4] for e in todo], feed_dict={e[3]: values[e[0]] for e in todo})
@@ -323,6 +407,7 @@ class _Placed:
         self.names = {n.name for n in graph_def.node}
         self.io = _VariableIO(self.graph)
         self.session = session_class(target, graph=self.graph, config=config)
+        self.handles: dict[str, bytes] = {}  # the string handles of its iterators, by tensor name
         self.runs = 0  # runs in flight on `session`
         self.queue_runs = 0  # those of them that take from or put into a queue (not waited for)
         self.ended = 0  # runs ended on `session`
@@ -485,7 +570,13 @@ class BaechiSession:
         # Runs that initialise iterators and use no other state (fetch key -> (fetch, feeds)): run
         # again in each new session, the profiling copies' too (`_replay`).
         self._replays: dict[tuple, tuple[Any, dict[str, Any]]] = {}
-        self._state_in_use = False  # a run used an iterator, queue, ... in the placed session
+        # What a new placement would restart, which a run used in the placed session (a queue; an
+        # iterator whose state cannot be copied), or None.
+        self._state_in_use: Optional[str] = None
+        self._iterators_read = False  # the placed session's iterators are not where replays leave them
+        # The string handles runs fetched (``iterator.string_handle()``) -> the tensor that made
+        # them: a feed of one gets that tensor's value in the session it goes to (`_own_handles`).
+        self._handles: dict[bytes, str] = {}
         self._closed = False
         self._lock = threading.RLock()  # held while a run profiles and places
         # A new placement waits (`_drain`) for the runs in flight on the one it replaces, so that
@@ -549,8 +640,9 @@ class BaechiSession:
                 self._drained.wait()
             before = self.placement
             # The caller's time limit holds for each profiling run as for the run itself.
-            with self._hints():
+            with self._hints(feeds):
                 placed, kind = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
+                own = self._own_handles(feeds, placed.session, placed.handles)
             queues = kind.queues
             placed.runs += 1
             placed.queue_runs += queues
@@ -567,9 +659,15 @@ class BaechiSession:
                 options = traced
                 if run_metadata is None:
                     run_metadata = tf.compat.v1.RunMetadata()
-            with self._hints():
-                values = placed.session.run(named, feed_dict=feeds, options=options, run_metadata=run_metadata)
+            with self._hints(feeds):
+                values = placed.session.run(named, feed_dict=own, options=options, run_metadata=run_metadata)
             ran = True
+            if kind.handles:
+                with self._lock:
+                    for name, value in _fetched(named, values):
+                        if name in kind.handles:
+                            self._handles[value] = name
+                            placed.handles.setdefault(name, value)
             if kind.initializes:  # the latest run of each initializer, in the order of those runs
                 with self._lock:
                     key = _fetch_key(named, feeds)
@@ -691,30 +789,65 @@ class BaechiSession:
     # ------------------------------------------------------------------ internals
 
     @contextlib.contextmanager
-    def _hints(self) -> Iterator[None]:
-        """TF's errors of profiling or running, with what this class changes about them said:
-        an iterator initialised in the wrapped session is not initialised in the sessions here, nor
-        is a variable initialised (or restored) there after the first placement read the values."""
+    def _hints(self, feeds: dict[str, Any]) -> Iterator[None]:
+        """TF's errors of profiling or running (a run fed `feeds`), with what this class changes
+        about them said: an iterator initialised in the wrapped session is not initialised in the
+        sessions here, nor is a variable initialised (or restored) there after the first placement
+        read the values, and a string handle that no run here fetched names no iterator here."""
         import tensorflow as tf
 
         try:
             yield
-        except tf.errors.FailedPreconditionError as e:
-            if self._user_session is None:
-                raise
-            if "iterator has not been initialized" in e.message:
-                hint = (
-                    "iterators do not carry over from the session it wraps; if you initialized this "
-                    "one there, run its initializer through the BaechiSession"
-                )
-            elif _UNINITIALIZED_VARIABLE.search(e.message):
-                hint = (
-                    "the variables of the session it wraps carry over as they are at its first run; "
-                    "initialize or restore them there before that run, or through the BaechiSession"
-                )
-            else:
+        except tf.errors.OpError as e:
+            hint = self._hint(e, feeds)
+            if hint is None:
                 raise
             raise type(e)(e.node_def, e.op, f"{e.message} (BaechiSession: {hint})") from e
+
+    def _hint(self, error: Any, feeds: dict[str, Any]) -> Optional[str]:
+        """What `_hints` adds to `error`, or None."""
+        import tensorflow as tf
+
+        op = error.op
+        if op is not None and op.type in _FROM_HANDLE_TYPES and op.graph is self._graph:
+            fed = feeds.get(op.inputs[0].name)
+            if fed is not None and _handle_of(fed) not in self._handles:
+                where = "the session it wraps" if self._user_session is not None else "another session"
+                return (
+                    f"the string handle fed to {op.inputs[0].name} was not fetched through the "
+                    f"BaechiSession: it names an iterator of {where}, whose iterators do not carry "
+                    "over; fetch iterator.string_handle() through the BaechiSession and feed that"
+                )
+        if self._user_session is None or not isinstance(error, tf.errors.FailedPreconditionError):
+            return None
+        if "iterator has not been initialized" in error.message:
+            return (
+                "iterators do not carry over from the session it wraps; if you initialized this "
+                "one there, run its initializer through the BaechiSession"
+            )
+        if _UNINITIALIZED_VARIABLE.search(error.message):
+            return (
+                "the variables of the session it wraps carry over as they are at its first run; "
+                "initialize or restore them there before that run, or through the BaechiSession"
+            )
+        return None
+
+    def _own_handles(self, feeds: dict[str, Any], session: Any, handles: dict[str, bytes]) -> dict[str, Any]:
+        """`feeds` with each string handle that a run fetched (`_handles`) replaced by the handle
+        of the same iterator in `session` (by tensor name in `handles`, its cache): a handle names
+        an iterator of the session that made it, and no other session has it. Running the handle's
+        op there makes the iterator (a one-shot one) where `session` does not have it yet."""
+        out = feeds
+        for name, value in feeds.items():
+            made_by = self._handles.get(_handle_of(value)) if self._handles else None
+            if made_by is None:
+                continue
+            if made_by not in handles:
+                handles[made_by] = session.run(made_by)
+            if out is feeds:
+                out = dict(feeds)
+            out[name] = handles[made_by]
+        return out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -834,13 +967,7 @@ class BaechiSession:
             closure = self._closure(leaves, feeds)
             placed = self._placed is not None and closure <= self._placed.names
             if placed and self._state_in_use and not closure <= self._covered:
-                unprofiled = len(closure - self._covered)
-                log.warning(
-                    "running a new fetch on the placement as it is, where %d of its ops %s "
-                    "placed by estimated costs: placing it again would restart the iterators or "
-                    "queues that earlier runs used",
-                    unprofiled, "was" if unprofiled == 1 else "were",
-                )
+                self._warn_as_placed(closure)
             elif not placed or not closure <= self._covered:
                 readers = sorted(n for n in closure if self._graph.get_operation_by_name(n).type == "GetSessionTensor")
                 if readers:
@@ -850,32 +977,59 @@ class BaechiSession:
                         "fetch of ops made after the first run is placed again, in a new session; "
                         "fetch the tensor's value and feed it back instead"
                     )
-                if self._state_in_use:
-                    log.warning(
-                        "the fetch runs ops added to the graph since it was placed: placing it "
-                        "again restarts the iterators and queues that earlier runs used "
-                        "(a dataset is read again from its start); create every op before the "
-                        "first run to keep them"
-                    )
-                try:
-                    self._profile_and_place(named, feeds, closure, timeout_ms)
-                except InfeasiblePlacementError as e:
-                    outside = len(self._graph.get_operations()) - len(closure)
-                    if not outside:
-                        raise
-                    raise InfeasiblePlacementError(
-                        f"{e} (BaechiSession places the whole graph: also the {outside} ops that "
-                        "this fetch does not run)"
-                    ) from None
+                try:  # the iterators that runs read are copied into the new sessions
+                    self._place_again(named, feeds, closure, timeout_ms, strict=True)
+                except _CannotCarry as e:  # one of them cannot be: left where it is, if it can be
+                    self._state_in_use = f"{self._state_in_use} and {e}" if self._state_in_use else str(e)
+                    if placed:
+                        self._warn_as_placed(closure)
+                    else:
+                        self._place_again(named, feeds, closure, timeout_ms, strict=False)
             ops = [self._graph.get_operation_by_name(n) for n in closure]
+            handles = tuple(
+                n for n in leaves if ":" in n and self._graph.get_tensor_by_name(n).op.type == _TO_HANDLE_TYPE
+            )
             self._ready[key] = _FetchKind.of(
-                {op.type for op in ops}, self._writer_inits(ops, feeds), self._iterator_inits(ops, feeds)
+                {op.type for op in ops}, self._writer_inits(ops, feeds), self._iterator_inits(ops, feeds), handles
             )
             self._ran |= closure
         kind = self._ready[key]
-        self._state_in_use = self._state_in_use or kind.uses_state
+        if kind.uses_state and not self._state_in_use:
+            self._state_in_use = _OTHER_STATE
+        self._iterators_read = self._iterators_read or kind.reads_iterators
         assert self._placed is not None
         return self._placed, kind
+
+    def _warn_as_placed(self, closure: set[str]) -> None:
+        unprofiled = len(closure - self._covered)
+        log.warning(
+            "running a new fetch on the placement as it is, where %d of its ops %s placed by "
+            "estimated costs: placing it again would restart %s",
+            unprofiled, "was" if unprofiled == 1 else "were", self._state_in_use,
+        )
+
+    def _place_again(
+        self, named: Any, feeds: dict[str, Any], closure: set[str], timeout_ms: int, *, strict: bool
+    ) -> None:
+        """`_profile_and_place`, with a warning first when that restarts what runs used; `strict`:
+        `_CannotCarry` if an iterator that runs read cannot be copied into the new sessions (else
+        it starts afresh there)."""
+        if self._state_in_use:
+            log.warning(
+                "the fetch runs ops added to the graph since it was placed: placing it again "
+                "restarts %s; create every op before the first run to keep them",
+                self._state_in_use,
+            )
+        try:
+            self._profile_and_place(named, feeds, closure, timeout_ms, strict=strict)
+        except InfeasiblePlacementError as e:
+            outside = len(self._graph.get_operations()) - len(closure)
+            if not outside:
+                raise
+            raise InfeasiblePlacementError(
+                f"{e} (BaechiSession places the whole graph: also the {outside} ops that "
+                "this fetch does not run)"
+            ) from None
 
     def _writer_inits(self, ops: list[Any], feeds: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """The summary writer initializers among `ops` (a fetch's), each with the fed tensors it
@@ -1064,9 +1218,13 @@ class BaechiSession:
             stack.extend(op.control_inputs)
         return seen
 
-    def _read_values(self) -> dict[str, Any]:
+    def _read_values(self, strict: bool = True) -> dict[str, Any]:
+        """The variables and tables to write into a new session, and where the iterators that
+        runs read are (`_IteratorIO.read`, `strict`): those of the placed session, else of the
+        wrapped one (its iterators do not carry over)."""
         if self._placed is not None:
-            return self._placed.io.read(self._placed.session)
+            iterators = self._ran if self._iterators_read else set()
+            return self._placed.io.read(self._placed.session, iterators, strict)
         if self._user_session is not None:
             if self._user_tables is None:  # made once: each first run that fails reads again
                 self._user_tables = _TableIO(self._user_session.graph, READ_TABLES_SCOPE)
@@ -1077,14 +1235,14 @@ class BaechiSession:
         return {}
 
     def _profile_and_place(
-        self, fetches: Any, feeds: dict[str, Any], closure: set[str], timeout_ms: int = 0
+        self, fetches: Any, feeds: dict[str, Any], closure: set[str], timeout_ms: int = 0, *, strict: bool = True
     ) -> None:
         import tensorflow as tf
 
         from baechi_tf.cost_model.profiler import ProfilingCutShort, profile_fetch
 
         graph_def = self._graph.as_graph_def()
-        values = self._read_values()
+        values = self._read_values(strict)
         old = self._placed
         read_after = (old.ended, old.runs) if old is not None else None  # runs the values may lack
         blocking = sorted(n for n in closure if _blocks_on_state(self._graph.get_operation_by_name(n).type))
@@ -1119,6 +1277,7 @@ class BaechiSession:
                     io.load(s, values)
                     redirect = _summary_redirect(scratch, summaries)
                     self._replay(s, redirect)
+                    io.iterators.load(s, values)
                     # The fetch's own writers too: made now, redirected, its runs find them made.
                     inits = [n for n in sorted(closure) if scratch.get_operation_by_name(n).type in _WRITER_INIT_TYPES]
                     if inits:
@@ -1126,7 +1285,7 @@ class BaechiSession:
                     return profile_fetch(
                         s,
                         fetches,
-                        feeds,
+                        self._own_handles(feeds, s, {}),
                         warmup_steps=warmup_steps,
                         traced_steps=traced_steps,
                         graph_def=graph_def,
@@ -1192,9 +1351,10 @@ class BaechiSession:
                 self._drain(old)
                 self._check_open()  # closed while it waited
                 if (old.ended, old.runs) != read_after or old.runs:
-                    values = self._read_values()  # with the updates of the runs since
+                    values = self._read_values(strict)  # with the updates of the runs since
             placed.io.load(placed.session, values)
             self._replay(placed.session)
+            placed.io.iterators.load(placed.session, values)
         except BaseException:
             placed.session.close()
             raise
@@ -1203,7 +1363,8 @@ class BaechiSession:
             if not old.runs:
                 old.session.close()
         self._placed = placed
-        self._state_in_use = False  # a fresh session: its iterators, queues, ... are new
+        self._state_in_use = None  # a fresh session: its queues, ... are new
+        self._iterators_read = any(isinstance(v, _IteratorState) for v in values.values())
         self._covered |= closure
         self.placement = report  # `run` writes its reports after the run that follows
         log.info(
@@ -1301,6 +1462,30 @@ def _copied(value: Any) -> Any:
     return value
 
 
+def _handle_of(value: Any) -> Any:
+    """A fed value as the string handle (bytes) it may be: `_feedable` makes a 0-d object array
+    of it; anything unhashable is no handle."""
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype == object:
+        value = value.item()
+    return value if isinstance(value, bytes) else None
+
+
+def _fetched(named: Any, values: Any) -> Iterator[tuple[str, Any]]:
+    """(name, value) of each fetch of a run: `named` as `_map_fetches` made it, `values` what
+    ``Session.run`` returned for it (nested alike)."""
+    if isinstance(named, str):
+        yield named, values
+    elif isinstance(named, collections.abc.Mapping):
+        for key, item in named.items():
+            yield from _fetched(item, values[key])
+    elif getattr(type(named), "__attrs_attrs__", None) is not None:
+        for a in type(named).__attrs_attrs__:
+            yield from _fetched(getattr(named, a.name), getattr(values, a.name))
+    elif isinstance(named, (list, tuple)):
+        for item, value in zip(named, values):
+            yield from _fetched(item, value)
+
+
 def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
     """What a placement is made for: the fetched names and the fed ones."""
     return tuple(sorted(set(_fetch_names(named)))), tuple(sorted(feeds))
@@ -1310,12 +1495,36 @@ def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
 # to the start of its dataset, reading nothing from it (`_FetchKind.initializes`).
 _ITERATOR_SETUP_TYPES = frozenset({"Iterator", "IteratorV2", "MakeIterator"})
 
+# Ops that make an iterator resource, whose state `_IteratorIO` copies into a new session.
+_ITERATOR_TYPES = frozenset({"Iterator", "IteratorV2", "OneShotIterator"})
+
+# Ops that read the next element of an iterator (`_FetchKind.reads_iterators`).
+_ITERATOR_READ_TYPES = frozenset({"IteratorGetNext", "IteratorGetNextSync", "IteratorGetNextAsOptional"})
+
+# The iterator ops whose state a new placement carries over (`_IteratorIO`): a fetch of them alone
+# uses no state that a new session would restart (`_FetchKind.uses_state`).
+_CARRIED_ITERATOR_TYPES = _ITERATOR_TYPES | _ITERATOR_READ_TYPES | {
+    "MakeIterator", "IteratorToStringHandle", "IteratorFromStringHandle", "IteratorFromStringHandleV2",
+}
+
+# An iterator's string handle (``iterator.string_handle()``) and the ops that take one.
+_TO_HANDLE_TYPE = "IteratorToStringHandle"
+_FROM_HANDLE_TYPES = frozenset({"IteratorFromStringHandle", "IteratorFromStringHandleV2"})
+
+# ``SerializeIterator``'s external_state_policy FAIL: a dataset whose ops keep state outside it (a
+# py_func) cannot be written down, rather than being written without it.
+_FAIL_ON_EXTERNAL_STATE = 2
+
+# What `BaechiSession._state_in_use` says a new placement would restart, but iterators.
+_OTHER_STATE = "the queues, readers, accumulators or staging areas that earlier runs used"
+
 
 @dataclasses.dataclass(frozen=True)
 class _FetchKind:
     """What the ops of a fetch do to state that does not carry into a new session."""
 
-    uses_state: bool  # reads or changes it (`_holds_state`), more than `initializes`
+    uses_state: bool  # reads or changes it (`_holds_state`), more than `initializes`, but iterators
+    reads_iterators: bool  # reads iterators (their state is copied into a new session: `_IteratorIO`)
     initializes: bool  # initialises iterators and nothing more: can be run again in a new session
     queues: bool  # takes from or puts into a queue (`_blocks_on_state`)
     # the ops that make summary writers it runs, each with the fed tensors it reads
@@ -1323,6 +1532,8 @@ class _FetchKind:
     # the iterator initializers it runs beside work that carries over (a variable's initializer),
     # each with the fed tensors it reads: run again alone in each new session, as `initializes` is
     iterator_inits: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the iterators' string handles it fetches (tensor names): `BaechiSession._handles`
+    handles: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -1330,6 +1541,7 @@ class _FetchKind:
         op_types: set[str],
         writer_inits: tuple[tuple[str, tuple[str, ...]], ...] = (),
         iterator_inits: tuple[tuple[str, tuple[str, ...]], ...] = (),
+        handles: tuple[str, ...] = (),
     ) -> "_FetchKind":
         stateful = {t for t in op_types if _holds_state(t)}
         # Run again in a new session, a fetch that also assigns a variable (an initializer run
@@ -1340,11 +1552,13 @@ class _FetchKind:
         # iterators and changes what carries over: its iterators' initializers alone are run again.
         sets_up = not initializes and bool(iterator_inits) and stateful <= _ITERATOR_SETUP_TYPES
         return cls(
-            uses_state=bool(stateful) and not initializes and not sets_up,
+            uses_state=bool(stateful - _CARRIED_ITERATOR_TYPES) and not initializes and not sets_up,
+            reads_iterators=bool(stateful & _ITERATOR_READ_TYPES),
             initializes=initializes,
             queues=any(map(_blocks_on_state, op_types)),
             writer_inits=writer_inits,
             iterator_inits=iterator_inits if sets_up else (),
+            handles=handles,
         )
 
 
@@ -1378,9 +1592,10 @@ def _replayable(op_type: str) -> bool:
 
 
 def _holds_state(op_type: str) -> bool:
-    """Whether ops of `op_type` keep state from run to run that is not carried into a new placed
-    session: iterators, queues, lookup tables other than hash tables (`_TABLE_OP_TYPES`), readers,
-    accumulators, barriers, staging areas and tensors kept by ``get_session_handle``."""
+    """Whether ops of `op_type` keep state from run to run that a new placed session does not
+    start from as it is: iterators (those of `_CARRIED_ITERATOR_TYPES` are copied into it),
+    queues, lookup tables other than hash tables (`_TABLE_OP_TYPES`), readers, accumulators,
+    barriers, staging areas and tensors kept by ``get_session_handle``."""
     return (
         "Iterator" in op_type
         or ("HashTable" in op_type and op_type not in _TABLE_OP_TYPES)
