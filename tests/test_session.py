@@ -1367,6 +1367,12 @@ def test_arguments_are_checked(tmp_path):
         (dict(inter_host_comm=0.5), "inter_host_comm=0.5 is a float; give a CommCost"),
         (dict(profile_steps=1.5), "profile_steps=1.5 is not a whole number"),
         (dict(warmup_steps=True), "warmup_steps=True is not a whole number"),
+        # These were TypeErrors from deep inside ("'>' not supported between 'str' and 'int'").
+        (dict(memory_bytes_per_device="8GiB"), r"^memory_bytes_per_device='8GiB' is not a whole "
+         r"number of bytes; give bytes, e.g. 8 << 30 for 8 GiB$"),
+        (dict(memory_bytes_per_device=None), "memory_bytes_per_device=None is not a whole number"),
+        (dict(memory_bytes_per_device=2.5), "memory_bytes_per_device=2.5 is not a whole number"),
+        (dict(memory_fraction="0.5"), r"^memory_fraction='0.5' is not a number; give one in \(0, 1\]$"),
     ]
     for kwargs, message in wrong_types:
         with pytest.raises(ConfigError, match=message):

@@ -478,7 +478,8 @@ class BaechiSession:
         num_devices, memory_bytes_per_device, warmup_steps, profile_steps = (
             _whole(v) for v in (num_devices, memory_bytes_per_device, warmup_steps, profile_steps)
         )
-        _check_arguments(options, comm, inter_host_comm, warmup_steps, profile_steps)
+        _check_arguments(options, comm, inter_host_comm, warmup_steps, profile_steps,
+                         memory_bytes_per_device, memory_fraction)
         if options is None:
             options = (
                 PlacementOptions()
@@ -1376,7 +1377,8 @@ class BaechiSession:
 
 
 def _check_arguments(
-    options: Any, comm: Any, inter_host_comm: Any, warmup_steps: Any, profile_steps: Any
+    options: Any, comm: Any, inter_host_comm: Any, warmup_steps: Any, profile_steps: Any,
+    memory_bytes_per_device: Any, memory_fraction: Any,
 ) -> None:
     """`ConfigError` for arguments of the wrong type, which would otherwise fail only at the first
     run, with an error that does not name them."""
@@ -1394,6 +1396,17 @@ def _check_arguments(
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name}={value!r} is not a whole number of steps")
+    # A string ('8GiB') or None failed with a TypeError that did not name them.
+    memory = memory_bytes_per_device
+    if isinstance(memory, bool) or not isinstance(memory, (int, float)) or (
+        isinstance(memory, float) and not memory.is_integer()
+    ):
+        raise ConfigError(
+            f"memory_bytes_per_device={memory!r} is not a whole number of bytes; give bytes, "
+            "e.g. 8 << 30 for 8 GiB"
+        )
+    if isinstance(memory_fraction, bool) or not isinstance(memory_fraction, numbers.Real):
+        raise ConfigError(f"memory_fraction={memory_fraction!r} is not a number; give one in (0, 1]")
 
 
 def _whole(value: Any) -> Any:
