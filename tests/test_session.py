@@ -14,7 +14,7 @@ import tensorflow as tf
 import baechi_tf
 from baechi_tf import BaechiSession, PlacementOptions
 from baechi_tf.cluster import GiB
-from baechi_tf.cost_model import load_profile
+from baechi_tf.cost_model import CostProfile, load_profile, save_profile
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from tf_models import build_lstm
 
@@ -1403,6 +1403,23 @@ def test_arguments_are_checked(tmp_path):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=same, cost_path=same)
     with pytest.raises(ConfigError, match=f"^report_dir '{same}/r' is inside cost_path '{same}', which is written as a file"):
         BaechiSession(graph=model.graph, num_devices=2, report_dir=same + "/r", cost_path=same)
+
+
+def test_a_cost_path_holding_another_file_is_refused_and_left_as_it_was(tmp_path):
+    # A typo naming a source file was written over with the profile at the first run.
+    model = build_lstm()
+    source = tmp_path / "train_model.py"
+    source.write_text("import tensorflow as tf\n")
+    with pytest.raises(ConfigError, match=r"^cost_path '.*train_model.py' is a file that is not a "
+                       r"cost profile \(it does not start as one, nor as the original's pickle\), and "
+                       r"the profile would be written over it; give another path, or remove the file first$"):
+        BaechiSession(graph=model.graph, num_devices=2, cost_path=str(source))
+    assert source.read_text() == "import tensorflow as tf\n"
+    # A profile, and a path where nothing is yet, are written.
+    profile = tmp_path / "cost.pb"
+    save_profile(CostProfile({}, "x", ()), profile)
+    for path in (profile, tmp_path / "new.pb"):
+        BaechiSession(graph=model.graph, num_devices=2, cost_path=str(path)).close()
 
 
 def test_the_expert_method_without_a_layout_is_refused_before_the_first_run_profiles():

@@ -85,6 +85,7 @@ from baechi_tf.cost_model.profile import (
     graph_fingerprint,
     graph_nodes,
     merge_profiles,
+    not_a_profile_to_replace,
     save_profile,
 )
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError, first_line
@@ -555,6 +556,12 @@ class BaechiSession:
 
         if cost_path:
             check_writable(cost_path, "cost_path")
+            why = not_a_profile_to_replace(cost_path)
+            if why:  # a typo naming a source file was written over without a word
+                raise ConfigError(
+                    f"cost_path {cost_path!r} is a file that is not a cost profile ({why}), and "
+                    "the profile would be written over it; give another path, or remove the file first"
+                )
         if report_dir:
             if cost_path:
                 check_apart(report_dir, "report_dir", cost_path, "cost_path")
