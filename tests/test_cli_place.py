@@ -71,6 +71,18 @@ def test_places_a_binary_graphdef(files, tmp_path, capsys):
     assert len({n.device for n in placed.node}) >= 2
 
 
+def test_the_inter_host_line_without_a_cluster_is_said_to_be_unused(files, tmp_path, caplog, monkeypatch):
+    # It was dropped without a word (train.py says so).
+    _, p = files
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.rewriter.cli_place"):
+        assert place("--graph", p["pb"], "--cost_path", p["cost"], "--placement_method", "single",
+                     "--inter_host_comm_cost_coeffs", "0.001,500", "--out", tmp_path / "placed.pb") == 0
+    assert [r.getMessage() for r in caplog.records if r.name == "baechi_tf.rewriter.cli_place"] == [
+        "--inter_host_comm_cost_coeffs is not used: every device is on this host (give "
+        "--cluster_spec, or TF_CONFIG, to place across hosts)"]
+
+
 def test_places_text_and_meta_graphs(files, tmp_path, capsys):
     lstm, p = files
     out = tmp_path / "placed.pbtxt"

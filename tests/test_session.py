@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import baechi_tf
 from baechi_tf import BaechiSession, PlacementOptions
-from baechi_tf.cluster import GiB
+from baechi_tf.cluster import CommCost, GiB
 from baechi_tf.cost_model import CostProfile, load_profile, save_profile
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from tf_models import build_lstm
@@ -1420,6 +1420,16 @@ def test_a_cost_path_holding_another_file_is_refused_and_left_as_it_was(tmp_path
     save_profile(CostProfile({}, "x", ()), profile)
     for path in (profile, tmp_path / "new.pb"):
         BaechiSession(graph=model.graph, num_devices=2, cost_path=str(path)).close()
+
+
+def test_inter_host_comm_without_a_cluster_is_said_to_be_unused(caplog):
+    # It was dropped without a word.
+    model = build_lstm()
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.rewriter.session"):
+        BaechiSession(graph=model.graph, num_devices=2, inter_host_comm=CommCost(0.001, 500)).close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "inter_host_comm= is not used: every device is on this host (give cluster_spec= or a "
+        "'grpc://host:port' target to place across hosts)"]
 
 
 def test_the_expert_method_without_a_layout_is_refused_before_the_first_run_profiles():

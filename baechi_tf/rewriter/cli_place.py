@@ -294,9 +294,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"cluster at {remote.target}: {setup.cluster.num_devices} devices on "
               f"{len({d.task for d in setup.cluster.devices})} tasks")
     else:
+        if inter is not None:  # it was dropped without a word
+            log.warning(
+                "--inter_host_comm_cost_coeffs is not used: every device is on this host (give "
+                "--cluster_spec, or TF_CONFIG, to place across hosts)"
+            )
         make = standin_cluster if args.device_type == "CPU" else gpu_cluster
         num_devices = _DEFAULT_NUM_DEVICES if args.num_devices is None else args.num_devices
-        setup = make(num_devices, memory, comm=comm)  # one task: the inter-host line is unused
+        setup = make(num_devices, memory, comm=comm)
     msg, is_meta, _ = read_graph_file(args.graph, graph_bytes)
     graph_def = msg.graph_def if is_meta else msg
     if args.replace_devices:

@@ -533,6 +533,11 @@ class BaechiSession:
                     f"cluster_spec= was given with target={target!r}; target the cluster "
                     "('grpc://host:port' of one of its tasks) or leave target empty"
                 )
+            if inter_host_comm is not None:  # it was dropped without a word
+                log.warning(
+                    "inter_host_comm= is not used: every device is on this host (give "
+                    "cluster_spec= or a 'grpc://host:port' target to place across hosts)"
+                )
             if num_devices is None:
                 num_devices = max(1, len(tf.config.list_physical_devices("GPU")))
             self._setup = session_devices(
