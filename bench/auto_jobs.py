@@ -28,7 +28,9 @@ from baechi_tf.cluster import Cluster  # noqa: E402
 from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PlacementOptions, place  # noqa: E402
 from baechi_tf.placer.workers import usable_cores  # noqa: E402
+from baechi_tf.errors import BaechiError  # noqa: E402
 from layered import layered_graph  # noqa: E402
+import flags  # noqa: E402
 
 
 def main() -> int:
@@ -36,16 +38,24 @@ def main() -> int:
     parser.add_argument("graphs", nargs="*", metavar="GRAPH.json", help="more op graphs to place")
     parser.add_argument("--jobs", type=int, default=usable_cores(), help="workers (default: the usable cores)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each kind per graph (default: 2)")
-    parser.add_argument("--refine_seconds", type=float, default=3.0)
+    parser.add_argument("--refine_seconds", type=float, default=3.0,
+                        help="auto's refinement (default: %(default)s)")
     parser.add_argument("--layered", default="10000,25000", help="sizes of layered graphs (default: 10000,25000)")
     args = parser.parse_args()
     if args.jobs < 2:
         parser.error(f"--jobs={args.jobs}: side by side needs 2 or more workers")
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats}: give at least 1")
+    flags.refine_seconds(parser, args.refine_seconds)
+    layered = flags.sizes(parser, args.layered, "--layered") if args.layered.strip() else []
     cases = []
     for path in sorted(glob.glob(os.path.join(ROOT, "bench", "profiles", "*.json"))) + args.graphs:
-        graph, cluster = load_graph_json(path)
+        try:
+            graph, cluster = load_graph_json(path)
+        except BaechiError as e:
+            parser.error(str(e))
         cases.append((os.path.basename(path)[:-5], graph, cluster))
-    for size in [int(s) for s in args.layered.split(",") if s]:
+    for size in layered:
         cases.append((f"layered-{size}", layered_graph(size, seed=1), Cluster.homogeneous(4, 16 << 30)))
     print(f"{args.jobs} workers, {usable_cores()} usable cores, refine_seconds {args.refine_seconds:g}")
     header = f"{'graph':<20}{'ops':>7}{'one process s':>15}{'workers s':>11}{'ratio':>7}  {'winner':<16}{'makespan us':>14}  same"

@@ -27,17 +27,21 @@ from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PlacementOptions  # noqa: E402
 from baechi_tf.rewriter.graph_pass import place_with_host  # noqa: E402
+import flags  # noqa: E402
 
 HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--refine_seconds", type=float, default=3.0)
-    parser.add_argument("--methods", default="auto,m_topo,m_etf,m_sct,heft,single")
+    parser.add_argument("--refine_seconds", type=float, default=3.0,
+                        help="auto's refinement (default: %(default)s)")
+    parser.add_argument("--methods", default="auto,m_topo,m_etf,m_sct,heft,single",
+                        help="comma-separated placement methods (default: %(default)s)")
     parser.add_argument("--pattern", default="embedding", help="ops whose name holds this go to the host")
     args = parser.parse_args()
-    methods = args.methods.split(",")
+    methods = flags.methods(parser, args.methods)
+    flags.refine_seconds(parser, args.refine_seconds)
     paths = sorted(glob.glob(os.path.join(ROOT, "bench", "profiles", "*.json")))
     if not paths:
         print("no profiles in bench/profiles; make them with bench/make_profiles.py", file=sys.stderr)

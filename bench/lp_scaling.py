@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from baechi_tf.cluster import Cluster  # noqa: E402
 from baechi_tf.graph import OpGraph  # noqa: E402
+import flags  # noqa: E402
 
 _OPS_PER_LAYER = 142  # model_graph with 8 heads
 
@@ -251,7 +252,8 @@ def _cell(result: dict, key: str = "s") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000,10000,30000")
+    parser.add_argument("--sizes", default="1000,10000,30000",
+                        help="comma-separated op counts of the graphs (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="model graphs only, no whole-LP HiGHS above 10k")
     parser.add_argument("--one", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,7 +268,7 @@ def main() -> None:
         print(json.dumps(out))
         return
 
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = flags.sizes(parser, args.sizes)
     families = ["model"] if args.quick else ["model", "layered"]
     print(f"m-SCT LP, {_DEVICES} devices; seconds, solver imports excluded (each cell a fresh process,")
     print(f"cut off at {_TIMEOUT_S:.0f} s); MOSEK is skipped without a licence")

@@ -77,7 +77,8 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated subset of %(default)s")
-    parser.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "profiles"))
+    parser.add_argument("--out_dir", default=os.path.join(ROOT, "bench", "profiles"),
+                        help="folder of the <model>.json files, made when missing (default: bench/profiles)")
     args = parser.parse_args()
     tf.get_logger().setLevel("ERROR")
     names = model_names(parser, args.models)

@@ -38,12 +38,13 @@ import_tensorflow_quietly()
 import tensorflow as tf  # noqa: E402
 
 from baechi_tf.cost_model.profiler import profile_fetch  # noqa: E402
-from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+from baechi_tf.placer.pipeline import PlacementOptions  # noqa: E402
 from baechi_tf.rewriter.apply import apply_placement  # noqa: E402
 from baechi_tf.rewriter.devices import session_config, standin_cluster  # noqa: E402
 from baechi_tf.rewriter.graph_pass import place_graph_def  # noqa: E402
 from make_profiles import MODELS, NUM_DEVICES, model_names  # noqa: E402
 from train import TrainConfig, build_graph, import_placed  # noqa: E402
+import flags  # noqa: E402
 
 METHODS = ("single", "expert", "m_etf", "auto")
 
@@ -119,10 +120,7 @@ def main() -> int:
     args = parser.parse_args()
     tf.get_logger().setLevel("ERROR")
     names = model_names(parser, args.models)
-    methods = ["single"] + [m for m in args.methods.split(",") if m and m != "single"]
-    unknown = [m for m in methods if m not in PLACEMENT_METHODS]
-    if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(PLACEMENT_METHODS)}")
+    methods = ["single"] + [m for m in flags.methods(parser, args.methods) if m != "single"]
     if args.rounds < 1 or args.steps < 1:
         parser.error("--rounds and --steps must be at least 1")
 

@@ -27,6 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import flags  # noqa: E402
+
 
 def one(size: int, method: str, shape: str, devices: int) -> dict:
     from baechi_tf.cluster import Cluster
@@ -59,20 +61,26 @@ def one(size: int, method: str, shape: str, devices: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1000,10000,100000")
-    parser.add_argument("--methods", default="m_topo,m_etf")
-    parser.add_argument("--shape", choices=("layered", "fan_out", "updates", "chained_updates", "gathers"), default="layered")
-    parser.add_argument("--devices", type=int, default=4, help="number of devices (default 4)")
+    parser.add_argument("--sizes", default="1000,10000,100000",
+                        help="comma-separated op counts of the graphs (default: %(default)s)")
+    parser.add_argument("--methods", default="m_topo,m_etf",
+                        help="comma-separated placement methods (default: %(default)s)")
+    parser.add_argument("--shape", choices=("layered", "fan_out", "updates", "chained_updates", "gathers"), default="layered",
+                        help="the graphs' shape, as above (bench/layered.py; default: %(default)s)")
+    parser.add_argument("--devices", type=int, default=4, help="number of devices (default: %(default)s)")
     parser.add_argument("--one", nargs=2, metavar=("SIZE", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.devices < 1:
+        parser.error(f"--devices={args.devices}: give at least one device")
     if args.one:
         print(json.dumps(one(int(args.one[0]), args.one[1], args.shape, args.devices)))
         return
+    sizes, methods = flags.sizes(parser, args.sizes), flags.methods(parser, args.methods)
     header = f"{'ops':>7} {'edges':>7} {'method':>7} {'group s':>8} {'place s':>8} {'sim s':>7} {'RSS MiB':>8} {'makespan/LB':>11}"
     print(header)
     print("-" * len(header))
-    for size in (int(s) for s in args.sizes.split(",")):
-        for method in args.methods.split(","):
+    for size in sizes:
+        for method in methods:
             proc = subprocess.run(
                 [sys.executable, __file__, "--one", str(size), method, "--shape", args.shape, "--devices", str(args.devices)],
                 capture_output=True, text=True,

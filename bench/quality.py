@@ -32,6 +32,7 @@ from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place  # noqa: E402
 from baechi_tf.placer.simulator import critical_path_us  # noqa: E402
 from quality_graphs import cases  # noqa: E402
+import flags  # noqa: E402
 
 
 def plain_bound(graph, cluster) -> float:
@@ -41,8 +42,10 @@ def plain_bound(graph, cluster) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--refine_seconds", type=float, default=3.0)
+    parser.add_argument("--refine_seconds", type=float, default=3.0,
+                        help="auto's refinement (default: %(default)s)")
     args = parser.parse_args()
+    flags.refine_seconds(parser, args.refine_seconds)
     methods = [m for m in ("m_topo", "m_etf", "m_sct", "heft", "layers") if m in PLACEMENT_METHODS] + ["auto"]
     all_cases = cases()
     for path in sorted(glob.glob(os.path.join(ROOT, "bench", "profiles", "*.json"))):

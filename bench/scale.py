@@ -22,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import flags  # noqa: E402
+
 
 def timed(cmd: list[str]) -> tuple[float, float, int, str]:
     """Wall seconds, peak RSS MiB of this child alone, exit status, last stderr line."""
@@ -79,10 +81,15 @@ def make_graph_def(graph_path: str, profile_path: str, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", type=int, default=100_000)
-    parser.add_argument("--methods", default="m_topo,m_etf,auto")
-    parser.add_argument("--skip_graph_def", action="store_true")
+    parser.add_argument("--ops", type=int, default=100_000, help="ops of each graph (default: %(default)s)")
+    parser.add_argument("--methods", default="m_topo,m_etf,auto",
+                        help="comma-separated placement methods (default: %(default)s)")
+    parser.add_argument("--skip_graph_def", action="store_true",
+                        help="only place-json: neither build the GraphDef nor run baechi place")
     args = parser.parse_args()
+    if args.ops < 1:
+        parser.error(f"--ops={args.ops}: give at least 1")
+    methods = flags.methods(parser, args.methods)
     py = os.path.join(ROOT, ".venv", "bin", "python")
     py = py if os.path.exists(py) else sys.executable
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +99,7 @@ def main() -> None:
         print(f"{args.ops}-op JSON graph written in {time.perf_counter() - t0:.1f} s "
               f"({os.path.getsize(src) / 2**20:.0f} MiB)")
         print(f"{'command':<36}{'wall s':>8}{'peak RSS MiB':>14}  result")
-        for m in args.methods.split(","):
+        for m in methods:
             cmd = [py, "-m", "baechi_tf", "place-json", src, "--placement_method", m,
                    "--out", os.path.join(tmp, f"{m}.json")]
             wall, rss, status, last = timed(cmd)
@@ -103,7 +110,7 @@ def main() -> None:
         t0 = time.perf_counter()
         make_graph_def(gpath, ppath, args.ops)
         print(f"{args.ops}-node GraphDef and profile written in {time.perf_counter() - t0:.1f} s")
-        for m in args.methods.split(","):
+        for m in methods:
             cmd = [py, "-m", "baechi_tf", "place", "--graph", gpath, "--cost_path", ppath,
                    "--num_devices", "4", "--placement_method", m, "--out", os.path.join(tmp, f"{m}.pb")]
             wall, rss, status, last = timed(cmd)

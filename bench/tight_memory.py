@@ -30,10 +30,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from baechi_tf.cluster import Cluster, CommCost, Device  # noqa: E402
 from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError  # noqa: E402
 from baechi_tf.placer import colocation_groups  # noqa: E402
-from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place  # noqa: E402
+from baechi_tf.placer.pipeline import PlacementOptions, place  # noqa: E402
 from baechi_tf.placer.schedule import Placement  # noqa: E402
 from baechi_tf.placer.simulator import simulate  # noqa: E402
 from graphs import random_dag  # noqa: E402
+import flags  # noqa: E402
 
 COMM = CommCost(0.0001754, 134)
 
@@ -74,10 +75,7 @@ def main() -> int:
                         help="comma-separated methods (default: %(default)s)")
     args = parser.parse_args()
     logging.getLogger("baechi_tf").setLevel(logging.ERROR)  # each fallback warns; the table counts them
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in PLACEMENT_METHODS]
-    if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(sorted(PLACEMENT_METHODS))}")
+    methods = flags.methods(parser, args.methods)
     try:
         ranges = [tuple(int(x) for x in r.split("-")) for r in args.sizes.split(",")]
         if any(len(r) != 2 or not 1 <= r[0] <= r[1] for r in ranges):

@@ -1,0 +1,41 @@
+"""Flag values the bench scripts share, checked before any work: a bad one ends the script with
+argparse's one line and exit status 2, not a traceback or a table of failed rows."""
+
+from __future__ import annotations
+
+import argparse
+
+from baechi_tf.errors import ConfigError
+from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
+
+__all__ = ["methods", "refine_seconds", "sizes"]
+
+
+def methods(parser: argparse.ArgumentParser, text: str, flag: str = "--methods") -> list[str]:
+    """The placement methods of a comma-separated value, in its order."""
+    names = [m for m in text.split(",") if m]
+    unknown = [m for m in names if m not in PLACEMENT_METHODS]
+    if unknown or not names:
+        parser.error(f"{flag} {text!r}: unknown method(s) {', '.join(unknown) or 'none given'}; "
+                     f"choose from {', '.join(sorted(PLACEMENT_METHODS))}")
+    return names
+
+
+def sizes(parser: argparse.ArgumentParser, text: str, flag: str = "--sizes") -> list[int]:
+    """The op counts of a comma-separated value, each a whole number of at least 1."""
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        parser.error(f"{flag} {text!r}: give op counts of at least 1, separated by commas, such as 1000,10000")
+    return values
+
+
+def refine_seconds(parser: argparse.ArgumentParser, value: float) -> float:
+    """`--refine_seconds` as `PlacementOptions` takes it (a finite number >= 0)."""
+    try:
+        PlacementOptions(refine_seconds=value).validate()
+    except ConfigError as e:
+        parser.error(f"--refine_seconds: {e}")
+    return value

@@ -1,0 +1,85 @@
+"""bench/flags.py and the bench scripts' flags: every flag is explained by --help, and a bad value
+ends the script with one line and exit status 2 before any work."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench(script, *args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def unexplained_flags(help_text):
+    """The options of an argparse --help whose entry has no text beside or below it."""
+    lines = help_text.split("options:\n", 1)[1].splitlines()
+    unexplained = []
+    for i, line in enumerate(lines):
+        entry = re.match(r"^  (-\S.*?)(?:\s{2,}(\S.*))?$", line)
+        if entry and entry.group(2) is None:
+            below = lines[i + 1] if i + 1 < len(lines) else ""
+            if not re.match(r"^\s{6,}\S", below):
+                unexplained.append(entry.group(1))
+    return unexplained
+
+
+@pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "lp_scaling.py", "make_profiles.py",
+                                    "placement_scaling.py", "quality.py", "scale.py", "tight_memory.py"])
+def test_help_explains_every_flag(script):
+    # --sizes, --methods, --refine_seconds, --ops, --out_dir, ... were listed without a word.
+    done = bench(script, "--help")
+    assert done.returncode == 0, done.stderr
+    assert unexplained_flags(done.stdout) == [], done.stdout
+
+
+def test_the_check_of_help_text_finds_a_flag_without_one():
+    text = "usage: x\n\noptions:\n  -h, --help  show this\n  --sizes SIZES\n  --quick     the rest\n"
+    assert unexplained_flags(text) == ["--sizes SIZES"]
+
+
+METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, packed, single"
+
+
+@pytest.mark.parametrize("script, args, message", [
+    # A table of rows that each said "failed: KeyError: 'm_etff'", exit status 0.
+    ("placement_scaling.py", ["--methods", "m_etff", "--sizes", "100"],
+     f"--methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
+    # Tracebacks: ValueError: invalid literal for int() with base 10: 'abc'.
+    ("placement_scaling.py", ["--sizes", "abc"],
+     "--sizes 'abc': give op counts of at least 1, separated by commas, such as 1000,10000"),
+    ("lp_scaling.py", ["--sizes", "1000,x"],
+     "--sizes '1000,x': give op counts of at least 1, separated by commas, such as 1000,10000"),
+    ("auto_jobs.py", ["--layered", "abc"],
+     "--layered 'abc': give op counts of at least 1, separated by commas, such as 1000,10000"),
+    # A row that failed with ZeroDivisionError, and one per size with "num_devices=0".
+    ("placement_scaling.py", ["--sizes", "0"],
+     "--sizes '0': give op counts of at least 1, separated by commas, such as 1000,10000"),
+    ("placement_scaling.py", ["--devices", "0"], "--devices=0: give at least one device"),
+    # A table of dashes, every method having failed on the ConfigError, exit status 0.
+    ("quality.py", ["--refine_seconds", "-1"],
+     "--refine_seconds: refine_seconds -1.0 must be a finite number >= 0"),
+    ("host_pins.py", ["--methods", "auto,m_etff"],
+     f"--methods 'auto,m_etff': unknown method(s) m_etff; choose from {METHODS}"),
+    # A traceback: baechi_tf.errors.BaechiError: cannot read 'nofile.json'.
+    ("auto_jobs.py", ["/nonexistent/nofile.json"],
+     "cannot read '/nonexistent/nofile.json': No such file or directory"),
+    ("auto_jobs.py", ["--repeats", "0"], "--repeats=0: give at least 1"),
+    # After building the graphs, each command's line said "exit 2: ... invalid choice".
+    ("scale.py", ["--methods", "m_etff", "--ops", "100"],
+     f"--methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
+    ("scale.py", ["--ops", "0"], "--ops=0: give at least 1"),
+    ("tight_memory.py", ["--methods", ","],
+     f"--methods ',': unknown method(s) none given; choose from {METHODS}"),
+])
+def test_a_bad_value_is_one_line_and_exit_2(script, args, message):
+    done = bench(script, *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.splitlines()[-1] == f"{script}: error: {message}", done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == "", (done.stdout, done.stderr)
