@@ -81,7 +81,7 @@ from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
-from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+from baechi_tf.placer.pipeline import LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 from baechi_tf.report import counted  # noqa: E402
 
 _DEFAULTS = PlacementOptions()
@@ -215,7 +215,7 @@ def _refuse_unported() -> None:
 
 
 # --- ours ----------------------------------------------------------------------------------------
-flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, ["auto", "mosek", "highs", "cvxopt"],
+flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, list(LP_SOLVERS),
                   "m-SCT's LP solver; 'auto': MOSEK when licensed, else HiGHS, else cvxopt.")
 flags.DEFINE_float("lp_time_limit", None,
                    "m-SCT: seconds each LP solve may take; with --lp_solver=auto a solver that "

@@ -33,7 +33,7 @@ _SUBCOMMANDS = {
 
 def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags every placing command shares."""
-    from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
+    from baechi_tf.placer.pipeline import LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions
 
     defaults = PlacementOptions()
     parser.add_argument(
@@ -67,7 +67,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lp_solver",
         default=defaults.lp_solver,
-        choices=("auto", "mosek", "highs", "cvxopt"),
+        choices=LP_SOLVERS,
         help="m-SCT's LP solver; 'auto' takes MOSEK when licensed, else HiGHS, else cvxopt "
         "(default: %(default)s)",
     )

@@ -321,6 +321,21 @@ def test_session_arguments(kwargs, error, match):
         BaechiSession(graph=model.graph, **kwargs)
 
 
+def test_options_an_lp_solver_or_an_expert_layout_that_cannot_be_are_refused_before_the_first_run():
+    # An unknown LP solver was found only when m-SCT ran (a BaechiSession's first run had
+    # profiled by then); an expert layout that was no mapping raised AttributeError ('str' object
+    # has no attribute 'items').
+    model = build_lstm()
+    with pytest.raises(ConfigError, match=r"^unknown LP solver 'gurobi'; choose one of auto, mosek, highs, cvxopt$"):
+        BaechiSession(graph=model.graph, num_devices=2, options=PlacementOptions(lp_solver="gurobi"))
+    with pytest.raises(ConfigError, match=r"^the expert layout must map op names to device names \(strings\)$"):
+        PlacementOptions(placement_method="expert", expert="/device:GPU:0").validate()
+    from baechi_tf.placer.pipeline import LP_SOLVERS  # named without loading scipy
+    from baechi_tf.sct.solvers import SOLVERS
+
+    assert LP_SOLVERS == SOLVERS
+
+
 def test_session_graph_that_cannot_fit(tmp_path):
     model = build_lstm()
     with BaechiSession(graph=model.graph, num_devices=2, placement_method="m_etf",

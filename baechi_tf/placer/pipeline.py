@@ -32,7 +32,7 @@ from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
 
-__all__ = ["PLACEMENT_METHODS", "HostView", "PlacementOptions", "PlacementResult", "place", "register_method"]
+__all__ = ["LP_SOLVERS", "PLACEMENT_METHODS", "HostView", "PlacementOptions", "PlacementResult", "place", "register_method"]
 
 log = logging.getLogger(__name__)
 
@@ -387,6 +387,10 @@ def register_method(name: str, method: Method) -> None:
     _CUT_OFF.discard(name)
 
 
+# m-SCT's LP solvers (`baechi_tf.sct.solvers.SOLVERS`, named here without loading scipy).
+LP_SOLVERS = ("auto", "mosek", "highs", "cvxopt")
+
+
 @dataclasses.dataclass(frozen=True)
 class PlacementOptions:
     """Options of the placement pipeline; each field mirrors a command-line flag."""
@@ -425,6 +429,11 @@ class PlacementOptions:
             raise ConfigError(
                 f"unknown placer type {self.placer_type!r}; choose 'default' or 'fusion'"
             )
+        # It was found only when m-SCT ran: for a BaechiSession, once the first run had profiled.
+        if self.lp_solver not in LP_SOLVERS:
+            raise ConfigError(
+                f"unknown LP solver {self.lp_solver!r}; choose one of {', '.join(LP_SOLVERS)}"
+            )
         if self.fusion_path_check not in ("auto", "exact", "conservative"):
             raise ConfigError(
                 f"unknown fusion path check {self.fusion_path_check!r}; choose 'auto', 'exact' or "
@@ -437,9 +446,9 @@ class PlacementOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ConfigError(f"{field} {value!r} is not a number")
-        if self.expert is not None and not all(
+        if self.expert is not None and not (isinstance(self.expert, Mapping) and all(
             isinstance(op, str) and isinstance(device, str) for op, device in self.expert.items()
-        ):
+        )):
             raise ConfigError("the expert layout must map op names to device names (strings)")
         if not (0 < self.memory_fraction <= 1):
             raise ConfigError(
