@@ -287,6 +287,21 @@ def test_graph_pass_bad_options(files):
         place_graph_def(lstm.graph_def, lstm.profile, cluster(), PlacementOptions(grouper="tight"))
 
 
+def test_graph_pass_arguments_of_the_wrong_type_are_named(files):
+    # They raised "TypeError: expected str, bytes or os.PathLike object, not NoneType",
+    # "AttributeError: 'list' object has no attribute 'devices'", "... 'str' object has no
+    # attribute 'validate'".
+    lstm, _ = files
+    devices = list(cluster().devices)
+    for args, message in [
+        ((lstm.graph_def, None, cluster()), r"^profile=None is a NoneType; give a CostProfile or the path of a profile file$"),
+        ((lstm.graph_def, lstm.profile, devices), r"^cluster=\[.*\] is a list; give a Cluster \(Cluster\(\[Device"),
+        ((lstm.graph_def, lstm.profile, cluster(), "m_etf"), r"^options='m_etf' is a str; give a PlacementOptions"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            place_graph_def(*args)
+
+
 def test_graph_pass_cannot_fit(files):
     lstm, _ = files
     before = lstm.graph_def.SerializeToString()

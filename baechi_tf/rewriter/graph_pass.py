@@ -27,7 +27,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster, Device
 from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
 from baechi_tf._steps import Steps
-from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
@@ -325,6 +325,14 @@ def place_graph_def(
     do to have them placed (by default, `baechi place`'s flag). The other keywords are those of
     `baechi_tf.rewriter.importer.import_graph_def`.
     """
+    # Arguments of the wrong type raised AttributeError or TypeError that did not name them.
+    for name, value, kinds, example in (
+        ("profile", profile, (CostProfile, str, os.PathLike), "a CostProfile or the path of a profile file"),
+        ("cluster", cluster, (Cluster,), "a Cluster (Cluster([Device('/device:GPU:0', 8 << 30), ...]))"),
+        ("options", options, (PlacementOptions,), "a PlacementOptions (PlacementOptions(placement_method='m_etf'))"),
+    ):
+        if not isinstance(value, kinds):
+            raise ConfigError(f"{name}={value!r} is a {type(value).__name__}; give {example}")
     options.validate()
     if not hasattr(graph_def, "node") or not hasattr(graph_def, "SerializeToString"):
         raise InvalidGraphError(
