@@ -368,3 +368,17 @@ def test_auto_places_with_fusion_what_a_method_alone_places():
     assert auto.placement.method == "auto(m_etf)"
     assert auto.makespan_us <= heft.makespan_us
     assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)
+
+
+def test_auto_places_with_fusion_what_the_search_of_the_fused_graph_finds():
+    # 18 ops on four devices (fuzzed, minimised), fused: every candidate of auto runs out of
+    # memory, and so did the search of the real graph that auto fell back to (389 tries); the
+    # packing alone, falling back to the search of the fused graph that it placed, found one.
+    graph, cluster = _data_graph("fits_only_through_the_fused_search.json")
+    options = dict(placer_type="fusion", memory_fraction=0.5, refine_seconds=0.05)
+    packed = _placed(graph, cluster, "packed", **options)
+    assert packed.placement.method == "packed+fit"
+    auto = place(graph, cluster, PlacementOptions(**options))
+    assert auto.placement.method == "auto(fit)" and auto.candidates["fit+unfused"] is None
+    assert auto.makespan_us <= packed.makespan_us
+    assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)

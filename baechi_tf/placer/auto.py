@@ -146,8 +146,8 @@ def place_auto(
     `fallbacks` (name, after, thunk) are what a method run alone falls back to when its
     placement does not fit and neither does the placement of the candidate `after` (the
     packing), which it tries first: the fit search. Each is judged, after the others and here,
-    when some candidate fitted, some ran out of memory and `after` did too; otherwise it could
-    not be the result of any method alone, and it is not run (nor listed in `candidates`).
+    when some candidate ran out of memory and `after` did too; otherwise it could not be the
+    result of any method alone, and it is not run (nor listed in `candidates`).
     """
     refines = (
         options.refine.seconds > 0
@@ -216,7 +216,7 @@ def place_auto(
             one_by_one(rest)
         failed = {placers[i][0] for i, e in errors.items() if isinstance(e, InfeasiblePlacementError)}
         for name, after, thunk in fallbacks:
-            if best is not None and failed and after in failed:
+            if failed and after in failed:
                 candidates[name] = None
                 placers.append((name, thunk))
                 record(len(placers) - 1, here(len(placers) - 1, cutoff_now()))

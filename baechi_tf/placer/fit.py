@@ -79,6 +79,8 @@ class FitSearch:
         self.exhaustive = nd ** len(self.free) * per_run <= budget_steps
         self.rng = random.Random(seed)
         self._bar: Optional[Progress] = None
+        self._ran = False
+        self._found: Optional[Placement] = None
 
     @functools.cached_property
     def _tables(self) -> GraphTables:  # made on the first simulation: `cannot_fit` needs none
@@ -136,7 +138,15 @@ class FitSearch:
 
     def run(self) -> Optional[Placement]:
         """A placement of whole groups whose simulation fits every device's memory, or None when
-        none can (`cannot_fit`, then `tried` stays 0) or the search found none in its budget."""
+        none can (`cannot_fit`, then `tried` stays 0) or the search found none in its budget.
+        It searches once: a second call returns the first one's result."""
+        if self._ran:
+            return self._found
+        self._ran = True
+        self._found = self._run()
+        return self._found
+
+    def _run(self) -> Optional[Placement]:
         if self.refusal is not None:
             return None
         with Progress("fit search", self.budget_steps, unit="steps", counts=False) as self._bar:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import contextlib
+import functools
 import math
 import numbers
 import time
@@ -257,10 +258,18 @@ def _run_auto(
     # What a method alone falls back to when its placement and the packing do not fit: the fit
     # search, on the graph it placed (with fusion, the fused graph's, and the real graph's when the
     # expanded placement does not fit there). auto, without them, ended with a slower placement
-    # than such a method (fuzzing: 3.64 s where HEFT, through the search, gave 3.15 s).
-    fallbacks = [("fit", "packed", _fit_thunk(graph, cluster, groups, options.seed, fused))]
+    # than such a method (fuzzing: 3.64 s where HEFT, through the search, gave 3.15 s), or failed
+    # where it placed. The searches are made when first needed, and run once: when every
+    # candidate fails, the real graph's has run, and the last resort below takes its result.
+    real = functools.cache(lambda: FitSearch(graph, cluster, groups, seed=options.seed))
+    fallbacks = [("fit", "packed", _fit_thunk(real))]
     if fused is not None:
-        fallbacks.append(("fit+unfused", "packed+unfused", _fit_thunk(graph, cluster, groups, options.seed)))
+        fallbacks = [
+            ("fit", "packed", _fit_thunk(
+                lambda: FitSearch(fused.graph, cluster, fused.groups, seed=options.seed), fused
+            )),
+            ("fit+unfused", "packed+unfused", _fit_thunk(real)),
+        ]
     remote = _candidate_workers(options, graph.num_ops, [name for name, _ in thunks])
     with remote if remote is not None else contextlib.nullcontext():
         if remote is not None:
@@ -280,20 +289,19 @@ def _run_auto(
                 raise  # one device's schedule was the one placement there is
             # As a method alone does: the search, then the other placers on the real graph (with
             # fusion, auto's ran on the fused graph, where none may fit).
-            found = _fit_instead(graph, cluster, groups, "auto", e, options.seed, options)
+            found = _fit_instead(graph, cluster, groups, "auto", e, options.seed, options, real())
     name = found.method.removeprefix("auto+")  # 'fit', or the other placer whose placement fits
     return place_auto(graph, cluster, groups, [(name, lambda cutoff: found)], options=auto_options)
 
 
 def _fit_thunk(
-    graph: OpGraph, cluster: Cluster, groups: Groups, seed: int, fused: Optional[FusedGraph] = None
+    make_search: Callable[[], FitSearch], fused: Optional[FusedGraph] = None
 ) -> Callable[[float], Placement]:
-    """auto's fallback candidate: the placement `FitSearch` finds on `graph` (on the fused graph,
-    expanded, with `fused`)."""
+    """auto's fallback candidate: the placement that the search `make_search` makes finds (of the
+    fused graph, expanded, with `fused`)."""
 
     def run(cutoff: float) -> Placement:
-        g, gr = (fused.graph, fused.groups) if fused is not None else (graph, groups)
-        search = FitSearch(g, cluster, gr, seed=seed)
+        search = make_search()
         found = search.run()
         if found is None:
             raise InfeasiblePlacementError(
@@ -350,7 +358,7 @@ _SLOWER_THAN_ONE_DEVICE = 1.1
 _AUTO_COARSE_MAX_OPS = 20_000
 
 
-_PORTFOLIO = ("m_topo", "m_topo_nonuniform", "m_etf", "m_sct", "heft", "single", "packed")
+_PORTFOLIO = ("m_topo", "m_etf", "m_sct", "heft", "single", "packed", "m_topo_nonuniform")
 
 _METHODS: dict[str, Method] = {
     "m_topo": lambda g, c, gr, o: place_m_topo(g, c, gr),
@@ -516,13 +524,13 @@ def _packed_instead(
 
 def _fit_instead(
     graph: OpGraph, cluster: Cluster, groups: Groups, method: str, error: InfeasiblePlacementError,
-    seed: int, options: Optional["PlacementOptions"] = None,
+    seed: int, options: Optional["PlacementOptions"] = None, search: Optional[FitSearch] = None,
 ) -> Placement:
     """The placement `fit.FitSearch` finds when `method` (and the packing) ran out of memory,
     else (with `options`) the fastest of the other placers' that fit (the search is a heuristic:
     it can miss a placement that a greedy placer finds); `error`, with what was searched, when
-    none fits."""
-    search = FitSearch(graph, cluster, groups, seed=seed)
+    none fits. `search`: that search of `graph`, if made already (it runs once)."""
+    search = search if search is not None else FitSearch(graph, cluster, groups, seed=seed)
     found = search.run()
     if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal or str(error)) from None
