@@ -382,3 +382,35 @@ def test_auto_places_with_fusion_what_the_search_of_the_fused_graph_finds():
     assert auto.placement.method == "auto(fit)" and auto.candidates["fit+unfused"] is None
     assert auto.makespan_us <= packed.makespan_us
     assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)
+
+# ---------------------------------------------------------------- ops pinned to the host
+
+
+def test_auto_with_host_ops_is_never_slower_than_a_method_that_searched_for_a_fit():
+    # No candidate of auto fits (three 16 MiB weights, 22 MB devices but one). Every other method
+    # ran out of memory without the host's op too, and searched the graph without it: that
+    # placement, with `h` moved to the host, fits and takes 1 us. auto searched only the graph as
+    # it runs, whose first fit (the search ignores time) takes 2 us, and kept that.
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    for name, compute_us, outputs, weights in (
+        ("w0", 0, [], 16 * MiB), ("x", 0, [5310284], 0), ("y", 0, [5397421], 0), ("c", 1, [], 0),
+        ("w1", 0, [7337685], 16 * MiB), ("z", 1, [], 16 * MiB), ("u", 0, [], 0),
+    ):
+        b.add_op(name, compute_us, outputs, persistent_bytes=weights)
+    b.add_op("h", 0, [], device="/device:CPU:0")
+    for src, dst in (("y", "z"), ("x", "h"), ("x", "u")):
+        b.add_edge(src, dst)
+    graph = b.build()
+    cluster = Cluster(
+        (Device("/device:GPU:0", 46_220_000), Device("/device:GPU:1", 22_020_000), Device("/device:GPU:2", 22_100_000)),
+        CommCost(0, 0),
+    )
+    host = Device("/device:CPU:0", 1 << 40, "CPU")
+    makespan = {}
+    for method in ("m_topo", "auto"):
+        result = place_with_host(graph, cluster, host, PlacementOptions(method, refine_seconds=0))
+        assert result.op_to_device()["h"] == "/device:CPU:0"
+        makespan[method] = result.makespan_us
+    assert makespan == {"m_topo": 1.0, "auto": 1.0}

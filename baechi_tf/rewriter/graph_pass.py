@@ -214,8 +214,10 @@ def _host_fallback(
     The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
     every input as received, so it fits whenever it packs), then a placement the fit search finds,
     then the other placers' placements (and one device, each in turn), the fastest that fits.
-    auto judged that packing (`packed+host`) and the placers' already: it takes the fastest of one
-    device (each in turn) that fits, else the search's.
+    auto judged that packing (`packed+host`) and the placers' already, but not what a placer
+    that runs out of memory alone falls back to, a search of `free` (its placement moved to the
+    host after): it takes the fastest that fits of one device (each in turn), that search's and
+    the search's of `graph`, so that it is never slower than another method.
     """
     host_index = checked.num_devices - 1
     name = options.placement_method
@@ -255,11 +257,20 @@ def _host_fallback(
         found = [c for c in candidates if c is not None]
         return min(found, key=lambda c: c[1].makespan_us) if found else None
 
+    def free_searched():
+        """What a placer that ran out of memory on `free` alone took (`pipeline._fit_instead`),
+        the host's ops moved to the host."""
+        fraction = options.memory_fraction
+        placer_cluster = cluster if fraction == 1.0 else cluster.with_memory_fraction(fraction)
+        found = FitSearch(free, placer_cluster, groups, seed=options.seed).run()
+        return None if found is None else fitting(view.lift(found, groups).device_of, "fit")
+
     search = FitSearch(graph, checked, groups, seed=options.seed, free_devices=cluster.num_devices)
     if search.refusal is not None:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal) from None
     if auto:
-        steps = (lambda: fastest(others()), lambda: _searched(search, fitting))
+        # The search ignores time: of two that fit, either may be the faster.
+        steps = (lambda: fastest([*others(), free_searched(), _searched(search, fitting)]),)
     else:
         steps = (packed, lambda: _searched(search, fitting), lambda: fastest(others()))
     for step in steps:
