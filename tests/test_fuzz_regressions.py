@@ -404,7 +404,7 @@ def test_auto_with_host_ops_is_never_slower_than_a_method_that_searched_for_a_fi
         b.add_edge(src, dst)
     graph = b.build()
     cluster = Cluster(
-        (Device("/device:GPU:0", 46_220_000), Device("/device:GPU:1", 22_020_000), Device("/device:GPU:2", 22_100_000)),
+        tuple(Device(f"/device:GPU:{i}", m) for i, m in enumerate((46_220_000, 22_020_000, 22_100_000))),
         CommCost(0, 0),
     )
     host = Device("/device:CPU:0", 1 << 40, "CPU")
@@ -414,3 +414,20 @@ def test_auto_with_host_ops_is_never_slower_than_a_method_that_searched_for_a_fi
         assert result.op_to_device()["h"] == "/device:CPU:0"
         makespan[method] = result.makespan_us
     assert makespan == {"m_topo": 1.0, "auto": 1.0}
+
+
+@pytest.mark.parametrize("pin", ["CPU:0", "/cpu:0", "/job:localhost/replica:0/task:0/device:CPU:0"])
+@pytest.mark.parametrize("method", ["m_etf", "auto"])
+def test_any_spelling_of_the_host_pins_to_the_host(pin, method):
+    # place_with_host compared pins with the host's name letter for letter: an op pinned to
+    # 'CPU:0' with the host '/device:CPU:0' was "pinned to 'CPU:0', which is not in the cluster".
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    b.add_op("h", 1, [4], device=pin)
+    b.add_op("a", 1, [4])
+    b.add_edge("h", "a")
+    host = Device("/device:CPU:0", 1 << 30, "CPU")
+    options = PlacementOptions(method, refine_seconds=0)
+    result = place_with_host(b.build(), Cluster.homogeneous(2, 1 << 30), host, options)
+    assert result.op_to_device()["h"] == "/device:CPU:0"

@@ -118,12 +118,14 @@ def place_with_host(
     moved once it is made. When the moved placement does not fit, `_host_fallback` replaces it.
     One device (``single``) has nothing to fall back to.
     """
-    host_pinned = (
-        [host.name == d for d in graph.pinned_device] if host is not None else [False] * graph.num_ops
-    )
-    if not any(host_pinned) or cluster.find(host.name) is not None:  # type: ignore[union-attr]
+    if host is None or cluster.find(host.name) is not None:
         return place(graph, cluster, options)
-    assert host is not None
+    full = _with_host(cluster, host)
+    # Any spelling of the host's name pins to it ('CPU:0', '/cpu:0', TF's in-process full name),
+    # as any spelling of a device's pins to that device.
+    host_pinned = [d is not None and full.find(d) == cluster.num_devices for d in graph.pinned_device]
+    if not any(host_pinned):
+        return place(graph, cluster, options)
     t0 = time.perf_counter()
     tf_groups = colocation_groups(graph)  # raises when a group is pinned to the host and elsewhere
     with_host = np.zeros(tf_groups.num_groups, dtype=bool)
@@ -139,7 +141,6 @@ def place_with_host(
         temp_bytes=_read_only(np.where(hosted, 0, graph.temp_bytes)),
         persistent_bytes=_read_only(np.where(hosted, 0, graph.persistent_bytes)),
     )
-    full = _with_host(cluster, host)
     view = HostView(graph, full, _read_only(np.asarray(host_pinned, dtype=bool)))
     host_index = view.host_index
     checked = full if options.memory_fraction == 1.0 else full.with_memory_fraction(
