@@ -69,7 +69,9 @@ _PALETTE = (  # no red (the critical path), orange or purple (the channel)
     "#da8bc3", "#a6d854", "#e5c494", "#2f4b7c",
 )
 _TF_PID = 1001
-_RC = {"font.size": 8, "axes.titlesize": 10}
+# Text is drawn as given: op, type and device names may hold "$" (an even number of them made
+# matplotlib parse them as mathtext, and "$$" raised ValueError).
+_RC = {"font.size": 8, "axes.titlesize": 10, "text.parse_math": False}
 
 
 def write_reports(

@@ -364,6 +364,24 @@ def test_summary_matches_the_result(fork_join_reports):
     assert summary["critical_path"] == [graph.names[op] for op in s.critical_chain(graph, c)[0]]
 
 
+def test_reports_draw_names_with_dollar_signs_as_they_are(tmp_path):
+    # matplotlib parses text with an even number of '$' as mathtext: an op named '$$' raised
+    # ValueError (place-json --report_dir ended in a traceback after the placement), '$x$' was
+    # drawn as a formula. Op names, types and device names (a job may be called anything) are text.
+    from baechi_tf.cluster import Cluster, Device
+
+    b = OpGraphBuilder()
+    b.add_op("$$", 100, [4], op_type="$x$")
+    b.add_op("b", 50, [4], op_type="$$")
+    b.add_edge("$$", "b")
+    g = b.build()
+    c = Cluster(tuple(Device(f"/job:$$/replica:0/task:0/device:GPU:{i}", GiB) for i in range(2)))
+    result = place(g, c, PlacementOptions(placement_method="m_etf"))
+    paths = write_reports(result, str(tmp_path))
+    _check_png(paths["gantt"], 1200, 300)
+    _check_png(paths["memory_0"], 800, 300)
+
+
 def test_reports_of_a_large_graph(tmp_path):
     graph = layered_graph(2000, seed=0)
     c = cluster(4, GiB)
