@@ -255,10 +255,15 @@ class Cluster:
 
     def find(self, name: str) -> Optional[int]:
         """Index of the device called `name`, in any of TF's spellings, or None."""
+        hits = self._matches(name)
+        return hits[0] if len(hits) == 1 else None
+
+    def _matches(self, name: str) -> list[int]:
+        """The devices `name` may be: one, none, or several when it names no task."""
         index: dict[str, int] = self._index  # type: ignore[attr-defined]
         key = self._key(name)
         if key in index:
-            return index[key]
+            return [index[key]]
         task = device_task(name)
         # '/device:GPU:1' or 'GPU:1' matches the one device with that local part, if unique. So
         # does TF's in-process spelling, '/job:localhost/replica:0/task:0/device:GPU:1', in a
@@ -267,18 +272,28 @@ class Cluster:
         local_task = task.startswith("/job:localhost/") and not any(device_task(n) for n in self.names)
         if not task or local_task:
             local = "/" + _local_part(name)
-            hits = [i for k, i in index.items() if k.endswith(local)]
-            if len(hits) == 1:
-                return hits[0]
-        return None
+            return [i for k, i in index.items() if k.endswith(local)]
+        return []
+
+    def ambiguity(self, name: str) -> Optional[str]:
+        """When `name` is none of the devices because it could be several (it names no task, and
+        devices of several tasks have its local part), a clause saying so for an error message,
+        after the name; else None."""
+        hits = self._matches(name)
+        if len(hits) < 2:
+            return None
+        return (
+            f"which names {len(hits)} devices of different tasks "
+            f"({', '.join(self.names[i] for i in hits)}): give its task too, as in {self.names[hits[0]]!r}"
+        )
 
     def device_index(self, name: str) -> int:
         """Like `find`, but raises `ConfigError` listing the devices when there is none."""
         i = self.find(name)
         if i is None:
             raise ConfigError(
-                f"device {name!r} is not in the cluster; the devices are "
-                f"{', '.join(repr(n) for n in self.names)}"
+                f"device {name!r} "
+                + (self.ambiguity(name) or f"is not in the cluster; the devices are {', '.join(map(repr, self.names))}")
             )
         return i
 

@@ -241,8 +241,9 @@ def parse_graph_json(doc: Any) -> tuple[OpGraph, Cluster]:
     for op, name in enumerate(graph.pinned_device):
         if name is not None and cluster.find(name) is None:
             raise ConfigError(
-                f"op {graph.names[op]!r} is pinned to {name!r}, which is not among the devices "
-                f"({', '.join(cluster.names)}): fix the op's 'device' or add the device"
+                f"op {graph.names[op]!r} is pinned to {name!r}, "
+                + (cluster.ambiguity(name) or f"which is not among the devices ({', '.join(cluster.names)}): "
+                   "fix the op's 'device' or add the device")
             )
     return graph, cluster
 

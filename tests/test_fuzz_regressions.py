@@ -90,6 +90,28 @@ def test_colocated_ops_pinned_to_different_devices_are_still_an_error():
     assert merged_device_name("/gpu:1", "/job:w/task:2/device:GPU:1") == "/job:w/task:2/device:GPU:1"
 
 
+def test_a_pin_without_a_task_to_a_device_of_several_tasks_is_said_to_be_ambiguous():
+    # '/device:GPU:0' in a cluster of two tasks with a GPU:0 each was "not among the devices
+    # (...): add the device", while both devices listed were it.
+    from baechi_tf.errors import ConfigError
+
+    tasks = [f"/job:w/replica:0/task:{t}/device:GPU:0" for t in range(2)]
+    doc = {
+        "devices": [{"name": name, "memory_bytes": 1 << 30} for name in tasks],
+        "ops": [{"name": "a", "compute_us": 1, "device": "/device:GPU:0"}],
+    }
+    expected = "which names 2 devices of different tasks .*: give its task too, as in '/job:w/replica:0/task:0"
+    with pytest.raises(ConfigError, match=expected):
+        parse_graph_json(doc)
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4], device="GPU:0")
+    cluster = Cluster(tuple(Device(name, 1 << 30) for name in tasks))
+    with pytest.raises(ConfigError, match=expected):
+        place(b.build(), cluster, PlacementOptions(placement_method="m_etf"))
+    with pytest.raises(ConfigError, match=expected):
+        cluster.device_index("GPU:0")
+
+
 # ---------------------------------------------------------------- auto with fusion
 
 

@@ -1159,8 +1159,9 @@ def pinned_device_index(graph: OpGraph, cluster: Cluster, op: int) -> int:
     dev = cluster.find(name) if name is not None else None
     if dev is None:
         raise ConfigError(
-            f"op {graph.names[op]!r} is pinned to {name!r}, which is not in the cluster "
-            f"({', '.join(cluster.names)}): pin it to one of those devices or add the device"
+            f"op {graph.names[op]!r} is pinned to {name!r}, "
+            + ((name is not None and cluster.ambiguity(name)) or f"which is not in the cluster "
+               f"({', '.join(cluster.names)}): pin it to one of those devices or add the device")
         )
     return dev
 
