@@ -453,3 +453,25 @@ def test_any_spelling_of_the_host_pins_to_the_host(pin, method):
     options = PlacementOptions(method, refine_seconds=0)
     result = place_with_host(b.build(), Cluster.homogeneous(2, 1 << 30), host, options)
     assert result.op_to_device()["h"] == "/device:CPU:0"
+
+
+@pytest.mark.parametrize("method", ["m_etf", "single", "auto"])
+def test_coplace_joins_no_other_op_to_the_host_s_ops(method):
+    # The placers see the host's ops unpinned, so coplace joined 'ids' (whose one consumer is
+    # 'emb') and 'mm' and 'loss' (each the one consumer of the one before) to the host's
+    # embedding, and the whole group went to the host: every op ran on the host CPU, none on the
+    # GPUs (multi-task fuzzing with host pins and --grouper coplace).
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    b = OpGraphBuilder()
+    b.add_op("ids", 1, [64])
+    b.add_op("emb", 1, [4000], persistent_bytes=10**6, device="/device:CPU:0")
+    b.add_op("mm", 5000, [4000])
+    b.add_op("loss", 3000, [4])
+    for src, dst in (("ids", "emb"), ("emb", "mm"), ("mm", "loss")):
+        b.add_edge(src, dst)
+    host = Device("/device:CPU:0", 1 << 30, "CPU")
+    options = PlacementOptions(method, grouper="coplace", refine_seconds=0)
+    where = place_with_host(b.build(), Cluster.homogeneous(2, 1 << 30), host, options).op_to_device()
+    assert where["emb"] == "/device:CPU:0"
+    assert all(where[op].startswith("/device:GPU:") for op in ("ids", "mm", "loss")), where

@@ -155,11 +155,13 @@ def colocation_groups(graph: OpGraph) -> Groups:
     return _finish(graph, uf, candidates)
 
 
-def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
+def coplace(graph: OpGraph, base: Optional[Groups] = None, *, apart: Optional[np.ndarray] = None) -> Groups:
     """The ``coplace`` grouper: single-successor ops join their successor's group (spec 4.2).
 
     Starts from `base` (default: `colocation_groups`). Refuses any merge that would close a new
-    cycle among groups.
+    cycle among groups, and any that joins a group holding an op of `apart` (bool per op: the
+    ops that run on the host outside the cluster, `graph_pass.place_with_host`, which the
+    placers see unpinned) with one that holds none: such a group goes to the host whole.
     """
     base = base if base is not None else colocation_groups(graph)
     ng = base.num_groups
@@ -169,6 +171,9 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
     # Coplacing is a preference, a pin a hard constraint: two groups pinned to different devices
     # are never merged, or a valid graph would fail the check of the merged groups below.
     pin = _group_pins(graph, base)
+    away = [False] * ng
+    for op in np.flatnonzero(apart).tolist() if apart is not None else ():
+        away[group_of[op]] = True
     comps = _ComponentDag(graph, group_of, ng)
     for u in range(graph.num_ops):
         succ = graph.successors[u]
@@ -181,9 +186,12 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None) -> Groups:
         both = merged_device_name(pu, pv) if pu is not None and pv is not None else pu or pv
         if pu is not None and pv is not None and both is None:
             continue  # pinned to two devices
+        if away[gu] != away[gv]:
+            continue  # one of them runs on the host
         if not comps.merge(gu, gv):
             continue
         root = uf.union(gu, gv)
+        away[root] = away[gu]
         names[root] = _shortest((names.pop(gu), names.pop(gv)))
         pin.pop(gu, None)
         pin.pop(gv, None)
@@ -369,10 +377,11 @@ def _tarjan(succ: list[set[int]]) -> list[int]:
     return comp
 
 
-def make_groups(graph: OpGraph, grouper: str = "tf") -> Groups:
-    """Runs the named grouper: ``'tf'`` (colocation only) or ``'coplace'``."""
+def make_groups(graph: OpGraph, grouper: str = "tf", *, apart: Optional[np.ndarray] = None) -> Groups:
+    """Runs the named grouper: ``'tf'`` (colocation only) or ``'coplace'`` (with `apart`, see
+    `coplace`)."""
     if grouper == "tf":
         return colocation_groups(graph)
     if grouper == "coplace":
-        return coplace(graph)
+        return coplace(graph, apart=apart)
     raise ConfigError(f"unknown grouper {grouper!r}; choose one of {', '.join(GROUPERS)}")

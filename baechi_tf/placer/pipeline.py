@@ -629,13 +629,16 @@ def place(
     options: PlacementOptions = PlacementOptions(),
     *,
     host: Optional[HostView] = None,
+    apart: Optional[np.ndarray] = None,
 ) -> PlacementResult:
     """Runs the pipeline: validate, group, place, check, baseline.
 
     With `host` (auto only), auto judges its candidates on the host view, and the result's
     placement and schedule are of `host.graph` on `host.cluster`; a placement that does not fit
     there raises `InfeasiblePlacementError` instead of falling back (`graph_pass.place_with_host`
-    falls back). The baseline stays `graph`'s on `cluster`.
+    falls back). The baseline stays `graph`'s on `cluster`. `apart` (bool per op; with `host`,
+    its `on_host`): the ops that will run on a host outside `cluster`, whose groups the
+    ``coplace`` grouper joins to no other op's (`grouping.coplace`).
     """
     options.validate()
     if host is not None and options.placement_method != "auto":
@@ -651,7 +654,9 @@ def place(
     step = Steps()
 
     step("validate", graph.validate)
-    groups: Groups = step("group", lambda: make_groups(graph, options.grouper))
+    if apart is None and host is not None:
+        apart = host.on_host
+    groups: Groups = step("group", lambda: make_groups(graph, options.grouper, apart=apart))
     if cluster.num_devices > max(groups.num_groups, _MANY_DEVICES):
         raise ConfigError(
             f"{cluster.num_devices} devices for {groups.num_groups} groups of ops: a placement uses "

@@ -153,13 +153,13 @@ def place_with_host(
             inner = place(free, cluster, options, host=view)
             placement, schedule = inner.placement, inner.schedule
         else:
-            inner = place(free, cluster, options)
+            inner = place(free, cluster, options, apart=view.on_host)
             placement = view.lift(inner.placement, inner.groups)
             schedule = check_placement(graph, checked, inner.groups, placement)
     except InfeasiblePlacementError as e:
         if options.placement_method == "single" or (inner is None and not auto):
             raise  # one device has nothing to fall back to; nor has a method that found nothing
-        groups = inner.groups if inner is not None else make_groups(free, options.grouper)
+        groups = inner.groups if inner is not None else make_groups(free, options.grouper, apart=view.on_host)
         method = inner.placement.method if inner is not None else "auto"
         placement, schedule = _host_fallback(graph, free, cluster, checked, groups, method, view, options, e)
     if inner is not None:
