@@ -112,6 +112,22 @@ def test_a_pin_without_a_task_to_a_device_of_several_tasks_is_said_to_be_ambiguo
         cluster.device_index("GPU:0")
 
 
+def test_an_op_too_big_for_the_device_its_group_is_pinned_to_is_not_said_to_be_pinned():
+    # 'b' is not pinned; its group is, by 'a'. The error said "'b' cannot run on GPU:0, where it
+    # is pinned ... pin the op elsewhere" (multi-task fuzzing, where coplace had joined 'b' to a
+    # pinned op's group).
+    from baechi_tf.errors import InfeasiblePlacementError
+
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4], device="/device:GPU:0", colocation=["g"])
+    b.add_op("b", 1, [2 * MiB], colocation=["g"])
+    with pytest.raises(InfeasiblePlacementError, match=(
+        r"op 'b' cannot run on '/device:GPU:0', where its group is pinned \(by 'a'\), whatever else "
+        r"goes there: .*; give it more memory, or pin the group elsewhere, or split the group$"
+    )):
+        place(b.build(), Cluster.homogeneous(2, MiB), PlacementOptions(placement_method="m_etf"))
+
+
 # ---------------------------------------------------------------- auto with fusion
 
 

@@ -115,6 +115,10 @@ class FitSearch:
                 members = groups.members[g]
                 op = int(members[np.argmax((holds + inputs)[members])])
                 where = f"'{self.cluster.names[d]}', where it is pinned" if d >= 0 else "any device"
+                if d >= 0 and graph.pinned_device[op] is None:
+                    # Its group is: say by which op ("where it is pinned" sent users to its pin).
+                    pin = next(int(m) for m in members if graph.pinned_device[int(m)] is not None)
+                    where = f"'{self.cluster.names[d]}', where its group is pinned (by {graph.names[pin]!r})"
                 fmt = byte_formatter(floor[g], room)
                 return (
                     f"op {graph.names[op]!r} cannot run on {where}, whatever else goes there: its "
@@ -122,7 +126,8 @@ class FitSearch:
                     f"op {fmt(largest[g])} of outputs, scratch and inputs while it runs, "
                     f"{fmt(floor[g])} in all, over the {fmt(room)} of "
                     + (
-                        "that device; give it more memory, or pin the op elsewhere"
+                        f"that device; give it more memory, or pin the "
+                        f"{'op' if graph.pinned_device[op] is not None else 'group'} elsewhere"
                         if d >= 0
                         else "the largest device; give the devices more memory (more devices do not help)"
                     )
