@@ -421,6 +421,7 @@ def test_auto_places_with_fusion_what_the_search_of_the_fused_graph_finds():
     assert auto.makespan_us <= packed.makespan_us
     assert_valid_schedule(graph, cluster, auto.groups, auto.schedule)
 
+
 # ---------------------------------------------------------------- ops pinned to the host
 
 
@@ -491,3 +492,38 @@ def test_coplace_joins_no_other_op_to_the_host_s_ops(method):
     where = place_with_host(b.build(), Cluster.homogeneous(2, 1 << 30), host, options).op_to_device()
     assert where["emb"] == "/device:CPU:0"
     assert all(where[op].startswith("/device:GPU:") for op in ("ids", "mm", "loss")), where
+
+
+def test_auto_with_host_ops_judges_the_search_a_method_falls_back_to_once_the_host_runs_them():
+    # Ops of no time, copies of 100 us (multi-task fuzzing, minimised). m_topo_nonuniform's
+    # placement fits without the host's 'h', not once its 7.1 MB go to the two readers; the
+    # packing of the graph as it runs does not fit either, and the search of that graph gives
+    # 100 us. auto's candidates, judged with 'h' on the host, were that packing and the placers'
+    # placements, some of which fit: it kept the packing of the graph without 'h' (200 us), and
+    # judged no search.
+    from baechi_tf.rewriter.graph_pass import place_with_host
+
+    task0, task1 = "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
+    b = OpGraphBuilder()
+    b.add_op("h", 0, [7103352], device=f"{task0}/device:CPU:0")
+    b.add_op("x", 0, [3082370])
+    b.add_op("w0", 0, [], persistent_bytes=MiB)
+    b.add_op("g1", 0, [], colocation=["g"])
+    b.add_op("w1", 0, [], persistent_bytes=MiB)
+    b.add_op("p", 0, [3395019, 2468589], device=f"{task0}/device:GPU:0")
+    b.add_op("y", 0, [5357034])
+    b.add_op("g2", 0, [], colocation=["g"])
+    for src, dst in (("h", "x"), ("h", "p"), ("x", "g2"), ("y", "g2")):
+        b.add_edge(src, dst)
+    graph = b.build()
+    cluster = Cluster(
+        (Device(f"{task0}/device:GPU:0", 17_631_000), Device(f"{task1}/device:GPU:0", 23_100_000)),
+        CommCost(0, 100),
+    )
+    host = Device(f"{task0}/device:CPU:0", 1 << 40, "CPU")
+    makespan = {}
+    for method in ("m_topo_nonuniform", "auto"):
+        result = place_with_host(graph, cluster, host, PlacementOptions(method, refine_seconds=0))
+        makespan[method] = (result.placement.method, result.makespan_us)
+    assert makespan["m_topo_nonuniform"][0] == "m_topo_nonuniform+fit"
+    assert makespan["auto"][1] <= makespan["m_topo_nonuniform"][1], makespan

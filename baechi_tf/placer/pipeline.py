@@ -275,9 +275,23 @@ def _run_auto(
         if remote is not None:
             remote.start((graph, cluster, groups, options, fused, host))
         if host is not None:
+            # With the host's ops on the host, a method alone falls back, when its placement runs
+            # out of memory, to the packing and then the search of the graph the placers see
+            # (the placement moved to the host after), and when the moved placement does not fit,
+            # to the packing and then the search of the graph as it runs
+            # (`graph_pass._host_fallback`): auto judges both searches, as it judges the first without a host.
+            seen = functools.cache(lambda: FitSearch(graph, cluster, groups, seed=options.seed))
+            runs = functools.cache(lambda: FitSearch(
+                host.graph, host.cluster, groups, seed=options.seed, free_devices=cluster.num_devices
+            ))
+            seen_fit = _fit_thunk(seen)
             return place_auto(
                 host.graph, host.cluster, groups, thunks, options=auto_options, run_first=RUN_FIRST,
                 free_devices=cluster.num_devices, remote=remote,
+                fallbacks=[
+                    ("fit", "packed", lambda cutoff: host.lift(seen_fit(cutoff), groups)),
+                    ("fit+host", "packed+host", _fit_thunk(runs)),
+                ],
             )
         try:
             return place_auto(
