@@ -387,6 +387,8 @@ def test_a_placement_that_no_longer_fits_once_the_host_runs_its_ops_falls_back(m
     assert result.placement.method == expected
     assert "does not fit once the host's ops run on /device:CPU:0" in caplog.text
     assert result.op_to_device()["h"] == _HOST
+    # The fallback's time is counted, as the host's share beside place()'s steps.
+    assert 0 < result.step_seconds["host"] <= result.placement_seconds - result.step_seconds["place"]
     check_placement(graph, result.cluster, result.groups, result.placement)
     assert max(result.schedule.peak_memory_bytes[:devices]) <= 400
 
