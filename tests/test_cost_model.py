@@ -354,3 +354,41 @@ def test_a_function_bodys_op_does_not_add_to_the_graphs_op_of_its_name():
     assert call.op_type in ("PartitionedCall", "StatefulPartitionedCall")
     assert matmul.output_bytes == (16,)  # 2 x 2 floats, not the body's 4 MiB
     assert matmul.compute_us < call.compute_us / 10
+
+
+def test_outputs_fit_to_a_graph_def_as_to_its_graph():
+    # `baechi place --run_metadata` has a GraphDef, not a tf.Graph: the outputs are counted from
+    # the ops' definitions (lists, counts, a library function's signature), as TF counts them.
+    import dataclasses
+
+    from baechi_tf.cost_model.profiler import fit_outputs_to_graph
+
+    tf1 = tf.compat.v1
+
+    @tf.function
+    def f(a):
+        return a + 1.0, tf.reduce_sum(a)
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 6], name="x")
+        parts = tf.split(x, 3, axis=1)
+        ids = tf.unique(tf.cast(tf.reshape(x, [-1]), tf.int32))
+        both = tf.identity_n([parts[0], parts[2], ids.idx])
+        top = tf.nn.top_k(x, 2)
+        total = tf.add_n([tf.reduce_sum(t) for t in (*tf.unstack(x), top.values, *f(both[0]))])
+    with tf1.Session(graph=g) as sess:
+        rm = tf1.RunMetadata()
+        sess.run([total, both[2]], {x: np.ones([4, 6], np.float32)}, run_metadata=rm,
+                 options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE))
+    graph_def = g.as_graph_def()
+    profile = profile_from_step_stats([rm.step_stats], graph_def)
+    widened = dataclasses.replace(profile, ops={
+        n: dataclasses.replace(c, output_bytes=c.output_bytes + (64,) * 3) for n, c in profile.ops.items()
+    })
+    by_graph, by_def = fit_outputs_to_graph(widened, g), fit_outputs_to_graph(widened, graph_def)
+    assert by_def.ops == by_graph.ops
+    outputs = {op.name: len(op.outputs) for op in g.get_operations()}
+    assert all(len(c.output_bytes) <= outputs[n] for n, c in by_def.ops.items())
+    assert len(by_def.ops[parts[0].op.name].output_bytes) == 3
+    assert by_def.ops[both[0].op.name].temp_bytes >= 3 * 64

@@ -304,14 +304,18 @@ def profile_fetch(
 
 
 def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
-    """`profile` without the output slots that `graph`'s ops do not have; their bytes are
+    """`profile` without the output slots that the ops of `graph` (a ``tf.Graph``, or a
+    ``GraphDef``: outputs counted from the ops' definitions) do not have; their bytes are
     counted as the op's temporary memory.
 
     oneDNN's CPU kernels give some ops more outputs at run time than the graph declares (a
     training MaxPool keeps a workspace for its gradient), and the step stats report them under
     the op's name; the importer would take them for a profile of another graph.
     """
-    counts = {op.name: len(op.outputs) for op in graph.get_operations()}
+    if hasattr(graph, "get_operations"):
+        counts = {op.name: len(op.outputs) for op in graph.get_operations()}
+    else:
+        counts = _declared_outputs(graph)
     ops = {}
     for name, cost in profile.ops.items():
         n = counts.get(name, len(cost.output_bytes))
@@ -320,3 +324,32 @@ def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
                                        temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]))
         ops[name] = cost
     return dataclasses.replace(profile, ops=ops)
+
+
+def _declared_outputs(graph_def: Any) -> dict[str, int]:
+    """Output count of each node of `graph_def` whose op TF or the graph's library defines."""
+    from tensorflow.python.framework import op_def_registry
+
+    signatures = {f.signature.name: f.signature for f in graph_def.library.function}
+    out = {}
+    for node in graph_def.node:
+        op_def = signatures.get(node.op) or op_def_registry.get(node.op)
+        if op_def is None:
+            continue  # the import says what is wrong with it
+        defaults = {a.name: a.default_value for a in getattr(op_def, "attr", ())}
+
+        def attr(name: str) -> Any:
+            return node.attr[name] if name in node.attr else defaults.get(name)
+
+        count = 0
+        for arg in op_def.output_arg:
+            if arg.number_attr:
+                value = attr(arg.number_attr)
+                count += value.i if value is not None else 0
+            elif arg.type_list_attr:
+                value = attr(arg.type_list_attr)
+                count += len(value.list.type) if value is not None else 0
+            else:
+                count += 1
+        out[node.name] = count
+    return out

@@ -207,7 +207,7 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
     import tensorflow as tf
     from google.protobuf import message
 
-    from baechi_tf.cost_model.profiler import profile_from_step_stats
+    from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.errors import ProfileError
 
     from google.protobuf import text_format
@@ -233,7 +233,11 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
                 "SerializeToString() or in text format"
             )
         steps.append(metadata.step_stats)
-    profile = profile_from_step_stats(steps, graph_def, tf_version=tf.__version__)
+    # As profile_fetch does: oneDNN's training MaxPool traces a workspace output it does not
+    # declare, which the import took for a profile of another graph ('profile this graph again').
+    profile = fit_outputs_to_graph(
+        profile_from_step_stats(steps, graph_def, tf_version=tf.__version__), graph_def
+    )
     if not profile.ops:
         raise ProfileError(
             f"none of the ops traced in {', '.join(map(repr, paths))} is in the graph; trace runs "
