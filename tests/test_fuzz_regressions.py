@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from baechi_tf.cluster import Cluster, CommCost, Device
-from baechi_tf.errors import InvalidGraphError
+from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph, OpGraphBuilder
 from baechi_tf.json_io import load_graph_json, parse_graph_json
 from baechi_tf.placer.grouping import coplace, make_groups
@@ -527,3 +527,27 @@ def test_auto_with_host_ops_judges_the_search_a_method_falls_back_to_once_the_ho
         makespan[method] = (result.placement.method, result.makespan_us)
     assert makespan["m_topo_nonuniform"][0] == "m_topo_nonuniform+fit"
     assert makespan["auto"][1] <= makespan["m_topo_nonuniform"][1], makespan
+
+
+@pytest.mark.parametrize("method", ["auto", "m_etf", "m_topo"])
+def test_where_coplace_groups_fit_nowhere_tf_groups_are_placed(method, caplog):
+    # coplace joins an op to the group of its only consumer whatever that group then holds: here
+    # 100 MiB of weights joined to an op pinned to a device of 50 MiB, and every method failed
+    # ("cannot run on '/device:GPU:0' ... whatever else goes there"), though with TF's groups the
+    # weights fit on the other device (a helper's fuzzing of multi-task clusters, minimised).
+    b = OpGraphBuilder()
+    b.add_op("weights", 10, [MiB], persistent_bytes=100 * MiB)
+    b.add_op("use", 10, [MiB], device="/device:GPU:0")
+    b.add_edge("weights", "use")
+    graph = b.build()
+    cluster = Cluster((Device("/device:GPU:0", 50 * MiB), Device("/device:GPU:1", 1 << 30)), CommCost(0.0001754, 134))
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.pipeline"):
+        result = place(graph, cluster, PlacementOptions(placement_method=method, grouper="coplace"))
+    assert result.op_to_device() == {"weights": "/device:GPU:1", "use": "/device:GPU:0"}
+    assert result.groups.num_groups == 2
+    assert "nothing fits with the coplace groups (op 'use' cannot run on '/device:GPU:0'" in caplog.text
+    assert_valid_schedule(graph, cluster, result.groups, result.schedule)
+    # Where nothing fits with TF's groups either, that is the error.
+    small = Cluster((Device("/device:GPU:0", 50 * MiB), Device("/device:GPU:1", 60 * MiB)), cluster.comm)
+    with pytest.raises(InfeasiblePlacementError, match=r"step 'place \(tf groups\)' failed .*'weights'"):
+        place(graph, small, PlacementOptions(placement_method=method, grouper="coplace"))

@@ -684,19 +684,42 @@ def place(
             "weigh every device for every op (slow with thousands); ask for fewer devices",
             cluster.num_devices, groups.num_groups, groups.num_groups,
         )
-    placement, auto = step("place", lambda: _fuse_and_place(graph, placer_cluster, groups, options, judge))
-    # auto simulated its placement already (on the real graph, also with fusion).
-    simulated = auto.schedule if auto is not None else None
-    if judge is not None:
-        schedule = step("check", lambda: check_placement(judge.graph, judge.cluster, groups, placement, simulated))
-    else:
-        placement, schedule = step(
-            "check",
-            lambda: _checked(
-                graph, placer_cluster, groups, placement, options.placement_method, simulated, options.seed,
-                options,
-            ),
+
+    def place_and_check(groups: Groups, suffix: str = ""):
+        placement, auto = step(
+            "place" + suffix, lambda: _fuse_and_place(graph, placer_cluster, groups, options, judge)
         )
+        # auto simulated its placement already (on the real graph, also with fusion).
+        simulated = auto.schedule if auto is not None else None
+        if judge is not None:
+            schedule = step(
+                "check" + suffix, lambda: check_placement(judge.graph, judge.cluster, groups, placement, simulated)
+            )
+        else:
+            placement, schedule = step(
+                "check" + suffix,
+                lambda: _checked(
+                    graph, placer_cluster, groups, placement, options.placement_method, simulated,
+                    options.seed, options,
+                ),
+            )
+        return placement, auto, schedule
+
+    try:
+        placement, auto, schedule = place_and_check(groups)
+    except InfeasiblePlacementError as e:
+        # coplace joins ops to their consumer's group whatever memory that group then needs (a
+        # large weight to the group of an op pinned to a small device): the graph may fit with
+        # TF's colocation groups alone, which are all that must stay together.
+        if options.grouper != "coplace":
+            raise
+        tf_groups = make_groups(graph, "tf", apart=apart)
+        log.warning(
+            "nothing fits with the coplace groups (%s); placing with TF's colocation groups alone",
+            e.__cause__ or e,  # the error, without the step that `step` named
+        )
+        groups = tf_groups
+        placement, auto, schedule = place_and_check(groups, " (tf groups)")
     if auto is not None and "single" in auto.judged and _single_is_baseline(options, host):
         baseline = auto.judged["single"]
     else:
