@@ -279,7 +279,8 @@ def _run_auto(
             # out of memory, to the packing and then the search of the graph the placers see
             # (the placement moved to the host after), and when the moved placement does not fit,
             # to the packing and then the search of the graph as it runs
-            # (`graph_pass._host_fallback`): auto judges both searches, as it judges the first without a host.
+            # (`graph_pass._host_fallback`): auto judges both searches, as it judges the first
+            # without a host.
             seen = functools.cache(lambda: FitSearch(graph, cluster, groups, seed=options.seed))
             runs = functools.cache(lambda: FitSearch(
                 host.graph, host.cluster, groups, seed=options.seed, free_devices=cluster.num_devices
