@@ -281,11 +281,10 @@ def _run_auto(
             # to the packing and then the search of the graph as it runs
             # (`graph_pass._host_fallback`): auto judges both searches, as it judges the first
             # without a host.
-            seen = functools.cache(lambda: FitSearch(graph, cluster, groups, seed=options.seed))
             runs = functools.cache(lambda: FitSearch(
                 host.graph, host.cluster, groups, seed=options.seed, free_devices=cluster.num_devices
             ))
-            seen_fit = _fit_thunk(seen)
+            seen_fit = _fit_thunk(real)  # the search of the graph the placers see
             return place_auto(
                 host.graph, host.cluster, groups, thunks, options=auto_options, run_first=RUN_FIRST,
                 free_devices=cluster.num_devices, remote=remote,
@@ -714,12 +713,11 @@ def place(
         # TF's colocation groups alone, which are all that must stay together.
         if options.grouper != "coplace":
             raise
-        tf_groups = make_groups(graph, "tf", apart=apart)
         log.warning(
             "nothing fits with the coplace groups (%s); placing with TF's colocation groups alone",
             e.__cause__ or e,  # the error, without the step that `step` named
         )
-        groups = tf_groups
+        groups = make_groups(graph, "tf")
         placement, auto, schedule = place_and_check(groups, " (tf groups)")
     if auto is not None and "single" in auto.judged and _single_is_baseline(options, host):
         baseline = auto.judged["single"]
