@@ -45,6 +45,15 @@ MAX_TOTAL_COMPUTE_US = 1e15
 schedules, stay exact to a fraction of a microsecond."""
 
 
+def _above(value: float, limit: float) -> str:
+    """`value`, which is above `limit`, in few digits that still read as above it."""
+    for digits in (3, 6, 9, 12, 15):
+        text = f"{value:.{digits}g}"
+        if float(text) > limit:
+            return text
+    return repr(value)
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array
@@ -356,8 +365,8 @@ class OpGraph:
         total_us = sum(self.compute_us.tolist())  # Python floats: no numpy overflow warning
         if not total_us <= MAX_TOTAL_COMPUTE_US:
             raise InvalidGraphError(
-                f"the ops' compute times add up to {total_us:.3g} us, more than the 1e15 us (31 "
-                "years) a step may take: check that they are in microseconds"
+                f"the ops' compute times add up to {_above(total_us, MAX_TOTAL_COMPUTE_US)} us, more "
+                "than the 1e15 us (31 years) a step may take: check that they are in microseconds"
             )
 
     def _check_edges(self) -> None:

@@ -94,6 +94,15 @@ def test_bad_compute_cost(cost):
         b.build()
 
 
+def test_compute_just_past_the_limit_reads_as_past_it():
+    # Printed with 3 digits, 1.0000001e15 us read "1e+15 us, more than the 1e15 us".
+    b = OpGraphBuilder()
+    b.add_op("a", 5e14, [4])
+    b.add_op("b", 5.000001e14, [4])
+    with pytest.raises(InvalidGraphError, match=r"add up to 1\.0000001e\+15 us, more than the 1e15 us"):
+        b.build()
+
+
 def test_negative_memory():
     b = OpGraphBuilder()
     b.add_op("a", 1, [4], temp_bytes=-3)

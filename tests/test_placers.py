@@ -279,6 +279,11 @@ def test_unknown_method_and_bad_options():
         place(graph, graphs.cluster(2), PlacementOptions(placement_method="m_nope"))
     with pytest.raises(ConfigError, match=r"memory fraction 0 must be in \(0, 1\]"):
         place(graph, graphs.cluster(2), PlacementOptions(memory_fraction=0))
+    # random.Random took both, and -1 as 1: a seed silently gave another seed's placements.
+    for seed in (1.5, -1, True):
+        with pytest.raises(ConfigError, match=f"seed {seed!r} must be a whole number >= 0"):
+            PlacementOptions(seed=seed).validate()
+    PlacementOptions(seed=np.int64(7)).validate()
 
 
 def test_error_names_the_step():

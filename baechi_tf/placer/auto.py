@@ -231,7 +231,7 @@ def place_auto(
         ops_per_second = graph.num_ops * work_budget(1.0) / simulation_work(graph)
         log.warning(
             "refinement skipped: one simulation of %d ops takes longer than the %g s budget "
-            "(about %d ops per second); raise --refine_seconds to at least %.0f to refine",
+            "(about %d ops per second); raise refine_seconds (--refine_seconds) to at least %.0f to refine",
             graph.num_ops, options.refine.seconds, ops_per_second,
             math.ceil(2 * graph.num_ops / ops_per_second),
         )

@@ -13,7 +13,7 @@ import functools
 import math
 import numbers
 import time
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -462,7 +462,7 @@ class PlacementOptions:
                 "'conservative'"
             )
         # The comparisons below raise TypeError on a string ('0.5' from a config file).
-        for field in ("memory_fraction", "lp_time_limit", "refine_seconds", "sct_threshold", "seed"):
+        for field in ("memory_fraction", "lp_time_limit", "refine_seconds", "sct_threshold"):
             value = getattr(self, field)
             if field == "lp_time_limit" and value is None:
                 continue
@@ -484,10 +484,17 @@ class PlacementOptions:
         if not (0 <= self.sct_threshold < 1):
             raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
         jobs = self.placement_jobs
-        if isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 0:
+        if not _whole(jobs):
             raise ConfigError(
                 f"placement_jobs {jobs!r} must be a whole number >= 0 (0 chooses, 1 places in this process)"
             )
+        # random.Random takes 1.5 and takes -1 as 1: one seed would give another's placements.
+        if not _whole(self.seed):
+            raise ConfigError(f"seed {self.seed!r} must be a whole number >= 0")
+
+
+def _whole(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
