@@ -575,7 +575,8 @@ def test_the_saved_profile_matches_the_graph_written_before_or_after_the_table_r
         )
         y = vocab.lookup(words) * 3.0
         init = tf.compat.v1.tables_initializer()
-        # A resource variable no op reads (tf.Variable makes a reader): one is added for it too.
+        # A resource variable no op reads nor asks about (tf.Variable makes a reader and a
+        # VarIsInitializedOp): one of each is added for it too.
         handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="unread")
         set_v = tf.raw_ops.AssignVariableOp(resource=handle, value=2.0)
     before = g.as_graph_def()
@@ -586,7 +587,7 @@ def test_the_saved_profile_matches_the_graph_written_before_or_after_the_table_r
             assert sess.run(y, {words: ["b", "z"]}).tolist() == [6.0, 0.0]
     after = g.as_graph_def()
     added = {n.name for n in after.node} - {n.name for n in before.node}
-    assert len(added) == 6 and all(n.startswith("baechi_tf_read_tables/") for n in added), added
+    assert len(added) == 7 and all(n.startswith("baechi_tf_read_tables/") for n in added), added
     profile = load_profile(str(tmp_path / "cost.pb"))
     assert compare_to_graph(profile, before) is None and compare_to_graph(profile, after) is None
     placed, _ = baechi_tf.place_graph_def(after, profile, baechi_tf.Cluster.homogeneous(2, GiB))
@@ -743,6 +744,32 @@ def test_a_variable_initialised_in_the_wrapped_session_after_the_first_run_is_na
             sess.run(y, {x: [1.0, 2.0]})
         sess.run(init)  # as the error says
         assert sess.run(y, {x: [1.0, 2.0]}) == 3.0
+
+
+@pytest.mark.parametrize("use_resource", [True, False])
+def test_the_first_run_of_the_initializer_logs_no_failed_reads(use_resource, capfd):
+    # The usual first run, of the initializer, read the wrapped session's variables to carry them
+    # over; none was initialised, and TF logged a failed read crossing devices for several of
+    # them ("Local rendezvous is aborting ... Could not find variable w3"): alarming, and wrong.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.ones([8, 64])
+        for i in range(20):
+            w = tf.compat.v1.get_variable(
+                f"w{i}", [64, 64], initializer=tf.compat.v1.initializers.identity(), use_resource=use_resource
+            )
+            x = tf.tanh(tf.matmul(x, w))
+        y = tf.reduce_sum(x)
+        init = tf.compat.v1.global_variables_initializer()
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
+    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, **fast()) as sess:
+        sess.run(init)
+        got = [sess.run(y) for _ in range(3)]
+    with tf.compat.v1.Session(graph=g) as plain:
+        plain.run(init)
+        assert got == [plain.run(y)] * 3
+    err = capfd.readouterr().err
+    assert "Could not find variable" not in err and "uninitialized value" not in err
 
 
 def test_an_iterator_initialised_through_the_session_lets_the_training_step_be_profiled():

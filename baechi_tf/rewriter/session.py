@@ -74,7 +74,7 @@ import re
 import threading
 import tempfile
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -305,51 +305,61 @@ def _read_user_state(session: Any, tables: "_TableIO") -> dict[str, Any]:
 def _read_user_variables(session: Any) -> dict[str, Any]:
     """Values of the initialised variables of a session whose graph belongs to the user.
 
-    Reads through the graph's existing ops (a reference variable's own output, a resource
-    variable's ``ReadVariableOp``); adds a read op only for a resource variable that has none.
+    Asks which are initialised first, and reads only those: a read of one that is not fails, and
+    TF logs every such failure that crossed devices ("Could not find variable", "Attempting to
+    use uninitialized value"), on the usual first run, of the initializer, once per variable.
+    Reads and asks through the graph's existing ops (a reference variable's own output, a
+    resource variable's ``ReadVariableOp`` and ``VarIsInitializedOp``); adds an op only where the
+    graph has none.
     """
     import tensorflow as tf
 
     graph = session.graph
-    readers: list[tuple[str, Any]] = []
+    readers: list[tuple[str, Any, Any]] = []  # name, read, is-initialised (None: not known)
     for op in graph.get_operations():
         if op.type not in VARIABLE_OP_TYPES:
             continue
-        if op.type != "VarHandleOp":
-            readers.append((op.name, op.outputs[0]))
-            continue
-        reader = next(
-            (
-                c.outputs[0]
-                for c in op.outputs[0].consumers()
-                if c.type == "ReadVariableOp" and not c.control_inputs
-            ),
-            None,
-        )
-        if reader is None and not graph.finalized:
-            # Beside the table readers, so that a profile's fingerprint leaves it out too.
-            with graph.as_default(), graph.name_scope(READ_TABLES_SCOPE + "/"), graph.device(op.device):
-                reader = tf.raw_ops.ReadVariableOp(
-                    resource=op.outputs[0], dtype=tf.as_dtype(op.get_attr("dtype"))
-                )
+        if op.type == "VarHandleOp":
+            dtype = tf.as_dtype(op.get_attr("dtype"))
+            reader = _user_op(graph, op, "ReadVariableOp", lambda h: tf.raw_ops.ReadVariableOp(resource=h, dtype=dtype))
+            check = _user_op(graph, op, "VarIsInitializedOp", lambda h: tf.raw_ops.VarIsInitializedOp(resource=h))
+        else:
+            reader = op.outputs[0]
+            check = _user_op(graph, op, "IsVariableInitialized", lambda h: tf.raw_ops.IsVariableInitialized(ref=h))
         if reader is None:
             log.warning("cannot read variable %r of a finalized graph; it starts afresh", op.name)
             continue
-        readers.append((op.name, reader))
+        readers.append((op.name, reader, check))
+    checked = [r for r in readers if r[2] is not None]
+    flags = session.run([r[2] for r in checked]) if checked else []
+    uninitialised = {r[0] for r, ok in zip(checked, flags) if not ok}
+    readers = [r for r in readers if r[0] not in uninitialised]
     if not readers:
         return {}
     try:
-        values = session.run([r for _, r in readers])
-        return {name: v for (name, _), v in zip(readers, values)}
+        values = session.run([r[1] for r in readers])
+        return {r[0]: v for r, v in zip(readers, values)}
     except tf.errors.FailedPreconditionError:
-        pass  # some are not initialised: read one by one
+        pass  # some not asked (a finalized graph) are not initialised: read one by one
     out = {}
-    for name, reader in readers:
+    for name, reader, _ in readers:
         try:
             out[name] = session.run(reader)
         except tf.errors.FailedPreconditionError:
             continue
     return out
+
+
+def _user_op(graph: Any, variable: Any, op_type: str, make: Callable[[Any], Any]) -> Any:
+    """The output of an op of `op_type` that takes `variable`'s handle alone (none may wait for
+    other ops), else of one `make` adds to the graph unless it is finalized (else None)."""
+    handle = variable.outputs[0]
+    found = next((c.outputs[0] for c in handle.consumers() if c.type == op_type and not c.control_inputs), None)
+    if found is None and not graph.finalized:
+        # Beside the table readers, so that a profile's fingerprint leaves it out too.
+        with graph.as_default(), graph.name_scope(READ_TABLES_SCOPE + "/"), graph.device(variable.device):
+            found = make(handle)
+    return found
 
 
 def _session_class_for(user_graph: Any) -> type:
