@@ -685,3 +685,75 @@ def test_a_pool_gradient_without_a_data_format_attr_is_left_as_given():
     setup = standin_cluster(2, prefix=TASK)
     import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host, device_aliases=setup.aliases)
     assert gd.SerializeToString(deterministic=True) == before
+
+
+def _tf_devices(g, fetch, init, config):
+    """The device TF's own placer runs each op on, from a plain session's partition graphs."""
+    with tf.compat.v1.Session(graph=g, config=config) as plain:
+        plain.run(init)
+        meta = tf.compat.v1.RunMetadata()
+        value = plain.run(fetch, options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=meta)
+    return value, {n.name: n.device for p in meta.partition_graphs for n in p.node}
+
+
+@pytest.mark.parametrize("variable_pin", [None, "/device:CPU:3"])
+def test_readers_of_a_resource_pinned_to_two_devices_run_where_tf_runs_them(variable_pin):
+    # TF runs a variable's readers with it, whatever their pins say: the reader's side of a
+    # resource edge takes the pin of the variable's side. The group of the variable held two pins,
+    # and every placement was refused ("must be colocated (group 'v') but are pinned to ...").
+    from baechi_tf import BaechiSession
+
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device(variable_pin):
+            v = tf.compat.v1.get_variable("v", [4], initializer=tf.compat.v1.ones_initializer(), use_resource=True)
+        with tf.device("/device:CPU:1"):
+            a = tf.reduce_sum(v.read_value(), name="a")
+        with tf.device("/device:CPU:2"):
+            b = tf.reduce_sum(v.read_value() * 2.0, name="b")
+        y = tf.add(a, b, name="y")
+        init = tf.compat.v1.global_variables_initializer()
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
+    expected, tf_devices = _tf_devices(g, y, init, config)
+    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, warmup_steps=0, profile_steps=1) as sess:
+        sess.run(init)
+        assert [sess.run(y) for _ in range(2)] == [expected] * 2
+        placed = {n.name: n.device for n in sess.placed_graph_def.node}
+        summary = sess.placement.summary()
+    reads = ["Read/ReadVariableOp", "Read_1/ReadVariableOp"]
+    tf_device = tf_devices["v"]
+    assert tf_device.endswith(variable_pin or "/device:CPU:1")
+    assert {placed[n] for n in ["v", *reads]} == {tf_devices[n] for n in ["v", *reads]} == {tf_device}
+    assert placed["b"] == f"{TASK}/device:CPU:2"  # an op that reads the value keeps its pin
+    if variable_pin is None:  # the first reader's pin wins
+        note = "1 op pinned to one device read a resource or reference that TF puts on another; TF runs it"
+        first, pin = "Read_1/ReadVariableOp", "CPU:2"
+    else:
+        note = "2 ops pinned to one device read a resource or reference that TF puts on another; TF runs them"
+        first, pin = "Read/ReadVariableOp", "CPU:1"
+    assert (
+        f"{note} there, and so does the placement (first: '{first}', pinned to '{TASK}/device:{pin}', "
+        f"runs on '{tf_device}')"
+    ) in summary
+
+
+def test_an_op_that_reads_a_reference_as_a_value_is_not_put_with_it():
+    # TF colocates an op with a reference only when the op takes the reference (AssignAdd), not
+    # when it reads the value through it (MatMul's input is float32): the MatMul runs where it
+    # is pinned. It was grouped with the variable, and the two pins made every placement fail.
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/device:CPU:1"):
+            v = tf.compat.v1.get_variable("v", [4, 4], use_resource=False)
+        with tf.device("/device:CPU:2"):
+            tf.matmul(v._ref(), v._ref(), name="mm")
+    gd = g.as_graph_def()
+    setup = standin_cluster(2, prefix=TASK)
+    result = import_graph_def(gd, empty_profile(gd), setup.cluster, device_aliases=setup.aliases)
+    graph = result.graph
+    groups = colocation_groups(graph)
+    mm, var = graph.op_id("mm"), graph.op_id("v")
+    assert groups.group_of[mm] != groups.group_of[var]
+    assert "v" in graph.colocation[graph.op_id("v/Assign")]  # Assign takes the reference
+    assert graph.pinned_device[mm] == f"{TASK}/device:CPU:2"
+    assert result.notes == ()

@@ -13,9 +13,10 @@ One op per node, in node order, with:
   one control edge per control input, unless a data edge already links the two ops.
   ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
-  placer adds: an op reading a resource handle or a reference from another op runs on that op's
-  device (TF moves it there whatever the GraphDef says), and so does a dataset op reading another
-  dataset. Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
+  placer adds: an op taking a resource handle or a reference from another op (as its input is
+  declared: not one reading the value through a reference) runs on that op's device, and so does
+  a dataset op reading another dataset. TF moves it there whatever the GraphDef says: where the
+  two are pinned to different devices, the reader's pin gives way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
   the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
   on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`).
@@ -344,6 +345,17 @@ def import_graph_def(
     node_types = {n.name: n.op for n in graph_def.node}
     from_handle = [n.name for n in graph_def.node if n.op in _FROM_STRING_HANDLE]
     enter_readers = _enter_readers(graph_def)
+    user_pins = {node.name: resolver.resolve(node.name, node.device) for node in graph_def.node}
+    implicit, overridden = _implicit_colocation(tfg, {n: d for n, (d, _) in user_pins.items()})
+    if overridden:
+        name, device = next(iter(overridden.items()))
+        one = len(overridden) == 1
+        notes.append(
+            f"{len(overridden)} {'op' if one else 'ops'} pinned to one device read a resource or "
+            f"reference that TF puts on another; TF runs {'it' if one else 'them'} there, and so "
+            f"does the placement (first: {name!r}, pinned to {user_pins[name][0]!r}, runs on "
+            f"{device!r})"
+        )
 
     for node in graph_def.node:
         op = tfg.get_operation_by_name(node.name)
@@ -360,7 +372,7 @@ def import_graph_def(
             if node.op not in type_median:
                 default_ops.append(node.name)
 
-        device, on_host = resolver.resolve(node.name, node.device)
+        device, on_host = user_pins[node.name] if node.name not in overridden else (None, False)
         if (
             device is None
             and host_device is not None
@@ -383,7 +395,7 @@ def import_graph_def(
             persistent_bytes=int(persistent),
             device=device,
             colocation=tuple(colocation)
-            + tuple(_implicit_colocation(op))
+            + tuple(implicit.get(node.name, ()))
             + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
             + enter_readers.get(node.name, ())
             + _pool_grad_forward(node, target_types),
@@ -521,19 +533,60 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
     return (_parse_input(node.input[1])[0],)
 
 
-def _implicit_colocation(op: Any) -> list[str]:
-    """Producers TF's placer puts this op with: resource and reference inputs, dataset inputs."""
+def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The producers TF's placer puts each op with, and the pins of `pins` it drops to do so.
+
+    TF colocates an op with the producers of its inputs of resource or reference type (the input
+    the op declares: a `MatMul` reading a reference variable's output directly reads its value,
+    and may run elsewhere), and a dataset op with the dataset it reads. It walks those edges in
+    the order it made them (its ops in order, each one's inputs in order), and where the two sides
+    are pinned to different devices the consumer's side takes the producer's (its placer:
+    "Ignoring device specification ... because the input edge ... is a reference connection").
+    So a variable's readers pinned to two devices run where the variable's own pin, else its
+    first pinned reader, puts it. The second result maps each op whose pin TF overrides to the
+    device it runs on.
+    """
     import tensorflow as tf
 
-    out: list[str] = []
-    for t in op.inputs:
-        dtype = t.dtype
-        src = t.op
-        if dtype == tf.resource or dtype._is_ref_dtype:
-            out.append(src.name)
-        elif dtype == tf.variant and _is_dataset(src.type) and _is_dataset(op.type):
-            out.append(src.name)
-    return list(dict.fromkeys(out))
+    parent: dict[str, str] = {}
+    pin_of: dict[str, Optional[str]] = {}  # a root -> its set's pin
+
+    def find(name: str) -> str:
+        root = name
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while name != root:
+            parent[name], name = root, parent.get(name, root)
+        return root
+
+    out: dict[str, list[str]] = {}
+    for op in tfg.get_operations():
+        producers: list[str] = []
+        for t, dtype in zip(op.inputs, op._input_types):
+            src = t.op
+            if not (
+                dtype == tf.resource
+                or dtype._is_ref_dtype
+                or (dtype == tf.variant and _is_dataset(src.type) and _is_dataset(op.type))
+            ):
+                continue
+            producers.append(src.name)
+            a, b = find(src.name), find(op.name)
+            if a == b:
+                continue
+            pa, pb = pin_of.get(a, pins.get(a)), pin_of.get(b, pins.get(b))
+            parent[b] = a
+            pin_of[a] = pa if pa is not None else pb  # the producer's side wins a conflict
+        if producers:
+            out[op.name] = list(dict.fromkeys(producers))
+    overridden = {}
+    for name, pin in pins.items():
+        if pin is not None:
+            root = find(name)
+            runs_on = pin_of.get(root, pins.get(root))
+            if runs_on is not None and runs_on != pin:
+                overridden[name] = runs_on
+    return out, overridden
 
 
 # Ops that make an iterator resource, and those that make one from a string handle.
