@@ -757,3 +757,37 @@ def test_an_op_that_reads_a_reference_as_a_value_is_not_put_with_it():
     assert "v" in graph.colocation[graph.op_id("v/Assign")]  # Assign takes the reference
     assert graph.pinned_device[mm] == f"{TASK}/device:CPU:2"
     assert result.notes == ()
+
+
+def test_function_calls_reading_a_variable_keep_their_pins_as_in_tf():
+    # TF does not put a function call with the resources it takes (its input colocation
+    # exemptions): the call's ops run where the call is pinned, and read the variable where it
+    # lives. The calls were grouped with the variable: pinned elsewhere, every placement failed.
+    from baechi_tf import BaechiSession
+
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/device:CPU:1"):
+            v = tf.Variable(tf.ones([16, 16]), name="v")
+
+        @tf.function
+        def f(x):
+            return tf.matmul(x, v)
+
+        x = tf.ones([4, 16])
+        with tf.device("/device:CPU:2"):
+            y1 = tf.reduce_sum(f(x), name="y1")
+        with tf.device("/device:CPU:3"):
+            y2 = tf.reduce_sum(f(x * 2.0), name="y2")
+        y = tf.add(y1, y2, name="y")
+        init = tf.compat.v1.global_variables_initializer()
+    calls = [op.name for op in g.get_operations() if op.type == "StatefulPartitionedCall"]
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
+    expected, tf_devices = _tf_devices(g, y, init, config)
+    assert [tf_devices[f"{c}/MatMul"] for c in calls] == [f"{TASK}/device:CPU:2", f"{TASK}/device:CPU:3"]
+    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, warmup_steps=0, profile_steps=1) as sess:
+        sess.run(init)
+        assert [sess.run(y) for _ in range(2)] == [expected] * 2
+        placed = {n.name: n.device for n in sess.placed_graph_def.node}
+    assert [placed[c] for c in calls] == [f"{TASK}/device:CPU:2", f"{TASK}/device:CPU:3"]
+    assert placed["v"] == tf_devices["v"] == f"{TASK}/device:CPU:1"

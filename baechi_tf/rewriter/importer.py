@@ -533,12 +533,25 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
     return (_parse_input(node.input[1])[0],)
 
 
+# Ops TF's placer does not put with their resource inputs (its InputColocationExemptionRegistry, as
+# TF registers it): function calls and datasets that hand the resources to the ops of a function,
+# which go with them.
+_RESOURCE_COLOCATION_EXEMPT = frozenset({
+    "PartitionedCall", "StatefulPartitionedCall",
+    "MapDataset", "ParallelMapDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
+    "ParallelInterleaveDatasetV2", "ExperimentalParallelInterleaveDataset", "ParallelFilterDataset",
+    "MapAndBatchDataset", "ExperimentalMapAndBatchDataset", "GroupByWindowDataset",
+    "ExperimentalGroupByWindowDataset", "ScanDataset", "ExperimentalScanDataset",
+})
+
+
 def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
     """The producers TF's placer puts each op with, and the pins of `pins` it drops to do so.
 
     TF colocates an op with the producers of its inputs of resource or reference type (the input
     the op declares: a `MatMul` reading a reference variable's output directly reads its value,
-    and may run elsewhere), and a dataset op with the dataset it reads. It walks those edges in
+    and may run elsewhere; function calls take resources where they are), and a dataset op with
+    the dataset it reads. It walks those edges in
     the order it made them (its ops in order, each one's inputs in order), and where the two sides
     are pinned to different devices the consumer's side takes the producer's (its placer:
     "Ignoring device specification ... because the input edge ... is a reference connection").
@@ -564,11 +577,10 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
         producers: list[str] = []
         for t, dtype in zip(op.inputs, op._input_types):
             src = t.op
-            if not (
-                dtype == tf.resource
-                or dtype._is_ref_dtype
-                or (dtype == tf.variant and _is_dataset(src.type) and _is_dataset(op.type))
-            ):
+            if dtype == tf.variant:
+                if not (_is_dataset(src.type) and _is_dataset(op.type)):
+                    continue
+            elif not (dtype == tf.resource or dtype._is_ref_dtype) or op.type in _RESOURCE_COLOCATION_EXEMPT:
                 continue
             producers.append(src.name)
             a, b = find(src.name), find(op.name)
