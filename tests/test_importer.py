@@ -687,13 +687,23 @@ def test_a_pool_gradient_without_a_data_format_attr_is_left_as_given():
     assert gd.SerializeToString(deterministic=True) == before
 
 
-def _tf_devices(g, fetch, init, config):
-    """The device TF's own placer runs each op on, from a plain session's partition graphs."""
+def _placed_beside_tf(g, fetch, init):
+    """Runs `fetch` of `g` on four CPU devices in a plain session and, twice, in a BaechiSession:
+    the values must be the same. Returns the device TF's own placer runs each op on (from the
+    plain session's partition graphs), the placed devices and the placement's summary."""
+    from baechi_tf import BaechiSession
+
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
     with tf.compat.v1.Session(graph=g, config=config) as plain:
         plain.run(init)
         meta = tf.compat.v1.RunMetadata()
         value = plain.run(fetch, options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=meta)
-    return value, {n.name: n.device for p in meta.partition_graphs for n in p.node}
+    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, warmup_steps=0, profile_steps=1) as sess:
+        sess.run(init)
+        assert [sess.run(fetch) for _ in range(2)] == [value] * 2
+        placed = {n.name: n.device for n in sess.placed_graph_def.node}
+        summary = sess.placement.summary()
+    return {n.name: n.device for p in meta.partition_graphs for n in p.node}, placed, summary
 
 
 @pytest.mark.parametrize("variable_pin", [None, "/device:CPU:3"])
@@ -701,8 +711,6 @@ def test_readers_of_a_resource_pinned_to_two_devices_run_where_tf_runs_them(vari
     # TF runs a variable's readers with it, whatever their pins say: the reader's side of a
     # resource edge takes the pin of the variable's side. The group of the variable held two pins,
     # and every placement was refused ("must be colocated (group 'v') but are pinned to ...").
-    from baechi_tf import BaechiSession
-
     g = tf.Graph()
     with g.as_default():
         with tf.device(variable_pin):
@@ -713,13 +721,7 @@ def test_readers_of_a_resource_pinned_to_two_devices_run_where_tf_runs_them(vari
             b = tf.reduce_sum(v.read_value() * 2.0, name="b")
         y = tf.add(a, b, name="y")
         init = tf.compat.v1.global_variables_initializer()
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
-    expected, tf_devices = _tf_devices(g, y, init, config)
-    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, warmup_steps=0, profile_steps=1) as sess:
-        sess.run(init)
-        assert [sess.run(y) for _ in range(2)] == [expected] * 2
-        placed = {n.name: n.device for n in sess.placed_graph_def.node}
-        summary = sess.placement.summary()
+    tf_devices, placed, summary = _placed_beside_tf(g, y, init)
     reads = ["Read/ReadVariableOp", "Read_1/ReadVariableOp"]
     tf_device = tf_devices["v"]
     assert tf_device.endswith(variable_pin or "/device:CPU:1")
@@ -763,8 +765,6 @@ def test_function_calls_reading_a_variable_keep_their_pins_as_in_tf():
     # TF does not put a function call with the resources it takes (its input colocation
     # exemptions): the call's ops run where the call is pinned, and read the variable where it
     # lives. The calls were grouped with the variable: pinned elsewhere, every placement failed.
-    from baechi_tf import BaechiSession
-
     g = tf.Graph()
     with g.as_default():
         with tf.device("/device:CPU:1"):
@@ -782,12 +782,26 @@ def test_function_calls_reading_a_variable_keep_their_pins_as_in_tf():
         y = tf.add(y1, y2, name="y")
         init = tf.compat.v1.global_variables_initializer()
     calls = [op.name for op in g.get_operations() if op.type == "StatefulPartitionedCall"]
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": 4})
-    expected, tf_devices = _tf_devices(g, y, init, config)
+    tf_devices, placed, _ = _placed_beside_tf(g, y, init)
     assert [tf_devices[f"{c}/MatMul"] for c in calls] == [f"{TASK}/device:CPU:2", f"{TASK}/device:CPU:3"]
-    with BaechiSession(tf.compat.v1.Session(graph=g, config=config), num_devices=4, warmup_steps=0, profile_steps=1) as sess:
-        sess.run(init)
-        assert [sess.run(y) for _ in range(2)] == [expected] * 2
-        placed = {n.name: n.device for n in sess.placed_graph_def.node}
     assert [placed[c] for c in calls] == [f"{TASK}/device:CPU:2", f"{TASK}/device:CPU:3"]
     assert placed["v"] == tf_devices["v"] == f"{TASK}/device:CPU:1"
+
+
+def test_functional_control_flow_reading_a_variable_keeps_its_pins_as_in_tf():
+    # A session lowers If and While to Switch, Merge and Enter nodes before TF's placer runs:
+    # those go with the variable, and the ops of the branches and the body where the If and the
+    # While are pinned. Grouped with the variable, the two pins had every placement refused (and
+    # then one gave way to the other, where TF keeps both).
+    g = tf.Graph()
+    with g.as_default():
+        v = tf.compat.v1.get_variable("v", [4], initializer=tf.compat.v1.ones_initializer(), use_resource=True)
+        with tf.device("/device:CPU:3"):
+            c = tf.cond(tf.constant(True), lambda: tf.reduce_sum(v * 2.0), lambda: tf.reduce_sum(v), name="c")
+        with tf.device("/device:CPU:1"):
+            w = tf.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a + tf.reduce_sum(v)), (0, 0.0), name="w")[1]
+        y = tf.add(c, w, name="y")
+        init = tf.compat.v1.global_variables_initializer()
+    assert {"If", "While"} <= {op.type for op in g.get_operations()}
+    _, placed, _ = _placed_beside_tf(g, y, init)
+    assert placed["c"] == f"{TASK}/device:CPU:3" and placed["w"] == f"{TASK}/device:CPU:1"

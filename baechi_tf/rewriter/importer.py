@@ -533,11 +533,13 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
     return (_parse_input(node.input[1])[0],)
 
 
-# Ops TF's placer does not put with their resource inputs (its InputColocationExemptionRegistry, as
-# TF registers it): function calls and datasets that hand the resources to the ops of a function,
-# which go with them.
+# Ops TF's placer does not put with their resource inputs: those of its
+# InputColocationExemptionRegistry, function calls and datasets that hand the resources to the ops
+# of a function, which go with them; and functional control flow, which a session lowers to
+# Switch, Merge and Enter nodes before placing (those go with the resource, the op is gone).
 _RESOURCE_COLOCATION_EXEMPT = frozenset({
     "PartitionedCall", "StatefulPartitionedCall",
+    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
     "MapDataset", "ParallelMapDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
     "ParallelInterleaveDatasetV2", "ExperimentalParallelInterleaveDataset", "ParallelFilterDataset",
     "MapAndBatchDataset", "ExperimentalMapAndBatchDataset", "GroupByWindowDataset",
