@@ -154,8 +154,8 @@ def _write_into(
         # Op names in scripts the font lacks are drawn as boxes; a warning per glyph says nothing more.
         warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
         put("gantt", "gantt.png", _gantt_png(result, *critical))
-        for d, mem in enumerate(memory):
-            put(f"memory_{d}", f"memory_{d}.png", _memory_png(result, d, mem))
+        for d, png in enumerate(_memory_pngs(result, memory)):
+            put(f"memory_{d}", f"memory_{d}.png", png)
     trace = chrome_trace(result, tf_step_stats=tf_step_stats, memory=memory, critical=critical)
     put("trace", "trace.json", _trace_json(trace))
     if graph_def is not None:
@@ -684,11 +684,12 @@ def _bytes_unit(n: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def _memory_png(result: Any, d: int, mem: DeviceMemory) -> bytes:
+def _memory_pngs(result: Any, memory: Sequence[DeviceMemory]) -> list[bytes]:
+    """``memory_<d>.png`` of each device d, from `memory` (`memory_timeline`)."""
     import matplotlib
 
     with matplotlib.rc_context(_RC):
-        return _png(_memory_figure(result, d, mem))
+        return [_png(_memory_figure(result, d, mem)) for d, mem in enumerate(memory)]
 
 
 def _memory_figure(result: Any, d: int, mem: DeviceMemory) -> Any:
