@@ -35,12 +35,13 @@ about 3 s for 10k ops on 4 devices, most of it matplotlib; the trace takes about
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
+import struct
 import tempfile
 import warnings
+import zlib
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -460,15 +461,26 @@ def _png(fig: Any) -> bytes:
 
 
 def _canvas_png(canvas: Any) -> bytes:
-    """What the Agg `canvas` has drawn, as PNG (``savefig`` draws the whole figure first), in RGB:
-    the figures are opaque, and the alpha channel made PNGs larger and slower to write; zlib's
-    level 3, 10% larger than its default 6 and a third faster."""
-    from PIL import Image
+    """What the Agg `canvas` has drawn (``savefig`` draws the whole figure first), as a PNG:
+    8-bit RGB (the figures are opaque), no filter on any row, zlib level 3, the resolution _DPI.
+    PIL's encoder (matplotlib's) took three times as long, choosing a filter per row, for files
+    10% smaller."""
+    rgba = np.asarray(canvas.buffer_rgba())
+    height, width = rgba.shape[:2]
+    rows = np.zeros((height, 1 + 3 * width), dtype=np.uint8)  # each row: its filter (0), its pixels
+    rows[:, 1:] = rgba[..., :3].reshape(height, 3 * width)
+    per_metre = round(_DPI / 0.0254)
+    return b"".join((
+        b"\x89PNG\r\n\x1a\n",
+        _png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)),
+        _png_chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
+        _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 3)),
+        _png_chunk(b"IEND", b""),
+    ))
 
-    buf = io.BytesIO()
-    rgba = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    rgba.convert("RGB").save(buf, format="png", dpi=(_DPI, _DPI), compress_level=3)
-    return buf.getvalue()
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
 def _short_name(name: str, room_px: float) -> str:
