@@ -7,7 +7,10 @@
   chain of waits that ends the step, through the copies ahead of one that waited for a busy
   channel) is marked by a red band over its ops, red transfers and red arrows where it changes
   device. Small graphs get labelled bars coloured by op type (or top-level name scope); when bars
-  would be narrower than a few pixels, ops are merged at the resolution of one pixel.
+  would be narrower than a few pixels, ops are merged at the resolution of one pixel. Rows come
+  closer where the chart would be taller than _MAX_GANTT_PX; each device keeps its row, and rows
+  too close for their labels are labelled 1 in a few (the title says so). Bars of a kind are one
+  artist (a ``PolyCollection``).
 * ``memory_<i>.png``: memory in use on device i over the step (`placer.memory_timeline`, the
   scheduler's memory model) with its capacity as a line, the peak and the persistent part; one
   figure serves every device (`_MemoryPlot`), each PNG the same as its own figure would give.
@@ -62,6 +65,9 @@ _CHAR_PX = 5.6  # mean width of a character of the 7 pt label font at _DPI
 _MIN_BAR_PX = 2.5  # below this median op width, ops are merged at one pixel
 _MAX_SINGLE_BARS = 1500  # above this many ops, too
 _MAX_ARROWS = 60  # critical-path device changes drawn as arrows, at most
+_ROW_IN = 0.62  # Gantt chart: inches from a device's row to the next one's, at most
+_MAX_GANTT_PX = 4000  # its height at most: more devices get closer rows
+_LABEL_PX = 12  # closer rows than this are labelled 1 in a few
 _MAX_FRAMES = 8  # memory PNGs: frames kept for devices of other capacities (`_MemoryPlot`)
 _CRITICAL = "#d62728"
 _MERGED = "#4c72b0"
@@ -505,6 +511,21 @@ def _merge(starts: np.ndarray, ends: np.ndarray, gap: float) -> tuple[np.ndarray
     return s[first], np.maximum(e[last], s[first] + gap)
 
 
+def _by_device(items: np.ndarray, devices: np.ndarray, num_devices: int) -> list[np.ndarray]:
+    """`items` split by their device (`devices`, one per item), each part in the items' order."""
+    order = np.argsort(devices, kind="stable")
+    return np.split(items[order], np.searchsorted(devices[order], np.arange(1, num_devices)))
+
+
+def _rects(x0: Any, x1: Any, y0: Any, height: float) -> np.ndarray:
+    """Vertices [n, 4, 2] of the rectangles from x0 to x1 and y0 to y0 + height (arrays, or
+    numbers for all), for one ``PolyCollection``: one artist for many bars."""
+    x0, x1 = np.asarray(x0, dtype=float), np.asarray(x1, dtype=float)
+    y0 = np.broadcast_to(np.asarray(y0, dtype=float), x0.shape)
+    y1 = y0 + height
+    return np.stack([np.stack(corner, axis=-1) for corner in ((x0, y0), (x0, y1), (x1, y1), (x1, y0))], axis=1)
+
+
 def _colour_keys(graph: Any) -> tuple[list[str], dict[str, str]]:
     """Per op, a colour key (op type, else top-level name scope); the 9 keys with the most
     compute get colours, the rest share grey."""
@@ -532,6 +553,7 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
     and copies of the critical path (`Schedule.critical_chain`), drawn in red."""
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -542,17 +564,25 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
     start, end = schedule.start_us, schedule.end_us
     one_task = len({device_task(n) for n in cluster.names}) == 1  # then the task tells nothing
     device_labels = [_device_label(name, one_task) for name in cluster.names]
-    ax_left = _label_margin(device_labels)
+    # Rows from the top: device d has its compute row at y = -d and its channel lane below, rows
+    # _ROW_IN apart, closer where the chart would be taller than _MAX_GANTT_PX: every device keeps
+    # its row; where rows are too close for their labels, 1 in `every` is labelled, and the lanes
+    # are not.
+    row_h, lane_h = 0.62, 0.2
+    pitch_in = min(_ROW_IN, (_MAX_GANTT_PX / _DPI - 2.1) / nd)  # 2.1 in: title, axes, legend
+    pitch_px = pitch_in * _DPI
+    lanes_labelled = pitch_px >= 2 * _LABEL_PX
+    every = int(np.ceil(_LABEL_PX / pitch_px))
+    ax_left = _label_margin(device_labels[::every])
     ax_px = (_AX_RIGHT - ax_left) * _WIDTH_IN * _DPI
     px_us = makespan / ax_px  # microseconds per pixel
     widths_px = (end - start) / px_us
     merged = graph.num_ops > _MAX_SINGLE_BARS or (
         graph.num_ops > 0 and float(np.median(widths_px)) < _MIN_BAR_PX
     )
-
-    # Rows from the top: device d has its compute row at y = -d*pitch and its channel lane below.
-    row_h, lane_h, pitch = 0.62, 0.2, 1.0
-    height_in = 1.55 + 0.62 * nd + (0.35 if not merged else 0.0)
+    fixed_in = 1.55 + (0.35 if not merged else 0.0)
+    top = max(0.32, 0.2 / pitch_in)  # over the first row: room for the lower bound's label
+    height_in = fixed_in + pitch_in * (nd + top - 0.32)
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(_WIDTH_IN, height_in), dpi=_DPI)
         FigureCanvasAgg(fig)
@@ -563,46 +593,53 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
         on_path = np.zeros(graph.num_ops, dtype=bool)
         on_path[list(critical)] = True
         keys, colours = _colour_keys(graph)
-        yticks, ylabels = [], []
-        for d in range(nd):
-            y = -d * pitch
-            ops = schedule.device_ops(d)
-            yticks += [y, y - row_h / 2 - 0.03 - lane_h / 2]
-            ylabels += [device_labels[d], "channel"]
-            ax.axhspan(y - row_h / 2, y + row_h / 2, color="#f4f4f4", zorder=0, lw=0)
+        rows = -np.arange(nd, dtype=float)
+        ax.add_collection(PolyCollection(  # the rows' grey, across the axes
+            _rects(np.zeros(nd), np.ones(nd), rows - row_h / 2, row_h), facecolors="#f4f4f4", lw=0,
+            zorder=0, transform=ax.get_yaxis_transform()), autolim=False)
+        by_device = _by_device(schedule.order, schedule.placement.device_of[schedule.order], nd)
+        bars, critical_bars = [], []
+        for d, ops in enumerate(by_device):
             if merged:
                 s, e = _merge(start[ops], end[ops], px_us)
-                ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (y - row_h / 2, row_h),
-                               facecolors=_MERGED, lw=0, zorder=2)
+                bars.append(_rects(s * scale, e * scale, rows[d] - row_h / 2, row_h))
             else:
-                ax.broken_barh(
-                    list(zip(start[ops] * scale, (end[ops] - start[ops]) * scale)),
-                    (y - row_h / 2, row_h),
-                    facecolors=[colours.get(keys[op], _OTHER) for op in ops.tolist()],
-                    edgecolors=["white"] * len(ops),
-                    linewidth=0.6,
-                    zorder=2,
-                )
+                bars.append(_rects(start[ops] * scale, end[ops] * scale, rows[d] - row_h / 2, row_h))
                 for op in ops.tolist():
                     label = _short_name(graph.names[op], widths_px[op])
                     if label:
-                        ax.text((start[op] + end[op]) / 2 * scale, y, label, ha="center",
+                        ax.text((start[op] + end[op]) / 2 * scale, rows[d], label, ha="center",
                                 va="center", fontsize=7, clip_on=True, zorder=4)
             # The critical path: a red band over the top of the row.
             crit = ops[on_path[ops]]
             s, e = _merge(start[crit], end[crit], px_us)
-            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (y + row_h / 2 - 0.1, 0.13),
-                           facecolors=_CRITICAL, lw=0, zorder=3)
-        _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h, pitch)
+            critical_bars.append(_rects(s * scale, e * scale, rows[d] + row_h / 2 - 0.1, 0.13))
+        if merged:
+            ax.add_collection(PolyCollection(np.concatenate(bars), facecolors=_MERGED, lw=0, zorder=2),
+                              autolim=False)
+        else:
+            order = np.concatenate(by_device).tolist()
+            ax.add_collection(PolyCollection(
+                np.concatenate(bars), facecolors=[colours.get(keys[op], _OTHER) for op in order],
+                edgecolors="white", linewidths=0.6, zorder=2), autolim=False)
+        ax.add_collection(PolyCollection(np.concatenate(critical_bars), facecolors=_CRITICAL, lw=0, zorder=3),
+                          autolim=False)
+        _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h)
         bound = result.lower_bound_us * scale
         ax.axvline(bound, color="#555555", ls=":", lw=1, zorder=5)
         ax.text(bound, row_h / 2 + 0.08, " lower bound", color="#555555", fontsize=7, va="bottom",
                 ha="left" if result.lower_bound_us < 0.85 * makespan else "right")
+        labelled = range(0, nd, every)
+        yticks = [y for d in labelled for y in (rows[d], rows[d] - row_h / 2 - 0.03 - lane_h / 2)]
+        ylabels = [label for d in labelled for label in (device_labels[d], "channel")]
+        if not lanes_labelled:
+            yticks, ylabels = yticks[::2], ylabels[::2]
         ax.set_yticks(yticks, ylabels)
-        for label in ax.get_yticklabels()[1::2]:
-            label.set_fontsize(6.5)
-            label.set_color("#666666")
-        ax.set_ylim(-(nd - 1) * pitch - row_h / 2 - lane_h - 0.12, row_h / 2 + 0.32)
+        if lanes_labelled:
+            for label in ax.get_yticklabels()[1::2]:
+                label.set_fontsize(6.5)
+                label.set_color("#666666")
+        ax.set_ylim(-(nd - 1) - row_h / 2 - lane_h - 0.12, row_h / 2 + top)
         ax.set_xlim(0, makespan * scale * 1.005)
         ax.set_xlabel(f"time ({unit})")
         ax.tick_params(axis="y", length=0)
@@ -619,6 +656,8 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
         )
         if merged:
             title += " (ops merged at 1 pixel)"
+        if every > 1:
+            title += f"; a row per device, 1 in {every} labelled"
         ax.set_title(title, loc="left")
         handles = [Patch(color=_CRITICAL, label="critical path"), Patch(color=_SEND, label="send"),
                    Patch(color=_RECEIVE, label="receive")]
@@ -647,34 +686,34 @@ def _label_margin(labels: Sequence[str]) -> float:
     return max(_AX_LEFT, (widest + 12) / (_WIDTH_IN * _DPI))
 
 
-def _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h, pitch) -> None:
+def _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h) -> None:
     """Sends and receives on each device's channel lane; the critical path's `copies` in red, with
     an arrow from an op's end to the next op's start where the path changes device."""
+    from matplotlib.collections import PolyCollection
+
     device_of = schedule.placement.device_of
+    nd = cluster.num_devices
     crit_transfers = {(t.tensor, t.dst_device) for t in copies}
     hops = [(p, q) for p, q in zip(critical[:-1], critical[1:]) if device_of[p] != device_of[q]]
-    for d in range(cluster.num_devices):
-        lane_y = -d * pitch - row_h / 2 - 0.03 - lane_h
-        for what, colour in (("send", _SEND), ("receive", _RECEIVE)):
-            mine = [t for t in schedule.transfers
-                    if (t.src_device if what == "send" else t.dst_device) == d]
-            s = np.array([t.start_us for t in mine])
-            e = np.array([t.end_us for t in mine])
-            s, e = _merge(s, e, px_us * 0.5)
-            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (lane_y, lane_h),
-                           facecolors=colour, lw=0, zorder=2)
-        red = [t for t in schedule.transfers
-               if (t.tensor, t.dst_device) in crit_transfers and d in (t.src_device, t.dst_device)]
-        if red:
-            s = np.array([t.start_us for t in red])
-            e = np.array([t.end_us for t in red])
-            s, e = _merge(s, e, px_us * 0.5)
-            ax.broken_barh(list(zip(s * scale, (e - s) * scale)), (lane_y, lane_h),
-                           facecolors=_CRITICAL, lw=0, zorder=3)
+    transfers = schedule.transfers
+    src = np.array([t.src_device for t in transfers], dtype=np.int64)
+    dst = np.array([t.dst_device for t in transfers], dtype=np.int64)
+    starts = np.array([t.start_us for t in transfers], dtype=float)
+    ends = np.array([t.end_us for t in transfers], dtype=float)
+    red = np.flatnonzero([(t.tensor, t.dst_device) in crit_transfers for t in transfers])
+    both = np.concatenate((red, red))  # on the lanes of both ends
+    for devices, which, colour, zorder in ((src, np.arange(len(transfers)), _SEND, 2),
+                                           (dst, np.arange(len(transfers)), _RECEIVE, 2),
+                                           (np.concatenate((src[red], dst[red])), both, _CRITICAL, 3)):
+        lanes = []
+        for d, mine in enumerate(_by_device(which, devices, nd)):
+            s, e = _merge(starts[mine], ends[mine], px_us * 0.5)
+            lanes.append(_rects(s * scale, e * scale, -d - row_h / 2 - 0.03 - lane_h, lane_h))
+        ax.add_collection(PolyCollection(np.concatenate(lanes), facecolors=colour, lw=0, zorder=zorder),
+                          autolim=False)
     if len(hops) <= _MAX_ARROWS:
         for p, q in hops:
-            y0 = -int(device_of[p]) * pitch
-            y1 = -int(device_of[q]) * pitch
+            y0, y1 = -int(device_of[p]), -int(device_of[q])
             y0, y1 = y0 + (-row_h / 2 if y1 < y0 else row_h / 2), y1 + (row_h / 2 if y1 < y0 else -row_h / 2)
             ax.annotate("", xy=(schedule.start_us[q] * scale, y1),
                         xytext=(schedule.end_us[p] * scale, y0), zorder=6,
