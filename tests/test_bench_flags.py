@@ -31,7 +31,7 @@ def unexplained_flags(help_text):
 
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "lp_scaling.py", "make_profiles.py",
-                                    "placement_scaling.py", "quality.py", "scale.py", "tight_memory.py"])
+                                    "placement_scaling.py", "quality.py", "reports_scaling.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
     # --sizes, --methods, --refine_seconds, --ops, --out_dir, ... were listed without a word.
     done = bench(script, "--help")
@@ -75,6 +75,7 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("scale.py", ["--methods", "m_etff", "--ops", "100"],
      f"--methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
     ("scale.py", ["--ops", "0"], "--ops=0: give at least 1"),
+    ("reports_scaling.py", ["--devices", "x"], "--devices 'x': give device counts of at least 1, separated by commas"),
     ("tight_memory.py", ["--methods", ","],
      f"--methods ',': unknown method(s) none given; choose from {METHODS}"),
 ])
