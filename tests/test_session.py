@@ -1764,6 +1764,28 @@ def test_a_feed_is_checked_against_the_shape_the_users_graph_sets_as_a_session_d
                 session.run(total, {q: tf.ones([2]), x: np.arange(6.0)})
 
 
+def test_a_feed_of_a_tensor_made_after_the_placement_that_the_fetch_does_not_read_is_fed_unread():
+    # A Session feeds it and nothing reads it; the placed session, whose graph lacks the op, refused
+    # the run with "Cannot interpret feed_dict key as Tensor: The name 'later:0' refers to a Tensor
+    # which does not exist" (a resource variable's v.value(), made when the feed is written).
+    g, x, y, v, s, init = _fetch_graph()
+    with tf.compat.v1.Session(graph=g) as plain, BaechiSession(graph=g, num_devices=2, **fast()) as sess:
+        for session in (plain, sess):
+            session.run(init)
+            session.run(s, {x: [1.0, 1.0], y: [0.0, 0.0]})
+        with g.as_default():
+            later = tf.identity(v, name="later")
+        report = sess.placement
+        for session in (plain, sess):
+            got = session.run(s, {x: [1.0, 1.0], y: [0.0, 0.0], later: [5.0, 5.0]})
+            np.testing.assert_array_equal(got, [1.0, 2.0])
+            with pytest.raises(TypeError, match="Cannot interpret feed_dict key as Tensor"):
+                session.run(s, {x: [1.0, 1.0], y: [0.0, 0.0], "nothing:0": [5.0, 5.0]})
+        assert sess.placement is report  # not placed again for it
+        # A fetch that reads it is placed again, with it.
+        np.testing.assert_array_equal(sess.run(later * 2.0, {later: [5.0, 5.0]}), [10.0, 10.0])
+
+
 def test_a_feed_key_of_another_graph_is_a_type_error_as_on_a_session():
     g, x, y, v, s, init = _fetch_graph()
     with tf.Graph().as_default():

@@ -665,7 +665,7 @@ class BaechiSession:
             # The caller's time limit holds for each profiling run as for the run itself.
             with self._hints(feeds):
                 placed, kind = self._prepared(named, feeds, getattr(options, "timeout_in_ms", 0))
-                own = self._own_handles(feeds, placed.session, placed.handles)
+                own = _fed_in(self._own_handles(feeds, placed.session, placed.handles), placed.names, self._graph)
             queues = kind.queues
             placed.runs += 1
             placed.queue_runs += queues
@@ -1519,6 +1519,27 @@ def _fetched(named: Any, values: Any) -> Iterator[tuple[str, Any]]:
     elif isinstance(named, (list, tuple)):
         for item, value in zip(named, values):
             yield from _fetched(item, value)
+
+
+def _fed_in(feeds: dict[str, Any], placed: set[str], graph: Any) -> dict[str, Any]:
+    """`feeds` without those of tensors of `graph` whose ops the placed graph (its op names
+    `placed`) lacks: ops made after its placement that the fetch does not read (one that reads
+    them is placed again). A Session feeds such a tensor and nothing reads it; the placed session
+    does not know its name, and refused the run with 'Cannot interpret feed_dict key as Tensor'.
+    A name of no op of `graph` is kept: the placed session refuses it, as a Session does."""
+
+    def made_later(name: str) -> bool:
+        op = name.rpartition(":")[0]
+        if op in placed:
+            return False
+        try:
+            graph.get_operation_by_name(op)
+        except (KeyError, ValueError):
+            return False
+        return True
+
+    kept = {name: value for name, value in feeds.items() if not made_later(name)}
+    return kept if len(kept) < len(feeds) else feeds
 
 
 def _fetch_key(named: Any, feeds: dict[str, Any]) -> tuple:
