@@ -1158,6 +1158,28 @@ def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
     assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+def test_pins_to_devices_it_lacks_run_elsewhere_under_soft_placement(wrap):
+    # A Session whose config allows soft placement runs an op pinned to a device it lacks on
+    # another; wrapped in a BaechiSession, the same session refused the first run.
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+        with tf.device("/device:GPU:7"):
+            y = x * 2.0
+        z = y + 1.0
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    with tf.compat.v1.Session(graph=g, config=config) as plain:
+        np.testing.assert_array_equal(plain.run(z, {x: [1.0, 2.0]}), [3.0, 5.0])
+    given = dict(sess=tf.compat.v1.Session(graph=g, config=config)) if wrap else dict(graph=g, config=config)
+    with BaechiSession(num_devices=2, **given, **fast()) as sess:
+        np.testing.assert_array_equal(sess.run(z, {x: [1.0, 2.0]}), [3.0, 5.0])
+        placed = {n.name: n.device for n in sess.placed_graph_def.node}
+        summary = sess.placement.summary()
+    assert placed[y.op.name] in {f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2"}
+    assert "2 ops named devices outside the cluster and were placed freely" in summary  # y and its 2.0
+
+
 def test_a_graph_pinned_whole_is_said_to_need_its_pins_gone_not_a_command_line_flag(caplog):
     # Towers written for GPUs (every op under tf.device): the warning said to run
     # "baechi place --replace_devices", which a BaechiSession has no use for.

@@ -37,7 +37,8 @@ sessions whose state is isolated from each other's. Unless `grappler=True`, Grap
 classic graph optimizer are off in the sessions this class makes, so ops run where they were
 placed and keep their names. Ops the graph pins (``tf.device``) stay there; a pin to a device that
 is not among them is an error unless ``ignore_user_devices=True``, which places those ops like the
-others (code written for more GPUs than the machine has).
+others (code written for more GPUs than the machine has), or the config allows soft placement
+(``allow_soft_placement=True``: a Session of it runs those ops elsewhere too).
 
 Variables and the contents of hash tables carry over from one session to the next (from the
 wrapped session too), and so do the iterators (``Iterator``, ``OneShotIterator``) that runs read,
@@ -583,7 +584,9 @@ class BaechiSession:
             check_report_folder(report_dir, "report_dir", keep=(cost_path or "",))
         self._cost_path = cost_path
         self._report_dir = report_dir  # reports of each placement (baechi_tf.reports)
-        self._ignore_user_devices = ignore_user_devices  # place ops the graph pins, too
+        # Place ops pinned to devices that do not exist, too: as asked, or as TF's soft placement
+        # does (a Session of that config runs them elsewhere).
+        self._ignore_user_devices = ignore_user_devices or bool(config is not None and config.allow_soft_placement)
         self._placed: Optional[_Placed] = None
         self._profile: Optional[CostProfile] = None
         self._covered: set[str] = set()
