@@ -1141,14 +1141,20 @@ def test_indexed_slices_are_fetched_as_a_session_does():
     np.testing.assert_array_equal(got_no_shape[1], expected.values)
 
 
-def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
-    # The error named ignore_user_devices=True, which BaechiSession did not take.
+def _pinned_to_gpu7():
+    """A graph with one op, `y` = 2x, pinned to a GPU that two devices lack: (graph, x, y, y + 1)."""
     g = tf.Graph()
     with g.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
         with tf.device("/device:GPU:7"):
             y = x * 2.0
         z = y + 1.0
+    return g, x, y, z
+
+
+def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
+    # The error named ignore_user_devices=True, which BaechiSession did not take.
+    g, x, y, z = _pinned_to_gpu7()
     with BaechiSession(graph=g, num_devices=2, **fast()) as sess:
         with pytest.raises(ConfigError, match="pinned to '/device:GPU:7'.*ignore_user_devices=True"):
             sess.run(z, {x: [1.0, 2.0]})
@@ -1162,12 +1168,7 @@ def test_pins_to_devices_it_lacks_are_an_error_unless_ignored():
 def test_pins_to_devices_it_lacks_run_elsewhere_under_soft_placement(wrap):
     # A Session whose config allows soft placement runs an op pinned to a device it lacks on
     # another; wrapped in a BaechiSession, the same session refused the first run.
-    g = tf.Graph()
-    with g.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
-        with tf.device("/device:GPU:7"):
-            y = x * 2.0
-        z = y + 1.0
+    g, x, y, z = _pinned_to_gpu7()
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     with tf.compat.v1.Session(graph=g, config=config) as plain:
         np.testing.assert_array_equal(plain.run(z, {x: [1.0, 2.0]}), [3.0, 5.0])
