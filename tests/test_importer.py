@@ -805,3 +805,46 @@ def test_functional_control_flow_reading_a_variable_keeps_its_pins_as_in_tf():
     assert {"If", "While"} <= {op.type for op in g.get_operations()}
     _, placed, _ = _placed_beside_tf(g, y, init)
     assert placed["c"] == f"{TASK}/device:CPU:3" and placed["w"] == f"{TASK}/device:CPU:1"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d, v: d.map(lambda x: tf.cast(x, tf.float32) + v, num_parallel_calls=2),
+        lambda d, v: d.filter(lambda x: tf.cast(x, tf.float32) > v),
+        lambda d, v: d.take_while(lambda x: tf.cast(x, tf.float32) < v + 10.0),
+        lambda d, v: d.interleave(
+            lambda x: tf.data.Dataset.from_tensors(tf.cast(x, tf.float32) * v), cycle_length=2, num_parallel_calls=2
+        ),
+    ],
+    ids=["parallel_map", "filter", "take_while", "parallel_interleave"],
+)
+def test_datasets_with_a_function_reading_a_variable_keep_their_pins_as_in_tf(make):
+    # TF exempts every dataset with a function from going with the resources it takes (they are
+    # the function's): ParallelMapDatasetV2, FilterDataset, TakeWhileDataset... were put with the
+    # variable, the whole pipeline with them, and the summary said TF ran them there.
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/device:CPU:1"):
+            v = tf.compat.v1.get_variable("v", [], initializer=tf.compat.v1.ones_initializer(), use_resource=True)
+        with tf.device("/device:CPU:2"):
+            it = tf.compat.v1.data.make_initializable_iterator(make(tf.data.Dataset.range(5), v))
+            it.get_next()
+        init = tf.compat.v1.global_variables_initializer()
+    takers = [op.name for op in g.get_operations() if "Dataset" in op.type and tf.resource in op._input_types]
+    assert takers
+    with tf.compat.v1.Session(graph=g, config=tf.compat.v1.ConfigProto(device_count={"CPU": 4})) as plain:
+        plain.run(init)
+        meta = tf.compat.v1.RunMetadata()
+        plain.run(it.initializer, options=tf.compat.v1.RunOptions(output_partition_graphs=True), run_metadata=meta)
+    tf_devices = {n.name: n.device for p in meta.partition_graphs for n in p.node}
+    assert {tf_devices[n] for n in takers} == {f"{TASK}/device:CPU:2"}
+    gd = g.as_graph_def()
+    setup = standin_cluster(3, prefix=TASK)
+    result = import_graph_def(gd, empty_profile(gd), setup.cluster, device_aliases=setup.aliases)
+    graph = result.graph
+    groups = colocation_groups(graph)
+    for name in takers:
+        assert graph.pinned_device[graph.op_id(name)] == f"{TASK}/device:CPU:2"
+        assert groups.group_of[graph.op_id(name)] != groups.group_of[graph.op_id("v")]
+    assert not any("TF runs" in note for note in result.notes)

@@ -534,17 +534,23 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
 
 
 # Ops TF's placer does not put with their resource inputs: those of its
-# InputColocationExemptionRegistry, function calls and datasets that hand the resources to the ops
-# of a function, which go with them; and functional control flow, which a session lowers to
-# Switch, Merge and Enter nodes before placing (those go with the resource, the op is gone).
+# InputColocationExemptionRegistry, function calls (and datasets with a function, `_exempt`) that
+# hand the resources to the ops of a function, which go with them; and functional control flow,
+# which a session lowers to Switch, Merge and Enter nodes before placing (those go with the
+# resource, the op is gone).
 _RESOURCE_COLOCATION_EXEMPT = frozenset({
     "PartitionedCall", "StatefulPartitionedCall",
     "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "MapDataset", "ParallelMapDataset", "FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
-    "ParallelInterleaveDatasetV2", "ExperimentalParallelInterleaveDataset", "ParallelFilterDataset",
-    "MapAndBatchDataset", "ExperimentalMapAndBatchDataset", "GroupByWindowDataset",
-    "ExperimentalGroupByWindowDataset", "ScanDataset", "ExperimentalScanDataset",
 })
+
+
+def _exempt(op: Any) -> bool:
+    """Whether TF leaves `op` where it is rather than put it with the resources it takes: a
+    dataset with a function takes them for it, as TF registers every such dataset (``map`` with
+    or without ``num_parallel_calls``, ``filter``, ``take_while``, ``interleave``, ``scan``...)."""
+    if op.type in _RESOURCE_COLOCATION_EXEMPT:
+        return True
+    return _is_dataset(op.type) and any(a.HasField("func") or a.list.func for a in op.node_def.attr.values())
 
 
 def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
@@ -582,7 +588,7 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
             if dtype == tf.variant:
                 if not (_is_dataset(src.type) and _is_dataset(op.type)):
                     continue
-            elif not (dtype == tf.resource or dtype._is_ref_dtype) or op.type in _RESOURCE_COLOCATION_EXEMPT:
+            elif not (dtype == tf.resource or dtype._is_ref_dtype) or _exempt(op):
                 continue
             producers.append(src.name)
             a, b = find(src.name), find(op.name)
