@@ -848,3 +848,29 @@ def test_datasets_with_a_function_reading_a_variable_keep_their_pins_as_in_tf(ma
         assert graph.pinned_device[graph.op_id(name)] == f"{TASK}/device:CPU:2"
         assert groups.group_of[graph.op_id(name)] != groups.group_of[graph.op_id("v")]
     assert not any("TF runs" in note for note in result.notes)
+
+
+def test_an_op_taking_two_variables_pinned_to_two_devices_is_refused_as_in_tf():
+    # TF never moves a variable from its pin for another's: it refuses the graph. The import moved
+    # 'v1' to 'v2''s device, saying that an op "read a resource TF puts on another" device.
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/device:CPU:1"):
+            v1 = tf.compat.v1.get_variable("v1", [4], initializer=tf.compat.v1.ones_initializer(), use_resource=True)
+        with tf.device("/device:CPU:2"):
+            v2 = tf.compat.v1.get_variable("v2", [4], initializer=tf.compat.v1.ones_initializer(), use_resource=True)
+        step = tf.raw_ops.ResourceApplyAdagrad(var=v1.handle, accum=v2.handle, lr=0.1, grad=tf.ones([4]), name="step")
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=g, config=tf.compat.v1.ConfigProto(device_count={"CPU": 4})) as plain:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="incompatible resource devices"):
+            plain.run([init, step])
+    gd = g.as_graph_def()
+    setup = standin_cluster(2, prefix=TASK)
+    with pytest.raises(
+        InvalidGraphError,
+        match=(
+            f"op 'step' takes 'v2', which puts 'v1' \\(pinned to '{TASK}/device:CPU:1'\\) and 'v2' \\(pinned to "
+            f"'{TASK}/device:CPU:2'\\) on one device: TF refuses such a graph .*; pin them to one device"
+        ),
+    ):
+        import_graph_def(gd, empty_profile(gd), setup.cluster, device_aliases=setup.aliases)

@@ -565,12 +565,22 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
     "Ignoring device specification ... because the input edge ... is a reference connection").
     So a variable's readers pinned to two devices run where the variable's own pin, else its
     first pinned reader, puts it. The second result maps each op whose pin TF overrides to the
-    device it runs on.
+    device it runs on. The pin of an op that makes a resource (no inputs, one resource or
+    reference output: a variable, a table) is never overridden by another such pin: an op taking
+    resources that two of them are pinned to different devices is an `InvalidGraphError`, as TF
+    refuses it ("a reference or resource edge connects colocation groups with incompatible
+    resource devices").
     """
     import tensorflow as tf
 
     parent: dict[str, str] = {}
     pin_of: dict[str, Optional[str]] = {}  # a root -> its set's pin
+    made_on: dict[str, tuple[str, str]] = {}  # a root -> (an op making a resource, its pin)
+    for op in tfg.get_operations():
+        if not op.inputs and len(op.outputs) == 1 and pins.get(op.name) is not None:
+            dtype = op.outputs[0].dtype
+            if dtype == tf.resource or dtype._is_ref_dtype:
+                made_on[op.name] = (op.name, pins[op.name])
 
     def find(name: str) -> str:
         root = name
@@ -595,8 +605,18 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
             if a == b:
                 continue
             pa, pb = pin_of.get(a, pins.get(a)), pin_of.get(b, pins.get(b))
+            ma, mb = made_on.get(a), made_on.get(b)
+            if ma is not None and mb is not None and ma[1] != mb[1]:
+                raise InvalidGraphError(
+                    f"op {op.name!r} takes {src.name!r}, which puts {mb[0]!r} (pinned to "
+                    f"{mb[1]!r}) and {ma[0]!r} (pinned to {ma[1]!r}) on one device: TF refuses such "
+                    "a graph ('a reference or resource edge connects colocation groups with "
+                    "incompatible resource devices'); pin them to one device"
+                )
             parent[b] = a
             pin_of[a] = pa if pa is not None else pb  # the producer's side wins a conflict
+            if mb is not None:
+                made_on[a] = mb
         if producers:
             out[op.name] = list(dict.fromkeys(producers))
     overridden = {}
