@@ -902,12 +902,13 @@ class _MemoryPlot:
 
     def _changing(self, ax: Any) -> list[Any]:
         """The artists of `ax` that differ between devices, in the order a whole draw takes
-        them (stable by zorder, as ``Axes.draw``); the spines under the curve's fill too."""
+        them (stable by zorder, as ``Axes.draw``); the spines under the curve's fill too, and the
+        inset's x axis, whose labels the placer's share may cross below the inset."""
         if ax is self.ax:
             mine = [*self.curve, self.capacity, self.share, self.peak, self.note, self.title,
                     ax.spines["left"], ax.spines["bottom"]]
         else:
-            mine = [*self.inset_curve, self.inset_title, ax.yaxis, *ax.spines.values()]
+            mine = [*self.inset_curve, self.inset_title, ax.xaxis, ax.yaxis, *ax.spines.values()]
         keep = {id(a) for a in mine if a is not None}
         return sorted((a for a in ax.get_children() if id(a) in keep and a.get_visible()),
                       key=lambda a: a.get_zorder())
