@@ -15,6 +15,8 @@ import math
 import re
 from typing import Optional
 
+import numpy as np
+
 from baechi_tf.errors import ConfigError
 from baechi_tf.graph import MAX_TOTAL_COMPUTE_US
 
@@ -247,6 +249,33 @@ class Cluster:
         least = min((link.intercept_us for row in links for link in row if link), default=0.0)
         return slope, intercept, least
 
+    def twins(self) -> tuple[tuple[int, ...], ...]:
+        """Sets of at least two interchangeable devices, each ascending: of one memory and type,
+        and swapping any two of a set changes no copy's cost (copies between them, and to and
+        from every other device, cost the same). A placer may weigh one device of a set for all
+        those the schedule has not yet touched. One task's devices of one memory and type, in
+        any cluster `link` describes (`comm` within a task, `inter_task_comm` between), and all
+        devices of one memory and type when copies between tasks cost what copies within do."""
+        return self._twins
+
+    @functools.cached_property
+    def _twins(self) -> tuple[tuple[int, ...], ...]:
+        costs = [np.asarray(t) for t in self.link_tables()]
+        by_kind: dict[tuple[int, str], list[int]] = {}
+        for i, d in enumerate(self.devices):
+            by_kind.setdefault((d.memory_bytes, d.type), []).append(i)
+        out = []
+        for kind in by_kind.values():
+            # Checked on the links, not assumed from the tasks: the first device left and those
+            # left that it can swap with make a set.
+            left = np.asarray(kind)
+            while len(left) > 1:
+                ok = np.logical_and.reduce([_swappable(cost, left[0], left) for cost in costs])
+                if ok.sum() > 1:
+                    out.append(tuple(left[ok].tolist()))
+                left = left[~ok]
+        return tuple(sorted(out))
+
     def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
         """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""
         if src == dst:
@@ -309,3 +338,16 @@ class Cluster:
             ),
         )
 
+
+
+def _swappable(cost: np.ndarray, a: int, others: np.ndarray) -> np.ndarray:
+    """Per device b of `others`, whether swapping devices a and b leaves `cost` (one per ordered
+    pair of devices) unchanged: a's and b's rows agree but at a and b, so do their columns, and
+    a to b costs what b to a does."""
+    ok = np.ones(len(others), dtype=bool)
+    for table in (cost, cost.T):
+        same = table[others] == table[a]
+        same[:, a] = True
+        same[np.arange(len(others)), others] = True
+        ok &= same.all(axis=1)
+    return ok & (cost[a, others] == cost[others, a])
