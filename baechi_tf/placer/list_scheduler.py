@@ -80,6 +80,7 @@ __all__ = [
     "Policy",
     "ScheduleCutOff",
     "SchedulerState",
+    "UntouchedTwins",
     "byte_formatter",
     "format_bytes",
     "free_at_end_bytes",
@@ -147,8 +148,13 @@ class Policy:
     Subclasses override `devices` and optionally `hold` and `committed`.
     """
 
+    # Whether `devices` and `hold` treat untouched twins alike (`Cluster.twins`): then the
+    # scheduler weighs one of each set of them (`SchedulerState.distinct`).
+    twins_alike = False
+
     def devices(self, op: int, state: "SchedulerState") -> Iterable[int]:
-        return range(state.num_devices)
+        """The devices `op` may go to; by default every one of `SchedulerState.distinct`."""
+        return state.distinct
 
     def hold(self, op: int, device: int, start: float, state: "SchedulerState") -> float:
         """The earliest time `op` may start on `device`, given its earliest feasible `start`.
@@ -176,6 +182,8 @@ class Policy:
 
 class EarliestStartPolicy(Policy):
     """m-ETF: any device, earliest start first."""
+
+    twins_alike = True
 
 
 class FixedPolicy(Policy):
@@ -234,6 +242,68 @@ class GraphTables:
         self.persistent = tuple(graph.persistent_bytes.tolist())
 
 
+class UntouchedTwins:
+    """The devices of each set of `Cluster.twins` that no group or op has been put on yet: all
+    in one state (no memory in use, free from time 0, no copies booked), so that weighing an op
+    on any of them gives what it gives on the first, their stand-in. `distinct` lists the
+    devices worth weighing, ascending: all but the untouched twins after the first of each set
+    (with `enabled` or `skip` False, every device). A device leaves its set when it is `touch`ed.
+    """
+
+    # Whether the placers weigh one of each set of untouched twins (m-ETF and m-SCT through
+    # `ListScheduler._hand_over`, HEFT); the placements are the same either way (the tests
+    # compare them with every device weighed).
+    skip = True
+
+    def __init__(self, cluster: Cluster, enabled: bool = True) -> None:
+        nd = cluster.num_devices
+        self.set_of = [-1] * nd  # per device, the index of its set while it is untouched
+        self.untouched: list[list[int]] = []  # per set, its untouched devices, ascending
+        self.distinct: Sequence[int] = range(nd)  # a range while it holds every device
+        if enabled and self.skip and cluster.twins():
+            self.untouched = [list(t) for t in cluster.twins()]
+            for k, members in enumerate(self.untouched):
+                for d in members:
+                    self.set_of[d] = k
+            self.distinct = [d for d in range(nd) if self.set_of[d] < 0 or self.untouched[self.set_of[d]][0] == d]
+
+    def stand_in(self, dev: int) -> Optional[int]:
+        """The untouched twin that takes `dev`'s place in `distinct` once `dev` is touched."""
+        k = self.set_of[dev]
+        if k < 0:
+            return None
+        members = self.untouched[k]
+        return members[1] if members[0] == dev and len(members) > 1 else None
+
+    def touch(self, dev: int) -> None:
+        """`dev` gets a group or an op: it leaves its set, and it and its stand-in are in
+        `distinct`."""
+        k = self.set_of[dev]
+        if k < 0:
+            return
+        self.set_of[dev] = -1
+        members = self.untouched[k]
+        first = members[0] == dev
+        members.remove(dev)
+        assert isinstance(self.distinct, list)  # a set has untouched devices only when enabled
+        if not first:
+            bisect.insort(self.distinct, dev)
+        elif members:
+            bisect.insort(self.distinct, members[0])
+
+    def saved(self) -> tuple:
+        """Its state as plain data (a snapshot's), for `restored`."""
+        distinct = list(self.distinct) if isinstance(self.distinct, list) else self.distinct
+        return list(self.set_of), [list(m) for m in self.untouched], distinct
+
+    @staticmethod
+    def restored(saved: tuple) -> "UntouchedTwins":
+        out = object.__new__(UntouchedTwins)
+        out.set_of, out.untouched, out.distinct = saved
+        out.set_of, out.untouched, out.distinct = out.saved()  # copies: `saved` stays usable
+        return out
+
+
 class SchedulerState:
     """The evolving schedule: device clocks, channels, memory, tensor copies, op times.
 
@@ -247,6 +317,7 @@ class SchedulerState:
         groups: Groups,
         persistent_headroom: float = 0.0,
         tables: Optional[GraphTables] = None,
+        twins: bool = False,
     ) -> None:
         n = graph.num_ops
         nd = cluster.num_devices
@@ -302,6 +373,7 @@ class SchedulerState:
         self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
         self.arrival: dict[tuple[int, int], float] = {}  # (tensor, device) -> copy available
         self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
+        self.twins = UntouchedTwins(cluster, twins)  # `distinct`: the devices worth a dry run
         self.transfers: list[Transfer] = []
         self.gap_looks = 0  # work of gap searches beyond the usual (`_USUAL_LOOKS`), for the refiner
         self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
@@ -510,7 +582,13 @@ class SchedulerState:
         if nbytes:
             bisect.insort(self.pending[dev], (when, nbytes))
 
+    @property
+    def distinct(self) -> Sequence[int]:
+        """The devices worth a dry run: all but the untouched twins that one stands for."""
+        return self.twins.distinct
+
     def place_group(self, group: int, dev: int) -> None:
+        self.twins.touch(dev)
         self.group_device[group] = dev
         p = self.group_persistent[group]
         self.usage[dev] += p
@@ -525,8 +603,9 @@ class SchedulerState:
         ready, new_bytes = self.ready_time(op, dev, commit=True)
         assert ready <= start + 1e-6, (op, ready, start)
         end = start + self.compute[op]
+        self.twins.touch(dev)
         self.device[op] = dev
-        for d in range(self.num_devices):
+        for d in self.distinct:  # the only devices dry runs are made on
             self.ready_memo.pop((op, d), None)
         self.start[op] = start
         self.end[op] = end
@@ -648,7 +727,9 @@ class ListScheduler:
     ) -> None:
         self.graph, self.cluster, self.groups, self.policy = graph, cluster, groups, policy
         self.cutoff_us = cutoff_us  # `step` raises ScheduleCutOff past it
-        state = self.state = SchedulerState(graph, cluster, groups, persistent_headroom, tables)
+        state = self.state = SchedulerState(
+            graph, cluster, groups, persistent_headroom, tables, twins=policy.twins_alike
+        )
         _place_pinned(graph, cluster, groups, state)
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
@@ -817,6 +898,31 @@ class ListScheduler:
                 return (v, tp, d, op)
         return None
 
+    def _hand_over(self, dev: int, twin: int) -> None:
+        """Gives `twin` what the scheduler holds for `dev`, the untouched twin it stands in for
+        from now on (`UntouchedTwins.stand_in`): had every twin been weighed, it would hold the
+        same, as each of their dry runs gave what dev's gave. Its tail queues are copies, with
+        ids new and in the same order (heap entries with equal keys compare by them)."""
+        ids = {op for h in (self.later[dev], self.now[dev]) for *_, op in h if op < 0}
+        ids.update(-1 - qid for qid, q in self.tail_queues.items() if q.device == dev)
+        new = {}
+        for op in sorted(ids, reverse=True):  # ascending queue ids
+            qid = new[op] = self._next_tail_id
+            self._next_tail_id += 1
+            queue = self.tail_queues.get(-1 - op)
+            if queue is not None and queue.device == dev:
+                copy = self.tail_queues[qid] = _TailQueue.restored(queue.saved())
+                copy.device = twin
+                self.tail_ids[(twin, copy.sources, copy.widths)] = qid
+                if copy.pool:
+                    self.pools[twin] = qid
+        self.later[twin] = [(k, tp, -1 - new[op] if op < 0 else op) for k, tp, op in self.later[dev]]
+        self.now[twin] = [(tp, -1 - new[op] if op < 0 else op) for tp, op in self.now[dev]]
+        self.in_now[twin] = set(self.in_now[dev])
+        self.waiting[twin] = set(self.waiting[dev])
+        self.waited[twin] = self.waited[dev]
+        self.dead.update([(op, twin) for op, d in self.dead if d == dev])
+
     # ---------------------------------------------------------------- tail queues
 
     def _defer(self, h: list, d: int, tp: int, op: int, v: float) -> None:
@@ -926,7 +1032,7 @@ class ListScheduler:
         state = self.state
         choice = None
         later, now = self.later, self.now
-        for d in range(state.num_devices):
+        for d in state.distinct:
             if not later[d] and not now[d]:
                 continue  # nothing can go there (most devices of a large cluster, simulated)
             c = self.best(d)
@@ -940,6 +1046,9 @@ class ListScheduler:
         g = state.group_of[op]
         first_of_group = state.group_device[g] < 0
         copies = len(state.transfers)
+        twin = state.twins.stand_in(dev)
+        if twin is not None:
+            self._hand_over(dev, twin)
         newly_free = state.commit(op, dev, t)
         for tr in state.transfers[copies:]:
             # A tensor is sent to a device once: the ready ops reading it there counted a copy
@@ -1031,6 +1140,7 @@ class ListScheduler:
         snap["chan_start"] = [list(x) for x in st.chan_start]
         snap["chan_end"] = [list(x) for x in st.chan_end]
         snap["pending"] = [list(x) for x in st.pending]
+        snap["twins"] = st.twins.saved()
         snap["arrival"] = dict(st.arrival)
         snap["release"] = {t: dict(r) for t, r in st.release.items()}
         snap["later"] = [list(x) for x in self.later]
@@ -1052,6 +1162,7 @@ class ListScheduler:
         st.chan_start = [list(x) for x in snap["chan_start"]]
         st.chan_end = [list(x) for x in snap["chan_end"]]
         st.pending = [list(x) for x in snap["pending"]]
+        st.twins = UntouchedTwins.restored(snap["twins"])
         st.arrival = dict(snap["arrival"])
         st.ready_memo.clear()  # versions only grow, but the memo may hold dry runs made after snap
         st.release = {t: dict(r) for t, r in snap["release"].items()}

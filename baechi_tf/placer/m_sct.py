@@ -80,6 +80,10 @@ class FavouriteChildPolicy(Policy):
     decided once and kept until one of those ends, which keeps holds from ever going down.
     """
 
+    # Untouched twins (`Cluster.twins`) have run no op, so none is kept for a favourite child,
+    # and an op's starts on them agree: one stands for the others.
+    twins_alike = True
+
     def __init__(self, child: Sequence[int], num_devices: int) -> None:
         self.child = [int(c) for c in child]
         self.reserved = [-1] * num_devices  # the favourite child each device is kept for
@@ -93,7 +97,7 @@ class FavouriteChildPolicy(Policy):
         if state.group_device[g] >= 0:
             return [state.group_device[g]]
         need = state.group_persistent[g]
-        return [d for d in range(state.num_devices) if state.peak[d] + need <= state.persistent_cap[d]]
+        return [d for d in state.distinct if state.peak[d] + need <= state.persistent_cap[d]]
 
     def _start(self, op: int, dev: int, state: SchedulerState) -> float:
         """When op's inputs and `dev` are ready (memory aside); memoised until the next commit."""
@@ -135,7 +139,7 @@ class FavouriteChildPolicy(Policy):
         Memory is left out so that the value never goes down as the schedule grows.
         """
         gdev = state.group_device[state.group_of[op]]
-        devices = (gdev,) if gdev >= 0 else range(state.num_devices)
+        devices = (gdev,) if gdev >= 0 else state.distinct
         return max(self._start(op, d, state) for d in devices)
 
     def hold(self, op: int, device: int, start: float, state: SchedulerState) -> float:
