@@ -23,7 +23,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import format_bytes, pinned_device_index
+from baechi_tf.placer.list_scheduler import UntouchedTwins, format_bytes, pinned_device_index
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["place_heft", "upward_rank"]
@@ -32,9 +32,9 @@ __all__ = ["place_heft", "upward_rank"]
 def upward_rank(graph: OpGraph, cluster: Cluster) -> list[float]:
     """Compute plus the mean transfer time along the longest path to a sink, per op."""
     nd = cluster.num_devices
-    pairs = [(a, b) for a in range(nd) for b in range(nd) if a != b] or [(0, 0)]
-    slope = float(np.mean([cluster.link(a, b).slope_us_per_byte if a != b else 0 for a, b in pairs]))
-    intercept = float(np.mean([cluster.link(a, b).intercept_us if a != b else 0 for a, b in pairs]))
+    # Over ordered pairs of distinct devices (one device: its own, free), a then b.
+    pairs = ~np.eye(nd, dtype=bool) if nd > 1 else np.ones((1, 1), dtype=bool)
+    slope, intercept = (float(np.mean(np.asarray(t)[pairs])) for t in cluster.link_tables())
     compute = graph.compute_us.tolist()
     rank = list(compute)
     out_ptr, out_idx = graph._out_csr
@@ -51,7 +51,8 @@ def upward_rank(graph: OpGraph, cluster: Cluster) -> list[float]:
 
 
 def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
-    """Places `graph` by HEFT (without insertion into idle gaps)."""
+    """Places `graph` by HEFT (without insertion into idle gaps). An op is weighed on one of each
+    set of untouched twins (`UntouchedTwins`), where it would end alike."""
     n, nd = graph.num_ops, cluster.num_devices
     rank = upward_rank(graph, cluster)
     topo = graph.topo_index.tolist()
@@ -68,12 +69,14 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
     capacity = [d.memory_bytes for d in cluster.devices]
     persistent_used = [0] * nd
     group_device = [-1] * groups.num_groups
+    twins = UntouchedTwins(cluster)
     for op, name in enumerate(graph.pinned_device):
         g = group_of[op]
         if name is not None and group_device[g] < 0:
             group_device[g] = pinned_device_index(graph, cluster, op)
             persistent_used[group_device[g]] += group_persistent[g]
-    link = [[cluster.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
+            twins.touch(group_device[g])
+    slope, intercept = cluster.link_tables()
     in_ptr, in_idx = graph._in_csr
     src = graph.edge_src.tolist()
     nbytes = graph.edge_bytes.tolist()
@@ -87,7 +90,7 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
             candidates = [group_device[g]]
         else:
             need = group_persistent[g] + group_alloc[g]
-            candidates = [d for d in range(nd) if persistent_used[d] + need <= capacity[d]]
+            candidates = [d for d in twins.distinct if persistent_used[d] + need <= capacity[d]]
             if not candidates:
                 free = ", ".join(
                     f"{cluster.names[d]}: {format_bytes(capacity[d] - persistent_used[d])} free"
@@ -106,7 +109,7 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
             for e in edges:
                 p = src[e]
                 pd = device[p]
-                t = finish[p] if pd == d else finish[p] + link[pd][d](nbytes[e])
+                t = finish[p] if pd == d else finish[p] + (slope[pd][d] * nbytes[e] + intercept[pd][d])
                 if t > ready:
                     ready = t
             end = ready + compute[op]
@@ -116,6 +119,7 @@ def place_heft(graph: OpGraph, cluster: Cluster, groups: Groups) -> Placement:
             group_device[g] = best_d
             persistent_used[best_d] += group_persistent[g]
         device[op] = best_d
+        twins.touch(best_d)
         finish[op] = best_end
         free[best_d] = best_end
     return Placement(np.asarray(device, dtype=np.int32), "heft")

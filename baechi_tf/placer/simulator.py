@@ -194,10 +194,9 @@ def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray
     least over ordered device pairs; a control edge costs the intercept). The copies from a
     producer u to a consumer v share the channels of the same two devices, so a remote u delays v
     by at least comm(u, v)."""
-    nd, n = cluster.num_devices, graph.num_ops
-    links = [cluster.link(a, b) for a in range(nd) for b in range(nd) if a != b]
-    intercept = min(link.intercept_us for link in links)
-    slope = min(link.slope_us_per_byte for link in links)
+    n = graph.num_ops
+    pairs = ~np.eye(cluster.num_devices, dtype=bool)
+    slope, intercept = (float(np.asarray(t)[pairs].min()) for t in cluster.link_tables())
     key = graph.edge_src.astype(np.int64) * n + graph.edge_dst
     pair, edge_pair = np.unique(key, return_inverse=True)
     comm = np.bincount(edge_pair.ravel(), weights=intercept + slope * graph.edge_bytes)
