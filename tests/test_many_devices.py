@@ -42,9 +42,9 @@ def _unequal(n: int, memory_bytes: int = GiB) -> Cluster:
 
 _CLUSTERS = {
     "homogeneous": lambda: graphs.cluster(24),
-    "tight memory": lambda: graphs.cluster(24, memory_bytes=3 * MiB),
+    "tight memory": lambda: graphs.cluster(24, memory_bytes=6 * MiB),  # ops wait for memory
     "free link": lambda: graphs.cluster(24, comm=CommCost(0.0, 0.0)),
-    "unequal memory": lambda: _unequal(24, 8 * MiB),
+    "unequal memory": lambda: _unequal(24, 12 * MiB),
     "three hosts": lambda: _tasks(3, 8),
 }
 
@@ -86,10 +86,11 @@ def _schedule(graph, cluster, make_policy, skip: bool, monkeypatch):
 @pytest.mark.parametrize("policy", ["m_etf", "m_sct"])
 def test_schedules_are_the_same_with_twins_weighed_once(kind, policy, monkeypatch):
     """Each seeded graph (groups, pins, weights) on 24 devices, weighing one of each set of
-    untouched twins and weighing every device: the same devices, times, copies and peaks, in
-    far fewer dry runs, and the twins took over from each other as the schedule touched them."""
+    untouched twins and weighing every device: the same devices, times, copies and peaks (or the
+    same run out of memory), in far fewer dry runs, and the twins took over from each other as
+    the schedule touched them."""
     cluster = _CLUSTERS[kind]()
-    runs = every_runs = handed = 0
+    runs = every_runs = handed = placed = 0
     for seed in range(6):
         graph = _graph(seed)
         if policy == "m_etf":
@@ -101,9 +102,10 @@ def test_schedules_are_the_same_with_twins_weighed_once(kind, policy, monkeypatc
         every, all_runs, none = _schedule(graph, cluster, make, False, monkeypatch)
         assert skipped == every, seed
         assert none == 0
+        placed += skipped is not None
         runs, every_runs, handed = runs + skipped_runs, every_runs + all_runs, handed + handed_here
     assert runs < 0.6 * every_runs, (runs, every_runs)
-    assert handed > 0
+    assert handed > 0 and placed >= 3  # most runs compared real schedules
 
 
 @pytest.mark.parametrize("method", ["m_topo", "m_etf", "m_sct", "heft", "auto"])
