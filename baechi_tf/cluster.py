@@ -236,6 +236,20 @@ class Cluster:
         change them."""
         return self._links[:2]
 
+    def pair_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slope, intercept) of each ordered pair of distinct devices, a then b, as float64
+        arrays of D * (D - 1) (empty with one device): what means and extremes over the pairs
+        read. Made once per cluster, read-only."""
+        return self._pair_links
+
+    @functools.cached_property
+    def _pair_links(self) -> tuple[np.ndarray, np.ndarray]:
+        pairs = ~np.eye(self.num_devices, dtype=bool)
+        out = tuple(np.asarray(t, dtype=np.float64)[pairs] for t in self.link_tables())
+        for a in out:
+            a.setflags(write=False)
+        return out  # type: ignore[return-value]
+
     def min_link_intercept_us(self) -> float:
         """The least fixed cost of a copy between two devices; 0 with one device."""
         return self._links[2]
@@ -260,7 +274,7 @@ class Cluster:
 
     @functools.cached_property
     def _twins(self) -> tuple[tuple[int, ...], ...]:
-        costs = [np.asarray(t) for t in self.link_tables()]
+        costs = [np.asarray(t, dtype=np.float64) for t in self.link_tables()]
         by_kind: dict[tuple[int, str], list[int]] = {}
         for i, d in enumerate(self.devices):
             by_kind.setdefault((d.memory_bytes, d.type), []).append(i)

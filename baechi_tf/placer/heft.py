@@ -31,10 +31,7 @@ __all__ = ["place_heft", "upward_rank"]
 
 def upward_rank(graph: OpGraph, cluster: Cluster) -> list[float]:
     """Compute plus the mean transfer time along the longest path to a sink, per op."""
-    nd = cluster.num_devices
-    # Over ordered pairs of distinct devices (one device: its own, free), a then b.
-    pairs = ~np.eye(nd, dtype=bool) if nd > 1 else np.ones((1, 1), dtype=bool)
-    slope, intercept = (float(np.mean(np.asarray(t)[pairs])) for t in cluster.link_tables())
+    slope, intercept = (float(np.mean(p)) if len(p) else 0.0 for p in cluster.pair_links())
     compute = graph.compute_us.tolist()
     rank = list(compute)
     out_ptr, out_idx = graph._out_csr

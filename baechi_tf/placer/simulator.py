@@ -195,8 +195,7 @@ def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray
     producer u to a consumer v share the channels of the same two devices, so a remote u delays v
     by at least comm(u, v)."""
     n = graph.num_ops
-    pairs = ~np.eye(cluster.num_devices, dtype=bool)
-    slope, intercept = (float(np.asarray(t)[pairs].min()) for t in cluster.link_tables())
+    slope, intercept = (float(p.min()) for p in cluster.pair_links())
     key = graph.edge_src.astype(np.int64) * n + graph.edge_dst
     pair, edge_pair = np.unique(key, return_inverse=True)
     comm = np.bincount(edge_pair.ravel(), weights=intercept + slope * graph.edge_bytes)

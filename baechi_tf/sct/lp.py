@@ -109,9 +109,9 @@ def arc_comm_us(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarra
     arc_key, edge_arc = np.unique(key, return_inverse=True)
     edge_arc = edge_arc.reshape(-1)
     tensor_us = np.zeros(graph.num_tensors)
-    lines = {cluster.link(a, b) for a in range(cluster.num_devices) for b in range(cluster.num_devices) if a != b}
-    for line in lines:
-        tensor_us = np.maximum(tensor_us, line.slope_us_per_byte * graph.tensor_bytes + line.intercept_us)
+    lines = np.unique(np.stack(cluster.pair_links(), axis=1), axis=0).tolist()  # (slope, intercept)
+    for slope, intercept in lines:
+        tensor_us = np.maximum(tensor_us, slope * graph.tensor_bytes + intercept)
     # One term per distinct (arc, tensor) pair: a tensor read twice by one op is sent once.
     nt = max(graph.num_tensors, 1)
     pair = np.unique(edge_arc.astype(np.int64) * nt + graph.edge_tensor)
