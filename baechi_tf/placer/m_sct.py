@@ -21,7 +21,9 @@ Steps:
    (spec 5.3.3). Device choice, transfers, memory and failures are m-ETF's.
 
 Time: the LP pieces, plus O((V + E) * D^2 * log(V * D)) for the scheduler (an op may be priced on
-every device when a reserved device considers it); memory O(V * D + E).
+every device when a reserved device considers it); memory O(V * D + E). D counts the devices the
+schedule has touched and one of each set of twins it has not (`list_scheduler`): a 2,000-op
+layered graph on 1,024 devices, of which it uses 22, took 66 s, now 2.4 s.
 """
 
 from __future__ import annotations
