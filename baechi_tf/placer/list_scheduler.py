@@ -56,9 +56,10 @@ m-ETF took 50 s, now 1.2 s; m-SCT 66 s, now 2.4 s; auto 198 s, now 8 s (at 4 dev
 and 4.3 s, then and now). A step looks only at the devices that hold candidates.
 
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
-D devices weighed (those touched, plus one of each set of untouched twins), plus one re-evaluation of each stale key that reaches the top of a heap. A booking on a
-channel makes stale the keys of the ready ops that wait for a copy over it: when their last copy
-goes to the channels' tail they wait in a tail queue (thousands of updates of one variable fed
+D devices weighed (those touched, plus one of each set of untouched twins), plus one
+re-evaluation of each stale key that reaches the top of a heap. A booking on a channel makes
+stale the keys of the ready ops that wait for a copy over it: when their last copy goes to the
+channels' tail they wait in a tail queue (thousands of updates of one variable fed
 from other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting
 op; a 1,200-op fan-out placed by m-ETF, whose source goes to the tail and each op's own input
 into a gap: 11,500 evaluations, 161,000 when only ops all of whose copies went to the tail were
@@ -277,7 +278,8 @@ class UntouchedTwins:
             for k, members in enumerate(self.untouched):
                 for d in members:
                     self.set_of[d] = k
-            self.distinct = [d for d in range(nd) if self.set_of[d] < 0 or self.untouched[self.set_of[d]][0] == d]
+            firsts = {members[0] for members in self.untouched}
+            self.distinct = [d for d in range(nd) if self.set_of[d] < 0 or d in firsts]
 
     def stand_in(self, dev: int) -> Optional[int]:
         """The untouched twin that takes `dev`'s place in `distinct` once `dev` is touched."""
