@@ -490,8 +490,9 @@ def test_far_more_devices_than_groups_is_a_warning(caplog):
         assert not caplog.records  # a small graph on a few devices says nothing
         result = place(graph, graphs.cluster(100), PlacementOptions(placement_method="m_etf"))
     assert [r.getMessage() for r in caplog.records] == [
-        "100 devices for 8 groups of ops: a placement uses at most 8 of them, and the placers weigh "
-        "every device for every op (slow with thousands); ask for fewer devices"
+        "100 devices for 8 groups of ops: a placement uses at most 8 of them, and the tables of the "
+        "links between devices grow with the square of their number (slow with thousands); ask for "
+        "fewer devices"
     ]
     assert len(set(result.placement.device_of.tolist())) <= 8
 

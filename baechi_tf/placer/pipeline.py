@@ -359,10 +359,10 @@ def _m_topo_nonuniform(graph: OpGraph, cluster: Cluster, groups: Groups) -> Plac
 # More devices than groups is worth a warning only beyond this many devices (a small graph on a
 # few devices is common and quick).
 _FEW_DEVICES = 64
-# More devices than groups is refused beyond this many devices: the placers' time and the
-# simulator's link tables grow with the square of the devices (3,000 devices for a 97-op graph
-# took 11 s and 850 MB to place on one device; 20,000 ran out of memory), all for devices that
-# no placement can use.
+# More devices than groups is refused beyond this many devices: the link tables grow with the
+# square of the devices (3,000 devices for a 97-op graph took 11 s and 850 MB to place on one
+# device, before the placers weighed one of each set of untouched twins; 20,000 ran out of
+# memory), all for devices that no placement can use.
 _MANY_DEVICES = 1024
 _AUTO_MAX_LP_ARCS = 5000
 # A chosen method's placement this much slower than one device is worth a warning.
@@ -681,14 +681,15 @@ def place(
     if cluster.num_devices > max(groups.num_groups, _MANY_DEVICES):
         raise ConfigError(
             f"{cluster.num_devices} devices for {groups.num_groups} groups of ops: a placement uses "
-            f"at most {groups.num_groups} of them, and placing weighs every device for every op, in "
-            f"time and memory that grow with the square of the devices; ask for at most "
+            f"at most {groups.num_groups} of them, and the tables of the links between devices grow "
+            f"with the square of their number, as the time and memory of placing do; ask for at most "
             f"{max(groups.num_groups, _MANY_DEVICES)} devices"
         )
     if cluster.num_devices > max(groups.num_groups, _FEW_DEVICES):
         log.warning(
-            "%d devices for %d groups of ops: a placement uses at most %d of them, and the placers "
-            "weigh every device for every op (slow with thousands); ask for fewer devices",
+            "%d devices for %d groups of ops: a placement uses at most %d of them, and the tables of "
+            "the links between devices grow with the square of their number (slow with thousands); "
+            "ask for fewer devices",
             cluster.num_devices, groups.num_groups, groups.num_groups,
         )
 
