@@ -69,6 +69,7 @@ _MAX_ARROWS = 60  # critical-path device changes drawn as arrows, at most
 _ROW_IN = 0.62  # Gantt chart: inches from a device's row to the next one's, at most
 _MAX_GANTT_PX = 4000  # its height at most: more devices get closer rows
 _LABEL_PX = 12  # closer rows than this are labelled 1 in a few
+_MAX_LABEL_FRACTION = 0.3  # of the Gantt chart's width, for the rows' labels at most
 _MAX_FRAMES = 8  # memory PNGs: frames kept for devices of other capacities (`_MemoryPlot`)
 _CRITICAL = "#d62728"
 _MERGED = "#4c72b0"
@@ -574,7 +575,7 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
     pitch_px = pitch_in * _DPI
     lanes_labelled = pitch_px >= 2 * _LABEL_PX
     every = int(np.ceil(_LABEL_PX / pitch_px))
-    ax_left = _label_margin(device_labels[::every])
+    device_labels[::every], ax_left = _fit_labels(device_labels[::every])
     ax_px = (_AX_RIGHT - ax_left) * _WIDTH_IN * _DPI
     px_us = makespan / ax_px  # microseconds per pixel
     widths_px = (end - start) / px_us
@@ -672,19 +673,33 @@ def _gantt_figure(result: Any, critical: Sequence[int], copies: Sequence[Transfe
         return fig
 
 
-def _label_margin(labels: Sequence[str]) -> float:
-    """The Gantt axes' left edge, as a fraction of the figure's width: _AX_LEFT, or more where a
-    row's label needs it ('parameter_server/r0/t0 CPU:0' lost its first 9 characters)."""
+def _fit_labels(labels: Sequence[str]) -> tuple[list[str], float]:
+    """(labels, the Gantt axes' left edge as a fraction of the figure's width): _AX_LEFT, or more
+    where a row's label needs it ('parameter_server/r0/t0 CPU:0' lost its first 9 characters), up
+    to _MAX_LABEL_FRACTION; a label wider than that keeps its end, after '…' (a job name of 200
+    characters made a margin wider than the figure, and the axes' negative width raised)."""
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.font_manager import FontProperties
 
     renderer = RendererAgg(1, 1, _DPI)
     prop = FontProperties(size=_RC["font.size"])
-    widest = max(
-        (renderer.get_text_width_height_descent(label, prop, ismath=False)[0] for label in labels),
-        default=0.0,
-    )
-    return max(_AX_LEFT, (widest + 12) / (_WIDTH_IN * _DPI))
+    room_px = _MAX_LABEL_FRACTION * _WIDTH_IN * _DPI - 12
+
+    def width(label: str) -> float:
+        return renderer.get_text_width_height_descent(label, prop, ismath=False)[0]
+
+    fitted, widest = [], 0.0
+    for label in labels:
+        w = width(label)
+        if w > room_px:
+            keep = int(len(label) * room_px / w)  # then fewer while it is still too wide
+            while keep > 1 and width("…" + label[-keep:]) > room_px:
+                keep -= 1
+            label = "…" + label[-keep:]
+            w = width(label)
+        fitted.append(label)
+        widest = max(widest, w)
+    return fitted, max(_AX_LEFT, (widest + 12) / (_WIDTH_IN * _DPI))
 
 
 def _draw_transfers(ax, graph, cluster, schedule, critical, copies, scale, px_us, row_h, lane_h) -> None:

@@ -753,6 +753,31 @@ def test_gantt_rows_of_several_tasks_keep_their_whole_label():
     assert fig.axes[0].get_position().x0 == pytest.approx(0.085)
 
 
+def test_gantt_rows_of_a_job_with_a_very_long_name_keep_the_end_of_their_label(tmp_path):
+    # The margin grew with the widest label: a job name of 200 characters made it wider than the
+    # figure, and place-json --report_dir ended in a traceback (the axes' width was negative).
+    # Such a label keeps its end, where the task and device are, after '…'.
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.reports import _gantt_figure
+
+    c = Cluster((Device(f"/job:{'x' * 200}/replica:0/task:0/device:GPU:0", GiB),
+                 Device("/job:w/replica:0/task:1/device:GPU:0", GiB)), CommCost())
+    graph = fork_join(2, 100.0)
+    result = place(graph, c, PlacementOptions(placement_method="m_etf"))
+    paths = write_reports(result, str(tmp_path))
+    _check_png(paths["gantt"], 1200, 300)
+    fig = _gantt_figure(result, result.schedule.critical_path(graph, c))
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels() if t.get_text() != "channel"]
+    first, second = (t.get_text() for t in labels)
+    assert first.startswith("…x") and first.endswith("x/r0/t0 GPU:0") and second == "w/r0/t1 GPU:0"
+    assert 0.085 < ax.get_position().x0 <= 0.3
+    for label in labels:
+        assert label.get_window_extent(renderer).x0 >= 0, label.get_text()
+
+
 def test_a_step_of_no_time_has_an_axis_of_one_microsecond():
     # Ops of 0 us: the axes ran from 0 to 1e-9 us under a '1e-9' offset.
     from baechi_tf.reports import _gantt_figure, _memory_figure
