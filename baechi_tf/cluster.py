@@ -36,6 +36,13 @@ _DEFAULT_INTERCEPT_US = 134.0
 
 _TASK = re.compile(r"^/job:([^/]+)(?:/replica:(\d+))?(?:/task:(\d+))?")
 _DEVICE = re.compile(r"(?:^|/)(?:device:([A-Za-z_]+)|((?i:gpu|cpu|tpu))):(\d+)$")
+# A whole device name as TF's runtime parses it (DeviceNameUtils): a job is a letter then letters,
+# digits and '_', replica and task are numbers, and nothing else may stand between the parts.
+_JOB = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+_WHOLE = re.compile(
+    r"(?:(?:/job:[^/]*)?(?:/replica:\d+)?(?:/task:\d+)?/|/?)"
+    r"(?:device:[A-Za-z_]+|(?i:gpu|cpu|tpu)):\d+\Z"
+)
 
 
 def device_task(name: str) -> str:
@@ -83,10 +90,16 @@ class Device:
     type: str = "GPU"  # 'GPU' or 'CPU'; decides which kernels can run here
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _DEVICE.search(self.name):
+        if not isinstance(self.name, str) or not _WHOLE.match(self.name):
             raise ConfigError(
                 f"device name {self.name!r} is malformed: use a TF device name such as "
                 "'/device:GPU:0' or '/job:worker/replica:0/task:1/device:GPU:0'"
+            )
+        job = _TASK.match(self.name)
+        if job and not _JOB.match(job.group(1)):
+            raise ConfigError(
+                f"device name {self.name!r} has the job {job.group(1)!r}, which TF cannot run: a "
+                "job name is a letter followed by letters, digits and '_' (as 'worker' or 'ps_1')"
             )
         if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int):
             if not (isinstance(self.memory_bytes, float) and self.memory_bytes.is_integer()):

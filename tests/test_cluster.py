@@ -63,6 +63,8 @@ def test_device_task():
         (lambda: Cluster(()), "no devices"),
         (lambda: Cluster((Device("/device:GPU:0", GiB), Device("/gpu:0", GiB))), "same device"),
         (lambda: Device("gpu zero", GiB), "malformed"),
+        (lambda: Device("garbage/device:GPU:0", GiB), "malformed"),
+        (lambda: Device("/device:GPU:0\n", GiB), "malformed"),
         (lambda: Device("/device:GPU:0", 0), "positive capacity"),
         (lambda: Device("/device:GPU:0", 1.5), "whole number"),
         (lambda: CommCost(-1, 0), "finite number >= 0"),
@@ -132,3 +134,19 @@ def test_the_slowest_copies_allowed_still_place_and_schedule_finitely(method):
     assert math.isfinite(r.makespan_us)
     if method == "auto":
         assert r.makespan_us == r.single_device_makespan_us
+
+
+@pytest.mark.parametrize("job", ["a-b", "w\nx", "$$", "1a", "ps 0"])
+def test_a_job_tf_cannot_run_is_refused_with_the_rule(job):
+    # TF's runtime takes a job name of a letter and then letters, digits and '_' (a server of the
+    # job 'a-b' ends the process in a CHECK failure). A newline stays inside the one-line message.
+    with pytest.raises(ConfigError, match="which TF cannot run: a job name is a letter") as e:
+        Device(f"/job:{job}/replica:0/task:0/device:GPU:0", GiB)
+    assert "\n" not in str(e.value)
+
+
+def test_a_job_holding_a_slash_is_refused_not_read_as_another_task():
+    # '/job:a/b/replica:0/task:1/...' was read as task 0 of the job 'a', so the devices of two
+    # tasks were refused as 'the same device'; TF refuses such a name ("Unknown attribute 'b'").
+    with pytest.raises(ConfigError, match="'/job:a/b/replica:0/task:0/device:GPU:0' is malformed"):
+        Cluster(tuple(Device(f"/job:a/b/replica:0/task:{t}/device:GPU:0", GiB) for t in range(2)))
