@@ -273,8 +273,9 @@ def chrome_trace(
 
     Device i is process i + 1 with threads ``compute`` (tid 0) and ``channel`` (tid 1). Each op
     is one complete event (ts = start, dur = compute time); each transfer is two, a ``send`` on
-    the source's channel and a ``receive`` on the destination's, with the same args; memory in use
-    is the counter ``memory``. `tf_step_stats` adds TF's timeline as processes from 1001 on.
+    the source's channel and a ``receive`` on the destination's, with the same args (instant
+    events, ``ph: i``, for a copy that takes no time); memory in use is the counter ``memory``.
+    `tf_step_stats` adds TF's timeline as processes from 1001 on.
     """
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     if memory is None:
@@ -324,18 +325,16 @@ def chrome_trace(
             "to": cluster.names[tr.dst_device],
             "critical_path": (tr.tensor, tr.dst_device) in on_copies,
         }
+        # A copy that takes no time holds no channel (the simulator books nothing for it), so it
+        # may fall inside another copy: it is an instant, which viewers do not nest in a slice.
+        if tr.end_us > tr.start_us:
+            timed = {"ph": "X", "dur": tr.end_us - tr.start_us}
+        else:
+            timed = {"ph": "i", "s": "t"}
         for pid, what in ((tr.src_device + 1, "send"), (tr.dst_device + 1, "receive")):
             events.append(
-                {
-                    "name": f"{what} {tensor}",
-                    "cat": what,
-                    "ph": "X",
-                    "ts": tr.start_us,
-                    "dur": tr.end_us - tr.start_us,
-                    "pid": pid,
-                    "tid": 1,
-                    "args": args,
-                }
+                {"name": f"{what} {tensor}", "cat": what, "ts": tr.start_us, **timed, "pid": pid, "tid": 1,
+                 "args": args}
             )
     for d, mem in enumerate(memory):
         for t, b in zip(mem.times_us.tolist(), mem.bytes.tolist()):

@@ -326,7 +326,7 @@ def test_trace_matches_the_schedule(fork_join_reports):
         assert e["args"]["op"] == graph.names[op]
         assert e["args"]["output_bytes"] == list(graph.output_bytes[op])
     for what, device in (("send", "src_device"), ("receive", "dst_device")):
-        got = sorted((e["pid"], e["ts"], round(e["ts"] + e["dur"], 6), e["args"]["bytes"])
+        got = sorted((e["pid"], e["ts"], round(e["ts"] + e.get("dur", 0.0), 6), e["args"]["bytes"])
                      for e in events if e.get("cat") == what)
         want = sorted((pid[getattr(t, device)], t.start_us, round(t.end_us, 6),
                        int(graph.tensor_bytes[t.tensor])) for t in s.transfers)
@@ -340,6 +340,31 @@ def test_trace_matches_the_schedule(fork_join_reports):
             spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                            if e["ph"] == "X" and e["pid"] == pid[d] and e["tid"] == tid)
             assert all(end <= nxt + 1e-6 for (_, end), (nxt, _) in zip(spans, spans[1:]))
+
+
+def test_a_copy_that_takes_no_time_is_an_instant_on_its_channel(tmp_path):
+    #   a (dev 0, 1 MB) ----> b (dev 1)      the copy of a's output holds both channels 100 us
+    #   c (dev 0) - - - - -> d (dev 1)      control copy, 0 bytes: 0 us, at c's end, inside it
+    # A copy of no duration books no channel time, so it fell inside the other copy, and the
+    # trace's channel thread had a complete event inside another (a fuzzed place-json document).
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [1_000_000], device="/device:GPU:0")
+    b.add_op("c", 20, [4], device="/device:GPU:0")
+    b.add_op("b", 10, [4], device="/device:GPU:1")
+    b.add_op("d", 10, [4], device="/device:GPU:1")
+    b.add_edge("a", "b")
+    b.add_edge("a", "c")
+    b.add_control_edge("c", "d")
+    c = cluster(2, comm=CommCost(0.0001, 0.0))
+    result = place(b.build(), c, PlacementOptions(placement_method="m_etf"))
+    s = result.schedule
+    assert sorted((t.start_us, t.end_us) for t in s.transfers) == [(10.0, 110.0), (30.0, 30.0)]
+    events, pids = _trace(write_reports(result, str(tmp_path))["trace"])
+    copies = [e for e in events if e.get("cat") in ("send", "receive")]
+    assert sorted((e["ph"], e["ts"], e.get("dur"), e["pid"], e["tid"]) for e in copies) == [
+        ("X", 10.0, 100.0, 1, 1), ("X", 10.0, 100.0, 2, 1), ("i", 30.0, None, 1, 1), ("i", 30.0, None, 2, 1)]
+    assert all(e["s"] == "t" for e in copies if e["ph"] == "i")
+    assert {e["args"]["tensor"] for e in copies if e["ph"] == "i"} == {"^c"}
 
 
 def test_summary_matches_the_result(fork_join_reports):
