@@ -99,6 +99,31 @@ def test_transfers_share_a_channel_in_time_order():
     assert_valid_schedule(g, c, Groups.singletons(g), s)
 
 
+def test_a_placement_that_moves_a_pinned_op_is_simulated_where_it_puts_it():
+    #  a(10, pinned to GPU:1) -> b(10), c(10) alone; the placement puts all three on device 0.
+    #  check_placement refuses it, but simulate must give this placement's schedule: a 0-10,
+    #  b 10-20, c 20-30 on device 0, no copy. It ran a on its pin, device 1, and reported it on
+    #  device 0 beside c at 0-10 (two ops at once on one device) and b after a copy, at 50.
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [40], device="/device:GPU:1")
+    b.add_op("b", 10, [4])
+    b.add_op("c", 10, [4])
+    b.add_edge("a", "b")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.5, 20))
+    s = simulate(g, c, place(g, [0, 0, 0]))
+    assert s.placement.device_of.tolist() == [0, 0, 0]
+    assert s.start_us.tolist() == [0, 10, 20]
+    assert s.transfers == ()
+    assert s.makespan_us == 30
+    # Where the placement keeps the pin, the pin changes nothing: a 0-10 on device 1, its 40 B
+    # copy 10-50, c 0-10 and b 50-60 on device 0.
+    s = simulate(g, c, place(g, [1, 0, 0]))
+    assert s.start_us.tolist() == [0, 50, 0]
+    assert [(t.src_device, t.start_us, t.end_us) for t in s.transfers] == [(1, 10, 50)]
+    assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
 def test_tensor_is_sent_once_per_device():
     #  a -> b, a -> c, both b and c on the other device: one transfer of a.
     b = OpGraphBuilder()

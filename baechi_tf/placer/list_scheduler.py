@@ -746,11 +746,14 @@ class ListScheduler:
         state = self.state = SchedulerState(
             graph, cluster, groups, persistent_headroom, tables, twins=policy.twins_alike
         )
-        _place_pinned(graph, cluster, groups, state)
+        # The devices given win over pins: the simulator runs the placement it is handed (that it
+        # keeps the pins is check_placement's to say), and the other callers give pinned groups
+        # their pins. Pins still place the groups left, and a pin to no device is still refused.
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
                 if dev >= 0 and state.group_device[g] < 0:
                     state.place_group(g, int(dev))
+        _place_pinned(graph, cluster, groups, state)
         nd = state.num_devices
         # Per device: `later` holds (lower bound of start, topo, op) for ops that cannot start
         # when the device is next free; `now` holds (topo, op) for ops that can (their start is
