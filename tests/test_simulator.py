@@ -124,6 +124,15 @@ def test_a_placement_that_moves_a_pinned_op_is_simulated_where_it_puts_it():
     assert_valid_schedule(g, c, Groups.singletons(g), s)
 
 
+@pytest.mark.parametrize("device", [-1, 2])
+def test_a_placement_on_a_device_the_cluster_lacks_is_refused(device):
+    # Device -1 ran op1 on the last device (Python's index from the end) and then failed an
+    # assertion; device 2 of two ended in an IndexError.
+    g = graphs.chain(3, compute_us=100, nbytes=1000)
+    with pytest.raises(ValueError, match=f"op 'op1' on device index {device}, but the cluster has devices 0..1"):
+        simulate(g, graphs.cluster(2), place(g, [0, device, 0]))
+
+
 def test_tensor_is_sent_once_per_device():
     #  a -> b, a -> c, both b and c on the other device: one transfer of a.
     b = OpGraphBuilder()
