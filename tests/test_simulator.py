@@ -124,6 +124,20 @@ def test_a_placement_that_moves_a_pinned_op_is_simulated_where_it_puts_it():
     assert_valid_schedule(g, c, Groups.singletons(g), s)
 
 
+def test_a_pinned_op_placed_on_its_pin_whose_weights_exceed_the_device_is_named():
+    # w (3 MiB of persistent memory) is pinned to GPU:0 of 2 MiB and placed there: the error
+    # names the pin and the fix, not a read of 8 B by a device with -1 MiB free.
+    b = OpGraphBuilder()
+    b.add_op("x", 1, [4])
+    b.add_op("w", 1, [4], persistent_bytes=3 * (1 << 20), device="/device:GPU:0")
+    b.add_edge("x", "w")
+    g = b.build()
+    c = graphs.cluster(2, memory_bytes=2 * (1 << 20))
+    with pytest.raises(InfeasiblePlacementError, match="'w' is pinned to '/device:GPU:0', but its group 'w' "
+                       "holds 3.00 MiB of persistent memory and the device has 2.00 MiB: unpin it"):
+        simulate(g, c, place(g, [1, 0]))
+
+
 @pytest.mark.parametrize("device", [-1, 2])
 def test_a_placement_on_a_device_the_cluster_lacks_is_refused(device):
     # Device -1 ran op1 on the last device (Python's index from the end) and then failed an

@@ -746,14 +746,11 @@ class ListScheduler:
         state = self.state = SchedulerState(
             graph, cluster, groups, persistent_headroom, tables, twins=policy.twins_alike
         )
-        # The devices given win over pins: the simulator runs the placement it is handed (that it
-        # keeps the pins is check_placement's to say), and the other callers give pinned groups
-        # their pins. Pins still place the groups left, and a pin to no device is still refused.
+        _place_pinned(graph, cluster, groups, state, initial_group_device)
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
                 if dev >= 0 and state.group_device[g] < 0:
                     state.place_group(g, int(dev))
-        _place_pinned(graph, cluster, groups, state)
         nd = state.num_devices
         # Per device: `later` holds (lower bound of start, topo, op) for ops that cannot start
         # when the device is next free; `now` holds (topo, op) for ops that can (their start is
@@ -1298,14 +1295,22 @@ def _ro(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _place_pinned(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> None:
-    """Places the groups of pinned ops on their devices (raising on unknown devices)."""
+def _place_pinned(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    state: SchedulerState,
+    given: Optional[Sequence[int]] = None,
+) -> None:
+    """Places the groups of pinned ops on their devices (raising on unknown devices), but for
+    the groups `given` another device: those go where given, as the simulator runs the
+    placement it is handed (that it keeps the pins is `check_placement`'s to say)."""
     for op, name in enumerate(graph.pinned_device):
         if name is None:
             continue
         dev = pinned_device_index(graph, cluster, op)
         g = state.group_of[op]
-        if state.group_device[g] >= 0:
+        if state.group_device[g] >= 0 or given is not None and given[g] >= 0 and given[g] != dev:
             continue
         p = state.group_persistent[g]
         if p > state.capacity[dev]:
