@@ -807,6 +807,45 @@ def test_functional_control_flow_reading_a_variable_keeps_its_pins_as_in_tf():
     assert placed["c"] == f"{TASK}/device:CPU:3" and placed["w"] == f"{TASK}/device:CPU:1"
 
 
+@pytest.mark.parametrize("method", ["m_etf", "m_topo"])
+def test_a_reader_of_a_variable_passed_through_a_while_loop_goes_with_the_variable(method):
+    # A v2 loop reading a variable takes its handle as a loop variable and hands it out again:
+    # lowered, the handle flows Enter -> ... -> Exit, and TF runs a reader of the While's output
+    # (the gradient's VariableShape) with the variable. It was put with the While instead, whose
+    # gradients (colocated with it) went elsewhere: 'Cannot colocate nodes
+    # gradients/VariableShape and gradients/zeros/Const' ended the run.
+    from baechi_tf import BaechiSession
+
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2], name="x")
+        with tf.device("/device:CPU:1"):
+            v = tf1.get_variable("v", initializer=[1.0, 2.0], use_resource=True)
+        _, y = tf.while_loop(lambda i, a: i < 3, lambda i, a: (i + 1, a * v), [0, x], name="loop")
+        grad = tf1.gradients(tf.reduce_sum(y), [v], colocate_gradients_with_ops=True)[0]
+        init = tf1.global_variables_initializer()
+    assert g.get_operation_by_name("gradients/VariableShape").inputs[0].op.type == "While"
+    gd = g.as_graph_def()
+    setup = standin_cluster(4, prefix=TASK)
+    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
+                             device_aliases=setup.aliases).graph
+    groups = colocation_groups(graph)
+    index = {name: i for i, name in enumerate(graph.names)}
+    assert groups.group_of[index["gradients/VariableShape"]] == groups.group_of[index["v"]]
+    config = tf1.ConfigProto(device_count={"CPU": 4})
+    feed = {x: [1.0, 1.0]}
+    with tf1.Session(graph=g, config=config) as plain:
+        plain.run(init)
+        expected = plain.run(grad, feed)
+    with BaechiSession(graph=g, config=config, num_devices=4, placement_method=method,
+                       warmup_steps=0, profile_steps=1) as sess:
+        sess.run(init)
+        np.testing.assert_array_equal(sess.run(grad, feed), expected)
+        placed = sess.placement.op_to_device
+    assert placed["gradients/VariableShape"] == placed["v"] == placed["loop"] == f"{TASK}/device:CPU:1"
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -14,8 +14,9 @@ One op per node, in node order, with:
   ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
   placer adds: an op taking a resource handle or a reference from another op (as its input is
-  declared: not one reading the value through a reference) runs on that op's device, and so does
-  a dataset op reading another dataset. TF moves it there whatever the GraphDef says: where the
+  declared: not one reading the value through a reference) runs on that op's device (a handle
+  that a functional ``While`` takes and hands out again comes from where it went in:
+  `_handle_source`), and so does a dataset op reading another dataset. TF moves it there whatever the GraphDef says: where the
   two are pinned to different devices, the reader's pin gives way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
   the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
@@ -594,7 +595,7 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
     for op in tfg.get_operations():
         producers: list[str] = []
         for t, dtype in zip(op.inputs, op._input_types):
-            src = t.op
+            src = _handle_source(t).op if dtype == tf.resource else t.op
             if dtype == tf.variant:
                 if not (_is_dataset(src.type) and _is_dataset(op.type)):
                     continue
@@ -627,6 +628,20 @@ def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[d
             if runs_on is not None and runs_on != pin:
                 overridden[name] = runs_on
     return out, overridden
+
+
+_WHILES = frozenset({"While", "StatelessWhile"})
+
+
+def _handle_source(t: Any) -> Any:
+    """The tensor a functional loop's output `t` passes through: a ``While`` hands out each loop
+    variable it takes, and a resource handle it takes comes out as it went in (a session lowers
+    the loop to Enter -> Merge -> Switch -> Exit nodes, each taking the handle from the one
+    before, so TF runs a reader of the output with the handle's maker). Other tensors are
+    their own source."""
+    while t.op.type in _WHILES and t.value_index < len(t.op.inputs):
+        t = t.op.inputs[t.value_index]
+    return t
 
 
 # Ops that make an iterator resource, and those that make one from a string handle.
