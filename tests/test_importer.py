@@ -846,6 +846,61 @@ def test_a_reader_of_a_variable_passed_through_a_while_loop_goes_with_the_variab
     assert placed["gradients/VariableShape"] == placed["v"] == placed["loop"] == f"{TASK}/device:CPU:1"
 
 
+@pytest.mark.parametrize("method", ["m_etf", "m_topo"])
+@pytest.mark.parametrize("pin", [None, "/device:CPU:2"])
+def test_an_op_that_a_loop_body_colocates_with_by_its_name_goes_with_the_loop(method, pin):
+    # The gradient's body of a v2 loop taking the mean of a stacked TensorArray colocates its ops
+    # with 'gradients/Mean_grad/Shape', a name its own nodes lack; once the session inlines the
+    # body (on the loop's device), that name is the graph's op of the mean outside the loop, and
+    # TF puts the two together. Placed apart, the run ended with 'Cannot colocate nodes
+    # gradients/while_grad/while_grad/body/_56/gradients/Mean_grad/Size and
+    # gradients/Mean_grad/Size'. Where the loop is pinned, so are its gradient body's nodes, and
+    # TF runs the op they name on that device.
+    from baechi_tf import BaechiSession
+
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2, 3], name="x")
+        n = tf1.placeholder(tf.int32, [], name="n")
+
+        def body(i, a):
+            ta = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[2, 3])
+            return i + 1, tf.reduce_mean(ta.write(0, a).write(1, tf.tanh(a)).stack(), 0)
+
+        with tf.device(pin):
+            _, y = tf.while_loop(lambda i, a: i < n, body, [0, x], name="loop")
+        outside = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[2, 3]).write(0, y)
+        grad = tf1.gradients(tf.reduce_mean(outside.stack(), 0), [x])[0]
+    gd = g.as_graph_def()
+    loop_grad = next(nd for nd in gd.node if nd.op in ("While", "StatelessWhile") and nd.name != "loop")
+    body = next(f for f in gd.library.function if f.signature.name == loop_grad.attr["body"].func.name)
+    named = {c.decode() for nd in body.node_def for c in (nd.attr["_class"].list.s if "_class" in nd.attr else ())}
+    assert "loc:@gradients/Mean_grad/Shape" in named
+    assert "gradients/Mean_grad/Shape" in {nd.name for nd in gd.node} - {nd.name for nd in body.node_def}
+    setup = standin_cluster(4, prefix=TASK)
+    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
+                             device_aliases=setup.aliases).graph
+    groups = colocation_groups(graph)
+    index = {name: i for i, name in enumerate(graph.names)}
+    if pin is None:
+        assert groups.group_of[index["gradients/Mean_grad/Shape"]] == groups.group_of[index[loop_grad.name]]
+    else:
+        naming = [nd for nd in body.node_def if "_class" in nd.attr and b"loc:@gradients/Mean_grad/Shape" in nd.attr["_class"].list.s]
+        assert naming and {nd.device for nd in naming} == {pin}
+        assert graph.pinned_device[index["gradients/Mean_grad/Shape"]] == f"{TASK}{pin}"
+    config = tf1.ConfigProto(device_count={"CPU": 4})
+    feed = {x: np.ones((2, 3)), n: 2}
+    with tf1.Session(graph=g, config=config) as plain:
+        expected = plain.run(grad, feed)
+    with BaechiSession(graph=g, config=config, num_devices=4, placement_method=method,
+                       warmup_steps=0, profile_steps=1) as sess:
+        np.testing.assert_allclose(sess.run(grad, feed), expected, rtol=1e-6)
+        placed = sess.placement.op_to_device
+    if pin is not None:
+        assert placed["gradients/Mean_grad/Shape"] == placed["loop"] == f"{TASK}{pin}"
+
+
 @pytest.mark.parametrize(
     "make",
     [

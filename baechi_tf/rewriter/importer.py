@@ -19,7 +19,9 @@ One op per node, in node order, with:
   `_handle_source`), and so does a dataset op reading another dataset. TF moves it there whatever the GraphDef says: where the
   two are pinned to different devices, the reader's pin gives way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
-  the iterator lives. A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
+  the iterator lives. An op calling functions that a session inlines (functional control flow)
+  goes with the ops of the graph that the functions' nodes name in their ``_class``, and such an
+  op named by a node with a device is pinned there (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
   on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`).
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
@@ -346,7 +348,11 @@ def import_graph_def(
     node_types = {n.name: n.op for n in graph_def.node}
     from_handle = [n.name for n in graph_def.node if n.op in _FROM_STRING_HANDLE]
     enter_readers = _enter_readers(graph_def)
-    user_pins = {node.name: resolver.resolve(node.name, node.device) for node in graph_def.node}
+    inlined, inlined_pins = _inlined_colocation(graph_def)
+    user_pins = {
+        node.name: resolver.resolve(node.name, node.device or inlined_pins.get(node.name, ""))
+        for node in graph_def.node
+    }
     implicit, overridden = _implicit_colocation(tfg, {n: d for n, (d, _) in user_pins.items()})
     if overridden:
         name, device = next(iter(overridden.items()))
@@ -399,6 +405,7 @@ def import_graph_def(
             + tuple(implicit.get(node.name, ()))
             + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
             + enter_readers.get(node.name, ())
+            + inlined.get(node.name, ())
             + _pool_grad_forward(node, target_types),
             op_type=node.op,
         )
@@ -515,6 +522,79 @@ def _enter_readers(graph_def: Any) -> dict[str, tuple[str, ...]]:
             else:
                 out[src] = (node.name,)
     return out
+
+
+# Ops whose functions a session inlines into the graph before TF's placer runs (functional
+# control flow is lowered to Switch, Merge, Enter... and calls of its branches and bodies).
+_INLINED_CALLS = frozenset({
+    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
+    "PartitionedCall", "StatefulPartitionedCall",
+})
+
+
+def _called_functions(node: Any, functions: Mapping[str, Any]) -> list[str]:
+    """The library functions `node` calls where a session inlines them (none for other ops)."""
+    if node.op in functions:
+        return [node.op]
+    if node.op not in _INLINED_CALLS:
+        return []
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return [n for n in names if n in functions]
+
+
+def _inlined_colocation(graph_def: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """What the functions that ops call put ops of the graph with, once a session inlines them:
+    a node of a body or branch (or of a function that one calls, inlined in turn) runs on its own
+    device, else on its caller's, and its ``_class: loc:@x`` names `x` of the graph when the
+    function itself has no node `x` (TF prefixes only the names of the function's own nodes).
+    While v2 makes such names: a loop's gradient body colocated with a shape it hoisted out of
+    the loop, 'gradients/Mean_grad/Shape', is put with the graph's op of that name.
+
+    Returns the ops of the graph each calling op shares a device with (named by nodes that run on
+    its device) and the device that nodes naming a device put an op of the graph on (the first
+    one, in the order of the graph's nodes and the functions' nodes). Time: O(nodes of the
+    functions each caller reaches)."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    if not functions:
+        return {}, {}
+    top = {node.name for node in graph_def.node}
+    named_in: dict[str, list[tuple[str, str]]] = {}  # function -> (node's device, op of the graph)
+    calls: dict[str, list[tuple[str, str]]] = {}  # function -> (calling node's device, function)
+    for name, fdef in functions.items():
+        own = {node.name for node in fdef.node_def}
+        named_in[name], calls[name] = [], []
+        for node in fdef.node_def:
+            calls[name].extend((node.device, f) for f in _called_functions(node, functions))
+            for value in node.attr["_class"].list.s if "_class" in node.attr else ():
+                text = value.decode() if isinstance(value, bytes) else value
+                target = text[len("loc:@"):]
+                if text.startswith("loc:@") and target not in own and target in top:
+                    named_in[name].append((node.device, target))
+    colocated: dict[str, tuple[str, ...]] = {}
+    pins: dict[str, str] = {}
+    for node in graph_def.node:
+        todo = [("", f) for f in reversed(_called_functions(node, functions))]
+        seen: set[tuple[str, str]] = set()
+        names: set[str] = set()
+        while todo:
+            device, name = todo.pop()
+            if (device, name) in seen:
+                continue
+            seen.add((device, name))
+            for own_device, target in named_in[name]:
+                if own_device or device:
+                    pins.setdefault(target, own_device or device)
+                else:
+                    names.add(target)
+            todo.extend((own_device or device, f) for own_device, f in reversed(calls[name]))
+        names.discard(node.name)
+        if names:
+            colocated[node.name] = tuple(sorted(names))
+    return colocated, pins
 
 
 _NCHW_POOL_GRADS = frozenset({"MaxPoolGrad", "MaxPoolGradV2"})
