@@ -901,6 +901,52 @@ def test_an_op_that_a_loop_body_colocates_with_by_its_name_goes_with_the_loop(me
         assert placed["gradients/Mean_grad/Shape"] == placed["loop"] == f"{TASK}{pin}"
 
 
+@pytest.mark.parametrize("method", ["m_etf", "m_topo"])
+def test_a_case_whose_gradient_branch_reads_a_variable_goes_with_the_variable(method):
+    # The gradient of a switch_case whose branch runs a loop reading `v` has a branch taking v's
+    # handle (VariableShape) and colocated with the forward Case: inlined, that node runs with v,
+    # and TF puts the Case, its gradient and their Identity ops there too. Put elsewhere (a
+    # fuzzed program with two variables pinned to two devices), the run ended with 'Cannot
+    # colocate nodes gradients/switch_case/indexed_case_grad/gradient/branch2/_25/gradients/
+    # VariableShape and gradients/switch_case/indexed_case_grad/Identity'.
+    from baechi_tf import BaechiSession
+
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2], name="x")
+        idx = tf1.placeholder(tf.int32, [], name="idx")
+        with tf.device("/device:CPU:1"):
+            v = tf1.get_variable("v", initializer=[1.0, 2.0], use_resource=True)
+        with tf.device("/device:CPU:3"):
+            w = tf1.get_variable("w", initializer=[3.0, 2.0], use_resource=True)
+        looped = lambda: tf.while_loop(lambda i, a: i < 2, lambda i, a: (i + 1, a * v), [0, x])[1]
+        y = tf.switch_case(idx, [lambda: x * w, looped], name="case")
+        grad = tf1.gradients(tf.reduce_sum(y), [x], colocate_gradients_with_ops=True)[0]
+        init = tf1.global_variables_initializer()
+    gd = g.as_graph_def()
+    reads = [nd for f in gd.library.function for nd in f.node_def if nd.op == "VariableShape"]
+    assert reads and all(list(nd.attr["_class"].list.s) == [b"loc:@case/indexed_case"] for nd in reads)
+    setup = standin_cluster(4, prefix=TASK)
+    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
+                             device_aliases=setup.aliases).graph
+    groups = colocation_groups(graph)
+    index = {name: i for i, name in enumerate(graph.names)}
+    assert groups.group_of[index["case/indexed_case"]] == groups.group_of[index["v"]]
+    assert groups.group_of[index["case/indexed_case"]] != groups.group_of[index["w"]]
+    config = tf1.ConfigProto(device_count={"CPU": 4})
+    with tf1.Session(graph=g, config=config) as plain:
+        plain.run(init)
+        expected = [plain.run(grad, {x: [1.0, 1.0], idx: k}) for k in (0, 1)]
+    with BaechiSession(graph=g, config=config, num_devices=4, placement_method=method,
+                       warmup_steps=0, profile_steps=1) as sess:
+        sess.run(init)
+        for k in (0, 1):
+            np.testing.assert_array_equal(sess.run(grad, {x: [1.0, 1.0], idx: k}), expected[k])
+        placed = sess.placement.op_to_device
+    assert placed["case/indexed_case"] == placed["v"] == f"{TASK}/device:CPU:1"
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -20,8 +20,9 @@ One op per node, in node order, with:
   two are pinned to different devices, the reader's pin gives way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
   fed in by its string handle, and TF makes an iterator from a handle only on the device where
   the iterator lives. An op calling functions that a session inlines (functional control flow)
-  goes with the ops of the graph that the functions' nodes name in their ``_class``, and such an
-  op named by a node with a device is pinned there (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
+  goes with the ops of the graph that the functions' nodes name in their ``_class``; such an op
+  named by a node with a device is pinned there, and one named by a node taking a resource handle
+  argument goes with the handle's maker (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
   on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`).
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
@@ -348,7 +349,7 @@ def import_graph_def(
     node_types = {n.name: n.op for n in graph_def.node}
     from_handle = [n.name for n in graph_def.node if n.op in _FROM_STRING_HANDLE]
     enter_readers = _enter_readers(graph_def)
-    inlined, inlined_pins = _inlined_colocation(graph_def)
+    inlined, inlined_pins = _inlined_colocation(graph_def, tfg)
     user_pins = {
         node.name: resolver.resolve(node.name, node.device or inlined_pins.get(node.name, ""))
         for node in graph_def.node
@@ -405,7 +406,7 @@ def import_graph_def(
             + tuple(implicit.get(node.name, ()))
             + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
             + enter_readers.get(node.name, ())
-            + inlined.get(node.name, ())
+            + tuple(inlined.get(node.name, ()))
             + _pool_grad_forward(node, target_types),
             op_type=node.op,
         )
@@ -532,6 +533,11 @@ _INLINED_CALLS = frozenset({
 })
 
 
+# Functional ops whose first input (the condition, the branch index) is not a function argument.
+_SELECTING_CALLS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
+_DT_RESOURCE = 20  # types_pb2.DT_RESOURCE
+
+
 def _called_functions(node: Any, functions: Mapping[str, Any]) -> list[str]:
     """The library functions `node` calls where a session inlines them (none for other ops)."""
     if node.op in functions:
@@ -546,55 +552,79 @@ def _called_functions(node: Any, functions: Mapping[str, Any]) -> list[str]:
     return [n for n in names if n in functions]
 
 
-def _inlined_colocation(graph_def: Any) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+def _argument_inputs(node: Any) -> list[str]:
+    """The inputs of a calling `node` that are its functions' arguments, in order."""
+    data = [text for text in node.input if not text.startswith("^")]
+    return data[1:] if node.op in _SELECTING_CALLS else data
+
+
+def _inlined_colocation(graph_def: Any, tfg: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
     """What the functions that ops call put ops of the graph with, once a session inlines them:
     a node of a body or branch (or of a function that one calls, inlined in turn) runs on its own
     device, else on its caller's, and its ``_class: loc:@x`` names `x` of the graph when the
     function itself has no node `x` (TF prefixes only the names of the function's own nodes).
     While v2 makes such names: a loop's gradient body colocated with a shape it hoisted out of
-    the loop, 'gradients/Mean_grad/Shape', is put with the graph's op of that name.
+    the loop, 'gradients/Mean_grad/Shape', is put with the graph's op of that name. A node taking
+    a resource handle argument runs with the handle's maker, and so does what it names then (a
+    gradient branch's VariableShape colocated with the forward Case).
 
-    Returns the ops of the graph each calling op shares a device with (named by nodes that run on
-    its device) and the device that nodes naming a device put an op of the graph on (the first
-    one, in the order of the graph's nodes and the functions' nodes). Time: O(nodes of the
-    functions each caller reaches)."""
+    Returns the ops of the graph each op shares a device with (a caller, those named by nodes
+    that run on its device; an op named by a node taking a handle, the handle's maker) and the
+    device that nodes naming a device put an op of the graph on (the first one, in the order of
+    the graph's nodes and the functions' nodes). Time: O(nodes of the functions each caller
+    reaches)."""
+    import tensorflow as tf
+
     functions = {f.signature.name: f for f in graph_def.library.function}
     if not functions:
         return {}, {}
     top = {node.name for node in graph_def.node}
-    named_in: dict[str, list[tuple[str, str]]] = {}  # function -> (node's device, op of the graph)
-    calls: dict[str, list[tuple[str, str]]] = {}  # function -> (calling node's device, function)
+    # function -> (node's device, op of the graph it names, the handle arguments it takes)
+    named_in: dict[str, list[tuple[str, str, tuple[int, ...]]]] = {}
+    # function -> (calling node's device, function, its arguments' indices among the caller's)
+    calls: dict[str, list[tuple[str, str, tuple[Optional[int], ...]]]] = {}
     for name, fdef in functions.items():
         own = {node.name for node in fdef.node_def}
+        args = {a.name: k for k, a in enumerate(fdef.signature.input_arg)}
+        handles = {a.name for a in fdef.signature.input_arg if a.type == _DT_RESOURCE}
         named_in[name], calls[name] = [], []
         for node in fdef.node_def:
-            calls[name].extend((node.device, f) for f in _called_functions(node, functions))
+            passed = tuple(args.get(text) for text in _argument_inputs(node))
+            calls[name].extend((node.device, f, passed) for f in _called_functions(node, functions))
+            taken = tuple(args[text] for text in node.input if text in handles)
             for value in node.attr["_class"].list.s if "_class" in node.attr else ():
                 text = value.decode() if isinstance(value, bytes) else value
                 target = text[len("loc:@"):]
                 if text.startswith("loc:@") and target not in own and target in top:
-                    named_in[name].append((node.device, target))
-    colocated: dict[str, tuple[str, ...]] = {}
+                    named_in[name].append((node.device, target, taken))
+    out: dict[str, list[str]] = {}
     pins: dict[str, str] = {}
     for node in graph_def.node:
-        todo = [("", f) for f in reversed(_called_functions(node, functions))]
-        seen: set[tuple[str, str]] = set()
-        names: set[str] = set()
+        called = _called_functions(node, functions)
+        if not called:
+            continue
+        op = tfg.get_operation_by_name(node.name)
+        inputs = list(op.inputs)[1:] if node.op in _SELECTING_CALLS else list(op.inputs)
+        makers = tuple(_handle_source(t).op.name if t.dtype == tf.resource else None for t in inputs)
+        todo = [("", f, makers) for f in reversed(called)]
+        seen: set[tuple[str, str, tuple[Optional[str], ...]]] = set()
         while todo:
-            device, name = todo.pop()
-            if (device, name) in seen:
+            device, name, sources = todo.pop()
+            if (device, name, sources) in seen:
                 continue
-            seen.add((device, name))
-            for own_device, target in named_in[name]:
-                if own_device or device:
+            seen.add((device, name, sources))
+            for own_device, target, taken in named_in[name]:
+                with_handles = sorted({sources[k] for k in taken if k < len(sources) and sources[k]})
+                if with_handles:  # TF puts a handle's reader with its maker, whatever its pin
+                    out.setdefault(target, []).extend(with_handles)
+                elif own_device or device:
                     pins.setdefault(target, own_device or device)
-                else:
-                    names.add(target)
-            todo.extend((own_device or device, f) for own_device, f in reversed(calls[name]))
-        names.discard(node.name)
-        if names:
-            colocated[node.name] = tuple(sorted(names))
-    return colocated, pins
+                elif target != node.name:
+                    out.setdefault(node.name, []).append(target)
+            for own_device, f, passed in reversed(calls[name]):
+                inner = tuple(sources[k] if k is not None and k < len(sources) else None for k in passed)
+                todo.append((own_device or device, f, inner))
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}, pins
 
 
 _NCHW_POOL_GRADS = frozenset({"MaxPoolGrad", "MaxPoolGradV2"})
