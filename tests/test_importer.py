@@ -947,6 +947,42 @@ def test_a_case_whose_gradient_branch_reads_a_variable_goes_with_the_variable(me
     assert placed["case/indexed_case"] == placed["v"] == f"{TASK}/device:CPU:1"
 
 
+def test_pins_in_the_body_of_a_v2_loop_resolve_as_the_graphs_pins_do():
+    # The nodes of a v2 loop's body kept the pins they were made with: on CPU stand-ins, a body
+    # built under tf.device('/GPU:0') ended the run in TF's 'Cannot assign a device for operation
+    # loop/body/_1/add_0 ... explicitly assigned to ...GPU:0' (a v1 loop's ops ran on the
+    # stand-in), a pin to a device that is not there was not refused with the fix, and
+    # ignore_user_devices=True did not help.
+    from baechi_tf import BaechiSession
+
+    def build(pin):
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [2], name="x")
+
+            def body(i, a):
+                with tf.device(pin):
+                    return i + 1, tf.tanh(a, name="pinned_tanh")
+
+            _, y = tf.while_loop(lambda i, a: i < 2, body, [0, x], name="loop")
+        assert g.as_graph_def().library.function  # a v2 loop
+        return g, x, y
+
+    expected = np.tanh(np.tanh(np.array([1.0, 2.0], np.float32)))
+    g, x, y = build("/device:GPU:0")
+    with BaechiSession(graph=g, num_devices=4, placement_method="m_etf", warmup_steps=0, profile_steps=1) as sess:
+        np.testing.assert_allclose(sess.run(y, {x: [1.0, 2.0]}), expected, rtol=1e-6)
+        placed = sess.placed_graph_def
+    body_devices = {nd.device for f in placed.library.function for nd in f.node_def if "pinned_tanh" in nd.name}
+    assert body_devices == {f"{TASK}/device:CPU:1"}  # GPU:0's stand-in
+    g, x, y = build("/device:GPU:7")
+    with BaechiSession(graph=g, num_devices=4, warmup_steps=0, profile_steps=1) as sess:
+        with pytest.raises(ConfigError, match=r"op '[\w/]+' of function '\w+' is pinned to '/device:GPU:7', .*ignore_user_devices=True"):
+            sess.run(y, {x: [1.0, 2.0]})
+    with BaechiSession(graph=g, num_devices=4, warmup_steps=0, profile_steps=1, ignore_user_devices=True) as sess:
+        np.testing.assert_allclose(sess.run(y, {x: [1.0, 2.0]}), expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "make",
     [

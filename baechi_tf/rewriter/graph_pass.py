@@ -39,7 +39,7 @@ from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import lower_bound_us, simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
 from baechi_tf.rewriter.devices import host_device as default_host_device
-from baechi_tf.rewriter.importer import KernelLookup, import_graph_def
+from baechi_tf.rewriter.importer import KernelLookup, import_graph_def, resolve_function_devices
 
 __all__ = ["PlacementReport", "place_graph_def", "place_with_host"]
 
@@ -379,7 +379,10 @@ def place_graph_def(
             imported.graph.num_ops, options.placement_method, unpin_hint,
         )
         result = dataclasses.replace(result, placement=Placement(result.placement.device_of, _PINNED))
-    placed = step("apply", lambda: apply_placement(graph_def, result.op_to_device()))
+    placed = step("apply", lambda: resolve_function_devices(
+        apply_placement(graph_def, result.op_to_device()), cluster, host_device=host_device,
+        device_aliases=device_aliases, ignore_user_devices=ignore_user_devices,
+    ))
     report = PlacementReport(
         result=result,
         coverage=imported.coverage,

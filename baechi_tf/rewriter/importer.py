@@ -65,6 +65,7 @@ __all__ = [
     "VARIABLE_OP_TYPES",
     "has_registered_kernel",
     "import_graph_def",
+    "resolve_function_devices",
     "resolve_user_devices",
 ]
 
@@ -220,13 +221,15 @@ class _DeviceResolver:
             return None
         return f"device:{spec.device_type.upper()}:{spec.device_index}"
 
-    def resolve(self, op_name: str, text: str) -> tuple[Optional[str], bool]:
-        """(device name or None, whether it is the host CPU)."""
+    def resolve(self, op_name: str, text: str, function: Optional[str] = None) -> tuple[Optional[str], bool]:
+        """(device name or None, whether it is the host CPU); `function` names the library
+        function whose node `op_name` is, if it is one."""
         if not text:
             return None, False
+        what = f"op {op_name!r}" + (f" of function {function!r}" if function else "")
         spec = self._spec(text)
         if spec is None:
-            raise ConfigError(f"op {op_name!r} has the malformed device {text!r}")
+            raise ConfigError(f"{what} has the malformed device {text!r}")
         if spec.device_type is None or spec.device_index is None:
             return None, False  # a job or task only: no single device
         local = f"device:{spec.device_type.upper()}:{spec.device_index}"
@@ -241,7 +244,7 @@ class _DeviceResolver:
             self.ignored.append(op_name)
             return None, False
         raise ConfigError(
-            f"op {op_name!r} is pinned to {text!r}, which is not one of the devices "
+            f"{what} is pinned to {text!r}, which is not one of the devices "
             f"({', '.join(self.cluster.names)}); give a device of that name (more devices, if "
             "its index is past theirs), or ignore the pins the graph carries "
             "(ignore_user_devices=True, --ignore_user_devices)"
@@ -277,7 +280,45 @@ def resolve_user_devices(
     for node in out.node:
         if node.device:
             node.device = resolver.resolve(node.name, node.device)[0] or ""
+    _resolve_function_devices(out, resolver)
     return out
+
+
+def resolve_function_devices(
+    graph_def: Any,
+    cluster: Cluster,
+    *,
+    host_device: Optional[Device] = None,
+    device_aliases: Optional[Mapping[str, str]] = None,
+    ignore_user_devices: bool = False,
+) -> Any:
+    """A copy of `graph_def` whose functions' nodes name the devices their pins resolve to, as
+    `resolve_user_devices` does for the graph's nodes (the graph's nodes are left as they are):
+    the body of a v2 loop or cond built under ``tf.device('/GPU:0')`` runs on the stand-in for
+    that GPU, as the loop does. `ConfigError` for a pin to a device that is not there."""
+    resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    _resolve_function_devices(out, resolver)
+    return out
+
+
+def _resolve_function_devices(graph_def: Any, resolver: "_DeviceResolver") -> None:
+    """Resolves the device of each node of `graph_def`'s functions in place (a copy's)."""
+    for fdef in graph_def.library.function:
+        for node in fdef.node_def:
+            if node.device:
+                node.device = resolver.resolve(node.name, node.device, fdef.signature.name)[0] or ""
+
+
+def _check_function_devices(graph_def: Any, resolver: "_DeviceResolver") -> None:
+    """`ConfigError` for a node of a function pinned to a device that is not there (as for the
+    graph's nodes), before any placement is made."""
+    for fdef in graph_def.library.function:
+        for node in fdef.node_def:
+            if node.device:
+                resolver.resolve(node.name, node.device, fdef.signature.name)
+
 
 
 def import_graph_def(
@@ -322,6 +363,7 @@ def import_graph_def(
         )
     lookup = kernel_lookup or has_registered_kernel
     resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
+    _check_function_devices(graph_def, resolver)
 
     # Kernel check: the device types of the cluster the registry knows about.
     target_types = sorted({d.type.upper() for d in cluster.devices})
