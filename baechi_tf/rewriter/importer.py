@@ -16,14 +16,17 @@ One op per node, in node order, with:
   placer adds: an op taking a resource handle or a reference from another op (as its input is
   declared: not one reading the value through a reference) runs on that op's device (a handle
   that a functional ``While`` takes and hands out again comes from where it went in:
-  `_handle_source`), and so does a dataset op reading another dataset. TF moves it there whatever the GraphDef says: where the
-  two are pinned to different devices, the reader's pin gives way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops: any of them may be
-  fed in by its string handle, and TF makes an iterator from a handle only on the device where
-  the iterator lives. An op calling functions that a session inlines (functional control flow)
-  goes with the ops of the graph that the functions' nodes name in their ``_class``; such an op
-  named by a node with a device is pinned there, and one named by a node taking a resource handle
-  argument goes with the handle's maker (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader (`_enter_readers`), and
-  on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`).
+  `_handle_source`), and so does a dataset op reading another dataset. TF moves it there
+  whatever the GraphDef says: where the two are pinned to different devices, the reader's pin
+  gives way (`_implicit_colocation`). Iterators go with the graph's
+  ``Iterator.from_string_handle`` ops: any of them may be fed in by its string handle, and TF
+  makes an iterator from a handle only on the device where the iterator lives. An op calling
+  functions that a session inlines (functional control flow) goes with the ops of the graph that
+  the functions' nodes name in their ``_class``; such an op named by a node with a device is
+  pinned there, and one named by a node taking a resource handle argument goes with the handle's
+  maker (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader
+  (`_enter_readers`), and on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool``
+  (`_pool_grad_forward`).
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
   GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
@@ -303,22 +306,16 @@ def resolve_function_devices(
     return out
 
 
-def _resolve_function_devices(graph_def: Any, resolver: "_DeviceResolver") -> None:
-    """Resolves the device of each node of `graph_def`'s functions in place (a copy's)."""
+def _resolve_function_devices(graph_def: Any, resolver: "_DeviceResolver", *, write: bool = True) -> None:
+    """Resolves the device of each node of `graph_def`'s functions in place (a copy's); without
+    `write`, only raises `ConfigError` for a pin to a device that is not there (as for the graph's
+    nodes), before any placement is made."""
     for fdef in graph_def.library.function:
         for node in fdef.node_def:
             if node.device:
-                node.device = resolver.resolve(node.name, node.device, fdef.signature.name)[0] or ""
-
-
-def _check_function_devices(graph_def: Any, resolver: "_DeviceResolver") -> None:
-    """`ConfigError` for a node of a function pinned to a device that is not there (as for the
-    graph's nodes), before any placement is made."""
-    for fdef in graph_def.library.function:
-        for node in fdef.node_def:
-            if node.device:
-                resolver.resolve(node.name, node.device, fdef.signature.name)
-
+                device = resolver.resolve(node.name, node.device, fdef.signature.name)[0]
+                if write:
+                    node.device = device or ""
 
 
 def import_graph_def(
@@ -363,7 +360,7 @@ def import_graph_def(
         )
     lookup = kernel_lookup or has_registered_kernel
     resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
-    _check_function_devices(graph_def, resolver)
+    _resolve_function_devices(graph_def, resolver, write=False)
 
     # Kernel check: the device types of the cluster the registry knows about.
     target_types = sorted({d.type.upper() for d in cluster.devices})
