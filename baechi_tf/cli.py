@@ -124,8 +124,17 @@ def _placement_method(name: str) -> str:
 
 
 def options_from_args(args: argparse.Namespace):
+    from baechi_tf.errors import ConfigError
     from baechi_tf.placer.pipeline import PlacementOptions
 
+    # PlacementOptions calls it 'memory fraction', a name no flag here has (and BaechiSession's
+    # memory_fraction= is train.py's --memory_fraction): name the flag the user gave.
+    fraction = args.placer_memory_fraction
+    if not 0 < fraction <= 1:
+        raise ConfigError(
+            f"--placer_memory_fraction={fraction:g} must be in (0, 1]: the share of each device's "
+            "memory the placer may fill (1 fills it all)"
+        )
     options = PlacementOptions(
         placement_method=args.placement_method,
         grouper=args.grouper,

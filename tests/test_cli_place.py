@@ -55,6 +55,17 @@ def place(*args):
     return main(["place", *map(str, args)])
 
 
+def test_a_placer_memory_fraction_out_of_range_names_the_flag(tmp_path, capsys):
+    # It said 'memory fraction 3.0 must be in (0, 1]', naming no flag of the command.
+    out = tmp_path / "placed.pb"
+    assert place("--graph", tmp_path / "g.pb", "--cost_path", tmp_path / "c.pb", "--out", out,
+                 "--placer_memory_fraction", "3") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["baechi place: error: --placer_memory_fraction=3 must be in (0, 1]: the share of "
+                   "each device's memory the placer may fill (1 fills it all)"], err
+    assert not out.exists()
+
+
 def test_places_a_binary_graphdef(files, tmp_path, capsys):
     lstm, p = files
     out = tmp_path / "placed.pb"

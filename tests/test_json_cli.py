@@ -277,6 +277,19 @@ def test_bad_memory_fraction_exits_2(capsys):
     assert "must be in (0, 1]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.5", "nan"])
+def test_a_placer_memory_fraction_out_of_range_names_the_flag(capsys, tmp_path, value):
+    # The line said 'memory fraction 1.5 must be in (0, 1]': no flag of place-json is called
+    # that, and a BaechiSession's memory_fraction= is another share (train.py's --memory_fraction).
+    out = tmp_path / "p.json"
+    assert main(["place-json", EXAMPLE, "--placer_memory_fraction", value, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"baechi place-json: error: --placer_memory_fraction={value} must be in (0, 1]"), err
+    assert "share of each device's memory the placer may fill" in err[0], err
+    assert not out.exists()
+
+
 def test_the_summary_shows_the_placer_s_share_of_each_device(capsys, tmp_path):
     # It showed each device's whole memory only: a peak near half of it looked like room left
     # under --placer_memory_fraction 0.5.
