@@ -71,6 +71,14 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert done.stdout == ""
 
 
+def test_the_help_gives_the_index_from_which_virtual_devices_are_refused():
+    # It said 'for virtual CPU devices, 64 or more' while 63 is refused (CPU:64 and the host
+    # would be 65 devices); the error line and the README say 'below 63'.
+    assert "below 63" in _run("--to_gpu_id=63", "--device_type=CPU").stderr
+    text = " ".join(_run("--help").stdout.split())
+    assert "for virtual CPU devices, 63 or more;" in text, text[:3000]
+
+
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="the machine has GPUs")
 def test_gpus_asked_of_a_machine_without_them_is_one_line_and_exit_2():
     done = _run("--device_type=GPU")

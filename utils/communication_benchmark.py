@@ -37,7 +37,7 @@ first task's clock: ``from_op`` there, ``mid_op`` on the other task, ``to_op`` b
 2-core machine; the original's default was 30 (up to 2 GiB): pass ``--exponent=30`` on GPUs.
 
 Bad flags (device indices that are equal, negative, beyond the machine's GPUs or, for virtual CPU
-devices, 64 or more; a cluster that does not answer) end the program with one line on stderr and
+devices, 63 or more; a cluster that does not answer) end the program with one line on stderr and
 exit status 2; Ctrl-C with one line and exit status 130.
 """
 
