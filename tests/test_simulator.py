@@ -143,7 +143,7 @@ def test_a_placement_on_a_device_the_cluster_lacks_is_refused(device):
     # Device -1 ran op1 on the last device (Python's index from the end) and then failed an
     # assertion; device 2 of two ended in an IndexError.
     g = graphs.chain(3, compute_us=100, nbytes=1000)
-    with pytest.raises(ValueError, match=f"op 'op1' on device index {device}, but the cluster has devices 0..1"):
+    with pytest.raises(ValueError, match=f"op 'op1' is placed on device index {device}, but the cluster has devices 0..1"):
         simulate(g, graphs.cluster(2), place(g, [0, device, 0]))
 
 

@@ -29,18 +29,10 @@ def check_placement(
     its capacity. Returns the schedule it checked (simulating `placement` when none is given; a
     given one must be a schedule of this placement).
     """
+    problem = placement.problem(graph, cluster)
+    if problem:
+        raise InvalidGraphError(problem)
     device_of = placement.device_of
-    if device_of.shape != (graph.num_ops,):
-        raise InvalidGraphError(
-            f"the placement covers {device_of.shape[0]} ops but the graph has {graph.num_ops}"
-        )
-    bad = np.flatnonzero((device_of < 0) | (device_of >= cluster.num_devices))
-    if bad.size:
-        op = int(bad[0])
-        raise InvalidGraphError(
-            f"op {graph.names[op]!r} is placed on device index {int(device_of[op])}, but the "
-            f"cluster has devices 0..{cluster.num_devices - 1}"
-        )
     for g, members in enumerate(groups.members):
         devices = np.unique(device_of[members])
         if devices.size > 1:

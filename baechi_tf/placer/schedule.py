@@ -34,6 +34,21 @@ class Placement:
     def same_as(self, other: "Placement") -> bool:
         return np.array_equal(self.device_of, other.device_of)
 
+    def problem(self, graph: OpGraph, cluster: Cluster) -> Optional[str]:
+        """Why this cannot be a placement of `graph` on `cluster` (another number of ops, a device
+        index the cluster lacks), for an error message; None when it can."""
+        device_of = self.device_of
+        if device_of.shape != (graph.num_ops,):
+            return f"the placement covers {device_of.shape[0]} ops but the graph has {graph.num_ops}"
+        bad = np.flatnonzero((device_of < 0) | (device_of >= cluster.num_devices))
+        if bad.size:
+            op = int(bad[0])
+            return (
+                f"op {graph.names[op]!r} is placed on device index {int(device_of[op])}, but the "
+                f"cluster has devices 0..{cluster.num_devices - 1}"
+            )
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:

@@ -51,16 +51,10 @@ def simulate(
     """The schedule of `placement`; `InfeasiblePlacementError` if its memory cannot fit,
     `ScheduleCutOff` as soon as it is sure to end after `cutoff_us`, `ValueError` if it does not
     put every op of `graph` on a device of `cluster`."""
+    problem = placement.problem(graph, cluster)
+    if problem:
+        raise ValueError(problem)
     device_of = placement.device_of
-    if device_of.shape != (graph.num_ops,):
-        raise ValueError(f"placement has {device_of.shape[0]} ops, the graph {graph.num_ops}")
-    bad = np.flatnonzero((device_of < 0) | (device_of >= cluster.num_devices))
-    if bad.size:
-        op = int(bad[0])
-        raise ValueError(
-            f"placement puts op {graph.names[op]!r} on device index {int(device_of[op])}, but the "
-            f"cluster has devices 0..{cluster.num_devices - 1}"
-        )
     singletons = Groups.singletons(graph)
     schedule = run_list_scheduler(
         graph,

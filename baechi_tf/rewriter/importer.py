@@ -277,14 +277,7 @@ def resolve_user_devices(
     only, a device ignored with `ignore_user_devices`): a copy TF can run on `cluster`, as a
     profiling copy must. `ConfigError` for a pin to a device that is not there, as the import's.
     """
-    resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-    for node in out.node:
-        if node.device:
-            node.device = resolver.resolve(node.name, node.device)[0] or ""
-    _resolve_function_devices(out, resolver)
-    return out
+    return _resolved_copy(graph_def, cluster, host_device, device_aliases, ignore_user_devices, nodes=True)
 
 
 def resolve_function_devices(
@@ -299,9 +292,26 @@ def resolve_function_devices(
     `resolve_user_devices` does for the graph's nodes (the graph's nodes are left as they are):
     the body of a v2 loop or cond built under ``tf.device('/GPU:0')`` runs on the stand-in for
     that GPU, as the loop does. `ConfigError` for a pin to a device that is not there."""
+    return _resolved_copy(graph_def, cluster, host_device, device_aliases, ignore_user_devices, nodes=False)
+
+
+def _resolved_copy(
+    graph_def: Any,
+    cluster: Cluster,
+    host_device: Optional[Device],
+    device_aliases: Optional[Mapping[str, str]],
+    ignore_user_devices: bool,
+    *,
+    nodes: bool,
+) -> Any:
+    """A copy of `graph_def` with its functions' pins resolved, and its nodes' with `nodes`."""
     resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
     out = type(graph_def)()
     out.CopyFrom(graph_def)
+    if nodes:
+        for node in out.node:
+            if node.device:
+                node.device = resolver.resolve(node.name, node.device)[0] or ""
     _resolve_function_devices(out, resolver)
     return out
 
