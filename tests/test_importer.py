@@ -632,14 +632,18 @@ def _v1_loop_training_graph(branches: int, layers: int):
     return g, x, loss, train, init
 
 
-def test_a_v1_loop_enter_shares_a_group_with_its_first_reader():
-    g, *_ = _v1_loop_training_graph(2, 2)
-    gd = g.as_graph_def()
+def _on_four_stand_ins(gd):
+    """`gd` imported onto four CPU stand-ins: its OpGraph, colocation groups and op ids by name."""
     setup = standin_cluster(4, prefix=TASK)
     graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
                              device_aliases=setup.aliases).graph
-    groups = colocation_groups(graph)
-    index = {name: i for i, name in enumerate(graph.names)}
+    return graph, colocation_groups(graph), {name: i for i, name in enumerate(graph.names)}
+
+
+def test_a_v1_loop_enter_shares_a_group_with_its_first_reader():
+    g, *_ = _v1_loop_training_graph(2, 2)
+    gd = g.as_graph_def()
+    graph, groups, index = _on_four_stand_ins(gd)
     enters = [n for n in gd.node if n.op == "Enter"]
     assert len(enters) > 10 and any(n.attr["is_constant"].b for n in enters)
     for enter in enters:
@@ -827,11 +831,7 @@ def test_a_reader_of_a_variable_passed_through_a_while_loop_goes_with_the_variab
         init = tf1.global_variables_initializer()
     assert g.get_operation_by_name("gradients/VariableShape").inputs[0].op.type == "While"
     gd = g.as_graph_def()
-    setup = standin_cluster(4, prefix=TASK)
-    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
-                             device_aliases=setup.aliases).graph
-    groups = colocation_groups(graph)
-    index = {name: i for i, name in enumerate(graph.names)}
+    graph, groups, index = _on_four_stand_ins(gd)
     assert groups.group_of[index["gradients/VariableShape"]] == groups.group_of[index["v"]]
     config = tf1.ConfigProto(device_count={"CPU": 4})
     feed = {x: [1.0, 1.0]}
@@ -878,11 +878,7 @@ def test_an_op_that_a_loop_body_colocates_with_by_its_name_goes_with_the_loop(me
     named = {c.decode() for nd in body.node_def for c in (nd.attr["_class"].list.s if "_class" in nd.attr else ())}
     assert "loc:@gradients/Mean_grad/Shape" in named
     assert "gradients/Mean_grad/Shape" in {nd.name for nd in gd.node} - {nd.name for nd in body.node_def}
-    setup = standin_cluster(4, prefix=TASK)
-    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
-                             device_aliases=setup.aliases).graph
-    groups = colocation_groups(graph)
-    index = {name: i for i, name in enumerate(graph.names)}
+    graph, groups, index = _on_four_stand_ins(gd)
     if pin is None:
         assert groups.group_of[index["gradients/Mean_grad/Shape"]] == groups.group_of[index[loop_grad.name]]
     else:
@@ -927,11 +923,7 @@ def test_a_case_whose_gradient_branch_reads_a_variable_goes_with_the_variable(me
     gd = g.as_graph_def()
     reads = [nd for f in gd.library.function for nd in f.node_def if nd.op == "VariableShape"]
     assert reads and all(list(nd.attr["_class"].list.s) == [b"loc:@case/indexed_case"] for nd in reads)
-    setup = standin_cluster(4, prefix=TASK)
-    graph = import_graph_def(gd, empty_profile(gd), setup.cluster, host_device=setup.host,
-                             device_aliases=setup.aliases).graph
-    groups = colocation_groups(graph)
-    index = {name: i for i, name in enumerate(graph.names)}
+    graph, groups, index = _on_four_stand_ins(gd)
     assert groups.group_of[index["case/indexed_case"]] == groups.group_of[index["v"]]
     assert groups.group_of[index["case/indexed_case"]] != groups.group_of[index["w"]]
     config = tf1.ConfigProto(device_count={"CPU": 4})
