@@ -19,6 +19,7 @@ from baechi_tf.placer import (
     lower_bound_us,
     simulate,
 )
+from baechi_tf.placer.m_etf import schedule_m_etf
 from baechi_tf.placer.m_topo import place_m_topo
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from invariants import assert_valid_schedule
@@ -369,7 +370,8 @@ def test_auto_stops_only_placements_that_could_not_be_of_use():
 @pytest.mark.parametrize("seed", range(6))
 def test_auto_is_not_simulated_again_for_the_check(monkeypatch, seed):
     """auto hands its schedule to the check (a simulation of 100k ops takes seconds); the
-    result's schedule is exactly the simulator's. Other methods are simulated by the check."""
+    result's schedule is exactly the simulator's. m-ETF and one device hand over the schedule
+    their run built; other methods are simulated by the check."""
     import baechi_tf.placer.check as check_module
 
     simulated = []
@@ -392,8 +394,16 @@ def test_auto_is_not_simulated_again_for_the_check(monkeypatch, seed):
     np.testing.assert_array_equal(again.end_us, result.schedule.end_us)
     assert again.transfers == result.schedule.transfers
     assert again.peak_memory_bytes == result.schedule.peak_memory_bytes
-    place(graph, cluster, PlacementOptions("m_etf"))
-    assert simulated == ["m_etf"]
+    etf = place(graph, cluster, PlacementOptions("m_etf"))
+    own = schedule_m_etf(graph, cluster, etf.groups)
+    np.testing.assert_array_equal(own.start_us, etf.schedule.start_us)
+    assert own.transfers == etf.schedule.transfers
+    assert own.peak_memory_bytes == etf.schedule.peak_memory_bytes
+    single = place(graph, graphs.cluster(3), PlacementOptions("single"))  # it fits 1 GiB
+    assert single.single_device_makespan_us == single.makespan_us
+    assert simulated == []
+    place(graph, cluster, PlacementOptions("m_topo"))
+    assert simulated == ["m_topo"]
 
 
 def test_check_refuses_a_schedule_of_another_placement():

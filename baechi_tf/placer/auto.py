@@ -46,8 +46,8 @@ __all__ = ["RUN_FIRST", "AutoOptions", "AutoResult", "Outcome", "judge_candidate
 log = logging.getLogger(__name__)
 
 # A placer's own list-scheduler run stops at twice the cutoff its simulation gets: m-ETF's run is
-# its placement's simulated schedule, m-SCT's holds devices for favourite children that the
-# simulation does not, so its simulation may end sooner than its run.
+# a schedule of its placement, seldom far from its simulation, m-SCT's holds devices for
+# favourite children that the simulation does not, so its simulation may end sooner than its run.
 _PLACER_SLACK = 2.0
 
 # The pipeline's candidates that run first, one after another: cheap ones, whose best makespan

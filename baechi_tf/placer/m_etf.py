@@ -7,8 +7,11 @@ longest chain of communication. m-ETF only considers devices where the op (and, 
 of a colocation group, the whole group's persistent memory) fits; an op waits for memory to be
 freed when none has room yet. Greedy placement can fill devices with weights early and leave no
 room for tensors later; m-ETF then runs again with part of each device kept free of persistent
-memory (25%, 50%, 75%) before it gives up. It runs on the shared list scheduler, so the placement's simulated
-schedule is exactly the schedule m-ETF built.
+memory (25%, 50%, 75%) before it gives up. It runs on the shared list scheduler, so the schedule
+m-ETF built is a schedule of its placement under the simulator's model (`schedule_m_etf` returns
+it, and the pipeline checks it instead of simulating the placement again). It is not always the
+one `simulate` finds: m-ETF weighs every device at each step, so an op may start before ops of
+its device that the simulator, which weighs only each op's own device, would run first.
 
 Time: O((V + E) * D * log(V * D)) for V ops, E edges, D devices, plus the re-evaluations of the
 list scheduler's stale keys (see `list_scheduler`: up to quadratic on wide graphs whose ready ops
@@ -26,9 +29,9 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import HEADROOMS, EarliestStartPolicy, run_with_headroom
-from baechi_tf.placer.schedule import Placement
+from baechi_tf.placer.schedule import Placement, Schedule
 
-__all__ = ["METFOptions", "place_m_etf"]
+__all__ = ["METFOptions", "place_m_etf", "schedule_m_etf"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +47,14 @@ def place_m_etf(
 ) -> Placement:
     """Places `graph` on `cluster` by m-ETF; `InfeasiblePlacementError` if every run runs out
     of memory (the first run's error is raised)."""
+    return schedule_m_etf(graph, cluster, groups, options=options).placement
+
+
+def schedule_m_etf(
+    graph: OpGraph, cluster: Cluster, groups: Groups, *, options: METFOptions = METFOptions()
+) -> Schedule:
+    """`place_m_etf`'s placement with the schedule m-ETF built for it."""
     return run_with_headroom(
         graph, cluster, groups, EarliestStartPolicy, method="m_etf", headrooms=options.headrooms,
         cutoff_us=options.cutoff_us,
-    ).placement
+    )

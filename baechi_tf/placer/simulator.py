@@ -4,8 +4,9 @@
 start as soon as their inputs are on their device, the device is idle and memory fits, earliest
 first (ties by topological index). This is Baechi's virtual scheduler (SoCC 2020, section 6)
 with transfers booked in time order on each device's channel and memory freed when a tensor's
-last consumer finishes. Because m-ETF picks op and device by the same earliest-start rule, the
-simulated schedule of an m-ETF placement is the schedule m-ETF built.
+last consumer finishes. m-ETF picks op and device by the same earliest-start rule, so the
+schedule it built is one of its placement under this model; it need not be this one, which
+weighs each op on its own device only (`m_etf.schedule_m_etf`).
 
 Time and memory as `run_list_scheduler` with one device per op.
 
