@@ -81,7 +81,7 @@ from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
-from baechi_tf.placer.pipeline import LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+from baechi_tf.placer.pipeline import ENGINES, LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions  # noqa: E402
 from baechi_tf.report import counted  # noqa: E402
 
 _DEFAULTS = PlacementOptions()
@@ -227,6 +227,10 @@ flags.DEFINE_integer("placement_jobs", _DEFAULTS.placement_jobs,
                      "auto: worker processes that place its candidates side by side; 0 chooses "
                      "one per core on graphs of 4,000 ops or more, 1 places them all in this "
                      "process. The placement is the same either way.")
+flags.DEFINE_enum("engine", _DEFAULTS.engine, list(ENGINES),
+                  "What runs the list scheduler of m-ETF, the simulator and auto's refinement: "
+                  "'native', the compiled core, or 'python', the reference. The placement is the "
+                  "same either way.")
 flags.DEFINE_bool(
     "allow_profile_mismatch", False,
     "Place with a --cost_path profile taken on another graph (other model flags): the costs of "
@@ -884,7 +888,7 @@ def _placement_options() -> PlacementOptions:
         lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
         memory_fraction=FLAGS.placer_memory_fraction,
         refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed,
-        placement_jobs=FLAGS.placement_jobs)
+        placement_jobs=FLAGS.placement_jobs, engine=FLAGS.engine)
     options.validate()
     return options
 

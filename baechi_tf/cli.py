@@ -33,7 +33,7 @@ _SUBCOMMANDS = {
 
 def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags every placing command shares."""
-    from baechi_tf.placer.pipeline import LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions
+    from baechi_tf.placer.pipeline import ENGINES, LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions
 
     defaults = PlacementOptions()
     parser.add_argument(
@@ -98,6 +98,15 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "the same either way (default: %(default)s)",
     )
     parser.add_argument(
+        "--engine",
+        default=defaults.engine,
+        choices=ENGINES,
+        help="what runs the list scheduler that m-ETF, the simulator and auto's refinement share: "
+        "'native', the compiled core, or 'python', the reference it is tested against; the "
+        "placement is the same either way (default: %(default)s; 'python', with a warning, when "
+        "the core was not built)",
+    )
+    parser.add_argument(
         "--report_dir",
         metavar="DIR",
         help="write reports here: gantt.png, memory_<i>.png, trace.json (Perfetto), summary.json "
@@ -146,6 +155,7 @@ def options_from_args(args: argparse.Namespace):
         refine_seconds=args.refine_seconds,
         seed=args.seed,
         placement_jobs=args.placement_jobs,
+        engine=args.engine,
     )
     options.validate()
     return options

@@ -328,7 +328,8 @@ def test_placer_flags_reach_the_placer(tmp_path, caplog):
     # m-SCT on a fused graph with HiGHS named: what the flags ask for is what ran.
     out = tmp_path / "p.json"
     args = ["place-json", EXAMPLE, "--placement_method", "m_sct", "--placer_type", "fusion",
-            "--grouper", "coplace", "--lp_solver", "highs", "--sct_threshold", "0.2", "--out", str(out)]
+            "--grouper", "coplace", "--lp_solver", "highs", "--sct_threshold", "0.2", "--engine", "python",
+            "--out", str(out)]
     with caplog.at_level(logging.INFO, logger="baechi_tf"):
         assert main(args) == 0
     logged = "\n".join(r.getMessage() for r in caplog.records)
@@ -337,6 +338,9 @@ def test_placer_flags_reach_the_placer(tmp_path, caplog):
     assert json.loads(out.read_text())["placement_method"] == "m_sct"
     with pytest.raises(SystemExit) as e:
         main(["place-json", EXAMPLE, "--lp_solver", "nope"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["place-json", EXAMPLE, "--engine", "nope"])
     assert e.value.code == 2
 
 

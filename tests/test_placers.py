@@ -287,6 +287,23 @@ def test_unknown_method_and_bad_options():
     PlacementOptions(seed=np.int64(7)).validate()
 
 
+def test_the_engine_option_selects_what_runs_the_list_scheduler(monkeypatch):
+    from baechi_tf.placer import engine, pipeline
+
+    with pytest.raises(ConfigError, match="unknown engine 'gpu'; choose one of native, python"):
+        PlacementOptions(engine="gpu").validate()
+    seen = []
+
+    def probe(graph, cluster, groups, options):
+        seen.append(engine.current())
+        return place_m_topo(graph, cluster, groups)
+
+    monkeypatch.setitem(pipeline._METHODS, "probe", probe)
+    place(graphs.chain(), graphs.cluster(2), PlacementOptions(placement_method="probe", engine="python"))
+    assert seen == ["python"]
+    assert engine.current() == ("native" if engine.native_available() else "python")
+
+
 def test_error_names_the_step():
     b = OpGraphBuilder()
     b.add_op("a", 1, [4], device="/device:GPU:9")

@@ -21,6 +21,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer import engine
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.fusion import FusedGraph, FusionOptions, fuse
@@ -33,7 +34,9 @@ from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import lower_bound_us, single_device_schedule
 
-__all__ = ["LP_SOLVERS", "PLACEMENT_METHODS", "HostView", "PlacementOptions", "PlacementResult", "place", "register_method"]
+ENGINES = engine.ENGINES
+
+__all__ = ["ENGINES", "LP_SOLVERS", "PLACEMENT_METHODS", "HostView", "PlacementOptions", "PlacementResult", "place", "register_method"]
 
 log = logging.getLogger(__name__)
 
@@ -443,6 +446,9 @@ class PlacementOptions:
     # auto: worker processes that place its candidates side by side; 0 chooses (one per core on
     # graphs of 4,000 ops or more, else none), 1 places them all in this process
     placement_jobs: int = 0
+    # what runs the list scheduler: 'native' (the compiled core; the python engine, with one
+    # warning, when it is not built) or 'python' (the reference); the placements are the same
+    engine: str = "native"
 
     def validate(self) -> None:
         if self.placement_method in _NOT_PORTED:
@@ -468,6 +474,8 @@ class PlacementOptions:
             raise ConfigError(
                 f"unknown LP solver {self.lp_solver!r}; choose one of {', '.join(LP_SOLVERS)}"
             )
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
         if self.fusion_path_check not in ("auto", "exact", "conservative"):
             raise ConfigError(
                 f"unknown fusion path check {self.fusion_path_check!r}; choose 'auto', 'exact' or "
@@ -686,6 +694,14 @@ def place(
     options.validate()
     if host is not None and options.placement_method != "auto":
         raise ValueError(f"a host view is for auto, not {options.placement_method!r}")
+    with engine.selected(options.engine):
+        return _place(graph, cluster, options, host, apart)
+
+
+def _place(
+    graph: OpGraph, cluster: Cluster, options: PlacementOptions, host: Optional[HostView],
+    apart: Optional[np.ndarray],
+) -> PlacementResult:
     fraction = options.memory_fraction
 
     def budgeted(c: Cluster) -> Cluster:

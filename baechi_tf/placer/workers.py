@@ -279,6 +279,7 @@ def _serve(context_path: str, level: int) -> None:
     root.setLevel(level)
     logging.captureWarnings(True)
 
+    from baechi_tf.placer import engine
     from baechi_tf.placer.auto import judge_candidate
     from baechi_tf.placer.pipeline import auto_candidates
 
@@ -305,7 +306,8 @@ def _serve(context_path: str, level: int) -> None:
         try:
             if candidates is None:
                 candidates = dict(auto_candidates(graph, cluster, groups, options, fused, host))
-            outcome = judge_candidate(*judge, candidates[name], cutoff)
+            with engine.selected(options.engine):
+                outcome = judge_candidate(*judge, candidates[name], cutoff)
             _write(out, ("done", index, outcome, records.records, time.perf_counter() - began))
         except Exception:  # a bug, or an outcome that does not pickle (`_write` pickles first)
             _write(out, ("failed", traceback.format_exc()))

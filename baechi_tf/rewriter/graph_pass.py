@@ -29,6 +29,7 @@ from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch,
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer import engine
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.grouping import Groups, colocation_groups, make_groups
@@ -118,6 +119,14 @@ def place_with_host(
     moved once it is made. When the moved placement does not fit, `_host_fallback` replaces it.
     One device (``single``) has nothing to fall back to.
     """
+    options.validate()
+    with engine.selected(options.engine):  # also for the simulations made here
+        return _place_with_host(graph, cluster, host, options)
+
+
+def _place_with_host(
+    graph: OpGraph, cluster: Cluster, host: Optional[Device], options: PlacementOptions
+) -> PlacementResult:
     if host is None or cluster.find(host.name) is not None:
         return place(graph, cluster, options)
     full = _with_host(cluster, host)
