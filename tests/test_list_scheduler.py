@@ -453,3 +453,63 @@ def test_m_sct_tail_queues_with_coinciding_times():
             for queue in (True, False)
         ]
         assert made[0] is not None and made[0] == made[1], seed
+
+
+# ---------------------------------------------------------------- channels
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from baechi_tf.placer.list_scheduler import _close_in  # noqa: E402
+
+_bookings = st.lists(
+    st.tuples(st.integers(0, 400), st.integers(1, 60)).map(lambda p: (p[0] / 4, (p[0] + p[1]) / 4)),
+    max_size=30,
+)
+
+
+def _closed(bookings, gap):
+    starts, ends = [], []
+    for s, e in bookings:
+        _close_in(starts, ends, s, e, gap)
+    return starts, ends
+
+
+@settings(max_examples=300, deadline=None)
+@given(_bookings, _bookings, st.sampled_from([0.0, 0.25, 1.5, 7.0]), st.randoms(use_true_random=False))
+def test_closed_bookings_do_not_depend_on_their_order(a, b, gap, rng):
+    """The channels of a pair are made, when first asked for, from both channels' closed
+    bookings, and kept up to date from then on: the result must be the one of booking every
+    interval there, in any order, or the two engines' lazily made pairs could differ."""
+    both = a + b
+    shuffled = list(both)
+    rng.shuffle(shuffled)
+    expected = _closed(both, gap)
+    assert _closed(shuffled, gap) == expected
+    starts, ends = _closed(a, gap)
+    for s, e in zip(*_closed(b, gap)):
+        _close_in(starts, ends, s, e, gap)
+    assert (starts, ends) == expected
+    # Sorted, disjoint, and no gap shorter than `gap` left.
+    assert all(s < e for s, e in zip(starts, ends))
+    assert all(ends[i] + gap <= starts[i + 1] for i in range(len(starts) - 1))
+
+
+def test_a_copy_takes_the_first_gap_free_on_both_channels_however_far():
+    """The gap search has no cut-off: a copy goes into the first gap that is free on both
+    channels and wide enough, past any number of narrower ones (it went after the channels'
+    last booking once 16 bookings were stepped over)."""
+    from baechi_tf.placer.list_scheduler import SchedulerState
+
+    graph = graphs.chain(2)
+    cluster = graphs.cluster(3, comm=CommCost(0.0, 10.0))
+    state = SchedulerState(graph, cluster, Groups.singletons(graph))
+    for k in range(40):  # device 0 busy 0-15, 25-40, ...: gaps of 10 us, then one of 30 us
+        state._book(0, 25.0 * k, 25.0 * k + 15)
+    state._book(0, 1030.0, 1100.0)  # after a gap of 40 us from 990
+    state._book(1, 995.0, 1010.0)  # device 1 busy inside that gap
+    assert state._slot(0, 2, 0.0, 10.0, {}) == 15.0  # a gap of exactly 10 us fits
+    assert state._slot(0, 2, 0.0, 12.0, {}) == 990.0  # 975 + 15: the end of the 40th booking
+    assert state._slot(0, 1, 0.0, 12.0, {}) == 1010.0  # 990-995 is too short on both together
+    assert state._slot(0, 1, 0.0, 25.0, {}) == 1100.0  # so is 1010-1030
+    assert state._slot(0, 1, 0.0, 25.0, {1: ([1100.0], [1130.0])}) == 1130.0  # a dry run's own copy

@@ -13,7 +13,9 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
 * Moving tensor t from device a to b takes ``cluster.transfer_us(a, b, bytes(t))`` and occupies
   the channels of both a and b for that time; a tensor is sent to a device once. Transfers are
   booked in the earliest gap of both channels at or after the producer's end, so channel time is
-  kept in time order, not in processing order.
+  kept in time order, not in processing order. A gap between two bookings of a channel, or of the
+  two channels together, shorter than the shortest transfer of the cluster can take no transfer
+  and is closed (booked) at once.
 * Memory per device: persistent bytes of every op on it for the whole step; temporary bytes while
   an op runs; an op's outputs from its start (outputs nobody reads are freed at the op's end,
   outputs of sinks are kept); a received tensor from the start of its first consumer on that
@@ -29,19 +31,18 @@ use can be tracked per device as a running total plus a sorted list of future fr
 candidate heap can be updated lazily: a stored key is a lower bound of the pair's earliest start,
 re-evaluated when it reaches the top. A free that lowers a memory wait pushes the waiting pairs
 again (from the device's free time), and so does a copy to a device of a tensor that ready ops
-there counted a copy of. Two rarer cases can lower an estimate without a push, so that an op may
+there counted a copy of. A rarer case can lower an estimate without a push, so that an op may
 start a little later than the earliest start rule would give (the schedule stays valid): an op
 with several copies books them in input order, so that a booking that delays its first copy can
-let a later one take an earlier slot; and the gap search stops after `_MAX_GAPS` bookings, so
-that bookings merged since may let it reach a gap it skipped.
+let a later one take an earlier slot.
 
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
 (device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking, and
 so do the ops a policy holds back from a device to a common floor (m-SCT's reservations). The
 schedules are the same as without the queues (tests compare them; so did 2,902 m-SCT, m-ETF and
 simulator schedules of 1,408 seeded random and benchmark graphs and clusters, and 9,491 of 9,495
-m-SCT runs on integer-timed random graphs where ties abound), unless one of the two rare cases
-above meets a queued op, which is then looked at at another moment (the 4 others).
+m-SCT runs on integer-timed random graphs where ties abound), unless the rare case above meets a
+queued op, which is then looked at at another moment (the 4 others).
 
 Of a large cluster most devices are untouched twins: devices of one of `Cluster.twins` (of one
 memory and type, and interchangeable in every copy's cost) that no group or op is on yet, all in
@@ -104,13 +105,6 @@ __all__ = [
 ]
 
 _INF = float("inf")
-# A transfer looks for a free gap among at most this many bookings after its earliest start
-# before it is put after the channel's last booking: keeps booking O(log n) on long schedules.
-_MAX_GAPS = 16
-# Searches and bookings stepped over that a gap search usually takes (at most 5 on average, on
-# every graph of bench/quality.py as auto refines it); `SchedulerState.gap_looks` counts those
-# beyond, which cost the refiner its time on channels of many short gaps.
-_USUAL_LOOKS = 16
 # Scheduling steps between progress bar updates: a step can take milliseconds when thousands of
 # ready ops wait for copies over one channel, and the bar redraws only every 0.1 s anyway.
 _STEPS_PER_UPDATE = 64
@@ -125,6 +119,23 @@ def _tentative(extra: dict, devices: tuple[int, int], s: float, e: float) -> Non
             i = bisect.bisect_left(starts, s)
             starts.insert(i, s)
             ends.insert(i, e)
+
+
+def _close_in(starts: list[float], ends: list[float], s: float, e: float, gap: float) -> None:
+    """Books [s, e) in the sorted, disjoint bookings (starts, ends), merged with the bookings
+    closer than `gap` (the shortest transfer): such a gap can never be used, and dropping it
+    keeps the lists short. The result does not depend on the order of the bookings."""
+    i = bisect.bisect_left(starts, s)
+    if i > 0 and ends[i - 1] + gap > s:
+        i -= 1
+        s = starts[i]
+        e = max(e, ends[i])
+        del starts[i], ends[i]
+    while i < len(starts) and starts[i] < e + gap:
+        e = max(e, ends[i])
+        del starts[i], ends[i]
+    starts.insert(i, s)
+    ends.insert(i, e)
 
 
 def free_at_end_bytes(graph: OpGraph) -> list[int]:
@@ -372,6 +383,10 @@ class SchedulerState:
         self.min_transfer_us = cluster.min_link_intercept_us()
         self.chan_start: list[list[float]] = [[] for _ in range(nd)]
         self.chan_end: list[list[float]] = [[] for _ in range(nd)]
+        # The bookings of two channels together, per pair (a, b), a < b, made when a copy between
+        # them first looks for a slot and kept up to date from then on (`_pair`).
+        self.pair_lists: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        self.pairs_of: list[list[tuple[int, int]]] = [[] for _ in range(nd)]
         # Bumped whenever a device's channel or its received copies change; a dry run of
         # `ready_time` is remembered per (op, device) with the sum of the versions it read (they
         # only grow, so an equal sum means nothing it read has changed).
@@ -390,7 +405,6 @@ class SchedulerState:
         self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
         self.twins = UntouchedTwins(cluster, twins)  # `distinct`: the devices worth a dry run
         self.transfers: list[Transfer] = []
-        self.gap_looks = 0  # work of gap searches beyond the usual (`_USUAL_LOOKS`), for the refiner
         self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
 
     # ---------------------------------------------------------------- channels
@@ -398,52 +412,51 @@ class SchedulerState:
     def _slot(self, a: int, b: int, t: float, w: float, extra: dict) -> float:
         """Earliest start >= t of a w-long interval free on the channels of a and b.
 
-        `extra` maps a device to the (starts, ends) of tentative bookings of the same dry run.
+        `extra` maps a device to the (starts, ends) of tentative bookings of the same dry run. The
+        channels' bookings together (`_pair`) have no gap shorter than the shortest transfer, so
+        each too-short gap stepped over is one that a transfer of another width could take.
         """
         if w <= 0:
             return t
         self.copy_slots += 1
-        lists = [(self.chan_start[a], self.chan_end[a]), (self.chan_start[b], self.chan_end[b])]
+        lists = [self._pair(a, b)]
         for d in (a, b):
             if d in extra:
                 lists.append(extra[d])
-        looked = 0  # searches and bookings stepped over
         while True:
             t0 = t
             for starts, ends in lists:
-                n = len(ends)
-                if n and ends[-1] > t:
-                    i = first = bisect.bisect_right(ends, t)  # first booking ending after t
-                    stop = i + _MAX_GAPS
-                    while i < n and starts[i] < t + w:
+                if ends and ends[-1] > t:
+                    i = bisect.bisect_right(ends, t)  # the first booking ending after t
+                    while i < len(ends) and starts[i] < t + w:
                         t = ends[i]
                         i += 1
-                        if i == stop:  # a long run of gaps too small: go after the last booking
-                            t = ends[-1]
-                            break
-                    looked += 1 + i - first
-            if t == t0:
-                if looked > _USUAL_LOOKS:
-                    self.gap_looks += looked - _USUAL_LOOKS
+            if t == t0 or len(lists) == 1:  # one list: its gap at t is free
                 return t
+
+    def _pair(self, a: int, b: int) -> tuple[list[float], list[float]]:
+        """The bookings of the channels of a and b together, gaps shorter than the shortest
+        transfer closed; made from both channels when first asked for, then kept by `_book`."""
+        if a > b:
+            a, b = b, a
+        both = self.pair_lists.get((a, b))
+        if both is None:
+            starts, ends = list(self.chan_start[a]), list(self.chan_end[a])
+            for s, e in zip(self.chan_start[b], self.chan_end[b]):
+                _close_in(starts, ends, s, e, self.min_transfer_us)
+            both = self.pair_lists[(a, b)] = (starts, ends)
+            self.pairs_of[a].append((a, b))
+            if b != a:
+                self.pairs_of[b].append((a, b))
+        return both
 
     def _book(self, dev: int, s: float, e: float) -> None:
         self.chan_version[dev] += 1
-        starts, ends = self.chan_start[dev], self.chan_end[dev]
-        i = bisect.bisect_left(starts, s)
-        # Merge with neighbours closer than the shortest possible transfer: such a gap can never
-        # be used, and dropping it keeps the lists short.
         gap = self.min_transfer_us
-        if i > 0 and ends[i - 1] + gap > s:
-            i -= 1
-            s = starts[i]
-            e = max(e, ends[i])
-            del starts[i], ends[i]
-        while i < len(starts) and starts[i] < e + gap:
-            e = max(e, ends[i])
-            del starts[i], ends[i]
-        starts.insert(i, s)
-        ends.insert(i, e)
+        _close_in(self.chan_start[dev], self.chan_end[dev], s, e, gap)
+        for key in self.pairs_of[dev]:
+            starts, ends = self.pair_lists[key]
+            _close_in(starts, ends, s, e, gap)
 
     # ---------------------------------------------------------------- estimates
 
@@ -1185,6 +1198,7 @@ class ListScheduler:
         snap = {f: list(getattr(st, f)) for f in self._STATE_FIELDS}
         snap["chan_start"] = [list(x) for x in st.chan_start]
         snap["chan_end"] = [list(x) for x in st.chan_end]
+        snap["pair_lists"] = {k: (list(s), list(e)) for k, (s, e) in st.pair_lists.items()}
         snap["pending"] = [list(x) for x in st.pending]
         snap["twins"] = st.twins.saved()
         snap["arrival"] = dict(st.arrival)
@@ -1207,6 +1221,12 @@ class ListScheduler:
             setattr(st, f, list(snap[f]))
         st.chan_start = [list(x) for x in snap["chan_start"]]
         st.chan_end = [list(x) for x in snap["chan_end"]]
+        st.pair_lists = {k: (list(s), list(e)) for k, (s, e) in snap["pair_lists"].items()}
+        st.pairs_of = [[] for _ in range(st.num_devices)]
+        for a, b in st.pair_lists:  # in the order they were made
+            st.pairs_of[a].append((a, b))
+            if b != a:
+                st.pairs_of[b].append((a, b))
         st.pending = [list(x) for x in snap["pending"]]
         st.twins = UntouchedTwins.restored(snap["twins"])
         st.arrival = dict(snap["arrival"])

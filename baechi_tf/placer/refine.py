@@ -22,9 +22,8 @@ given seed: ``seconds`` is converted at `WORK_PER_SECOND` (measured on a 2-core 
 is a scheduling step or a dry run of an op on a device (each takes some microseconds; the dry runs
 per step range from 2 to 8 with the graph, so steps alone would not track time); restarting the
 scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, window balancing
-`1 / _MOVES_PER_UNIT` per op move, a copy given a slot on the channels (booked, or tried in a dry
-run) `_UNITS_PER_COPY`, and a transfer's gap search `1 / _LOOKS_PER_UNIT` per step beyond the
-usual. A move whose re-simulation would take the work past the budget is dropped where it stands,
+`1 / _MOVES_PER_UNIT` per op move, and a copy given a slot on the channels (booked, or tried in a
+dry run) `_UNITS_PER_COPY`. A move whose re-simulation would take the work past the budget is dropped where it stands,
 not finished (on the 25,841 ops of `make demo` a move costs a fifth of a 3 s budget, and finishing
 the last one made it 5.2 s); the result of window balancing, a large step, is simulated to its
 end. A wall-clock stop at ten times the budget (plus 5 s) guards against much slower machines
@@ -66,10 +65,6 @@ _RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this 
 _WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
 _DEVICES_PER_UNIT = 2  # a snapshot costs a unit of work per this many devices (measured on 200)
-# Steps of a gap search beyond the usual (`SchedulerState.gap_looks`) per unit of work (measured:
-# 0.18 us a step, 8 us a unit): on 8,000 gathers of one embedding, whose copies leave thousands of
-# short gaps, a search took 130 steps and a 3 s refinement 12 s.
-_LOOKS_PER_UNIT = 45
 # Units of work per copy given a slot on the channels (`SchedulerState.copy_slots`), booked or tried
 # in a dry run: on layered graphs, whose ops mostly read from other devices, a 3 s refinement made
 # 223k-276k of them and took 5.4-6.8 s; on the model profiles 11k-13k, and 2.6-3.4 s (measured:
@@ -267,11 +262,9 @@ class _Simulation:
 
 
 def _run_work(scheduler: ListScheduler) -> int:
-    """The units of work of `scheduler`'s dry runs, copies and long gap searches so far."""
-    state = scheduler.state
-    return (
-        scheduler.evaluations + int(state.copy_slots * _UNITS_PER_COPY) + state.gap_looks // _LOOKS_PER_UNIT
-    )
+    """The units of work of `scheduler`'s dry runs and copies so far: the same whichever engine
+    runs it, so that a budget gives the same placement with either."""
+    return scheduler.evaluations + int(scheduler.state.copy_slots * _UNITS_PER_COPY)
 
 
 def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int]) -> dict:
