@@ -1,6 +1,9 @@
 """Real Keras graphs for the placement benches: builds tf_keras applications as a training step in
 a ``tf.compat.v1`` graph, profiles it as baechi_tf does and saves, per model, the GraphDef and
-the cost profile that ``baechi place`` reads.
+the cost profile that ``baechi place`` reads. ``--models gnmt_v2`` does the same for GNMT v2 of
+baechi_tf.models at the seed's size (batch 128, vocabulary 30000, 40 steps, 4 layers of 512
+LSTM units; some 32k ops), an Adam step as examples/gnmt_v2.py builds it: not Keras, but the
+same benches need it (about a minute here, and 4.6 GB of memory).
 
 Each model is built with ``weights=None`` (no download), random images of ``--image_size`` at
 ``--batch_size`` and one Momentum step of sparse softmax cross-entropy, its gradients colocated
@@ -20,8 +23,8 @@ The files are large: the default folder, bench/out/keras/, is git-ignored. Place
 
 bench/placement_speed.py times exactly that on the files. Needs tf_keras 2.21 next to
 TensorFlow 2.21 (``pip install --no-deps tf-keras==2.21.0``); TF_USE_LEGACY_KERAS=1 is set here
-before TensorFlow loads. DenseNet121 (some 16k ops) takes about a minute here, ResNet50 (some
-8k ops) less.
+before TensorFlow loads. DenseNet121 (some 16k ops) takes some 15 s here, ResNet50 (some 8k
+ops) less.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 DEFAULT_OUT_DIR = os.path.join(ROOT, "bench", "out", "keras")
 NUM_DEVICES = 4
 # model -> the tf_keras.applications constructor's name
-MODELS = {"densenet121": "DenseNet121", "resnet50": "ResNet50", "mobilenetv2": "MobileNetV2"}
-DEFAULT_MODELS = "densenet121,resnet50"
+KERAS_MODELS = {"densenet121": "DenseNet121", "resnet50": "ResNet50", "mobilenetv2": "MobileNetV2"}
+# and GNMT v2 of baechi_tf.models (plain tf.compat.v1 ops, not Keras), for the same benches
+MODELS = [*KERAS_MODELS, "gnmt_v2"]
+DEFAULT_MODELS = "densenet121,resnet50,gnmt_v2"  # what bench/placement_speed.py reads
 INSTALL_HINT = "pip install --no-deps tf-keras==2.21.0"
 
 
@@ -58,8 +63,23 @@ def profile_path(out_dir: str, model: str) -> str:
     return os.path.join(out_dir, f"{model}.profile")
 
 
+def build_gnmt():
+    """(graph, train_op, init_op, feeds) of one Adam step of GNMT v2 at the seed's size, its
+    gradients colocated with their ops, as examples/gnmt_v2.py builds it."""
+    import tensorflow as tf
+
+    from baechi_tf.models import GNMTHParams, build_model
+
+    tf1 = tf.compat.v1
+    spec = build_model("gnmt_v2", GNMTHParams(num_gpus=NUM_DEVICES))
+    with spec.graph.as_default():
+        train_op = tf1.train.AdamOptimizer(0.001).minimize(spec.loss, colocate_gradients_with_ops=True)
+        init = tf1.global_variables_initializer()
+    return spec.graph, train_op, init, spec.feeds
+
+
 def build(model: str, batch_size: int, image_size: int, num_classes: int):
-    """(graph, train_op, init_op, feeds) of one Momentum training step of `model`."""
+    """(graph, train_op, init_op, feeds) of one Momentum training step of Keras model `model`."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -70,7 +90,7 @@ def build(model: str, batch_size: int, image_size: int, num_classes: int):
         tf1.set_random_seed(1)
         images = tf1.placeholder(tf.float32, (batch_size, image_size, image_size, 3), name="images")
         labels = tf1.placeholder(tf.int32, (batch_size,), name="labels")
-        net = getattr(tf_keras.applications, MODELS[model])(
+        net = getattr(tf_keras.applications, KERAS_MODELS[model])(
             weights=None, input_shape=(image_size, image_size, 3), classes=num_classes
         )
         probabilities = net(images, training=True)  # the applications end in a softmax
@@ -96,7 +116,10 @@ def build_and_profile(model: str, args: argparse.Namespace) -> dict:
     from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
 
     t0 = time.perf_counter()
-    graph, train_op, init, feeds = build(model, args.batch_size, args.image_size, args.num_classes)
+    if model == "gnmt_v2":
+        graph, train_op, init, feeds = build_gnmt()
+    else:
+        graph, train_op, init, feeds = build(model, args.batch_size, args.image_size, args.num_classes)
     graph_def = graph.as_graph_def()
     t1 = time.perf_counter()
     setup = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK)
@@ -151,7 +174,7 @@ def main() -> int:
                         help="traced steps; the profile takes their median (default: %(default)s)")
     args = parser.parse_args()
     names = model_names(parser, args.models)
-    if importlib.util.find_spec("tf_keras") is None:
+    if importlib.util.find_spec("tf_keras") is None and set(names) & set(KERAS_MODELS):
         print(f"keras_graphs.py: error: tf_keras is not installed; install it next to TensorFlow with "
               f"'{INSTALL_HINT}' (--no-deps: it would otherwise pull another TensorFlow)", file=sys.stderr)
         return 1
