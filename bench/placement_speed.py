@@ -251,7 +251,8 @@ def run(args: argparse.Namespace) -> tuple[str, list[Row]]:
     if engine is None:
         engine_note = "engine: no engine module (the Python list scheduler)"
     else:
-        engine_note = f"engine: {args.engine or 'default'} (native core {'built' if engine.native_available() else 'not built'})"
+        core = "built" if engine.native_available() else "not built"
+        engine_note = f"engine: {args.engine or 'default'} (native core {core})"
     selected = contextlib.nullcontext() if args.engine is None else engine.selected(args.engine)
     skipped = "skipped (--quick)"
 
