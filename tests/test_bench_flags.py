@@ -30,8 +30,9 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "lp_scaling.py", "make_profiles.py",
-                                    "placement_scaling.py", "quality.py", "reports_scaling.py", "scale.py", "tight_memory.py"])
+@pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "keras_graphs.py", "lp_scaling.py", "make_profiles.py",
+                                    "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
+                                    "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
     # --sizes, --methods, --refine_seconds, --ops, --out_dir, ... were listed without a word.
     done = bench(script, "--help")
@@ -78,9 +79,27 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("reports_scaling.py", ["--devices", "x"], "--devices 'x': give device counts of at least 1, separated by commas"),
     ("tight_memory.py", ["--methods", ","],
      f"--methods ',': unknown method(s) none given; choose from {METHODS}"),
+    ("keras_graphs.py", ["--models", "densenet"],
+     "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, gnmt_v2"),
+    ("placement_speed.py", ["--repeats", "0"], "argument --repeats: '0': give a whole number of at least 1"),
+    ("placement_speed.py", ["--scale", "2"], "argument --scale: '2': give a number in (0, 1]"),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(script, args, message):
     done = bench(script, *args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.splitlines()[-1] == f"{script}: error: {message}", done.stderr
     assert "Traceback" not in done.stderr and done.stdout == "", (done.stdout, done.stderr)
+
+
+def test_placement_speed_prints_the_targets_table():
+    # --quick at a hundredth of the sizes: some 3 s. 'met' says '-' at sizes not the targets'.
+    done = bench("placement_speed.py", "--quick", "--scale", "0.01", "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| measure "))
+    rows = [line.split("|")[1:-1] for line in lines[head + 2:] if line.startswith("|")]
+    assert len(rows) == 11, done.stdout
+    assert [r[1].strip() for r in rows][:2] == ["at least 20x faster", "at most 0.1 s"], done.stdout
+    assert re.fullmatch(r"[\d.]+ m?s \(whole pipeline [\d.]+ m?s\)", rows[1][2].strip()), done.stdout
+    assert rows[1][3].strip() == "-", done.stdout
+    assert all(r[2].strip() == "skipped (--quick)" for r in rows[-4:]), done.stdout
