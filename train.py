@@ -227,6 +227,9 @@ flags.DEFINE_integer("placement_jobs", _DEFAULTS.placement_jobs,
                      "auto: worker processes that place its candidates side by side; 0 chooses "
                      "one per core on graphs of 4,000 ops or more, 1 places them all in this "
                      "process. The placement is the same either way.")
+flags.DEFINE_float("placement_timeout_s", None,
+                   "auto: wall-clock seconds after which no further placer starts and refinement "
+                   "stops; the best placement by then is kept, with a warning. Default: no limit.")
 flags.DEFINE_enum("engine", _DEFAULTS.engine, list(ENGINES),
                   "What runs the list scheduler of m-ETF, the simulator and auto's refinement: "
                   "'native', the compiled core, or 'python', the reference. The placement is the "
@@ -888,7 +891,8 @@ def _placement_options() -> PlacementOptions:
         lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
         memory_fraction=FLAGS.placer_memory_fraction,
         refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed,
-        placement_jobs=FLAGS.placement_jobs, engine=FLAGS.engine)
+        placement_jobs=FLAGS.placement_jobs, engine=FLAGS.engine,
+        placement_timeout_s=FLAGS.placement_timeout_s)
     options.validate()
     return options
 

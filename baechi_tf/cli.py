@@ -98,6 +98,15 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "the same either way (default: %(default)s)",
     )
     parser.add_argument(
+        "--placement_timeout_s",
+        type=float,
+        default=defaults.placement_timeout_s,
+        metavar="SECONDS",
+        help="auto: wall-clock seconds after which no further placer starts and refinement stops; "
+        "the best placement found by then is kept, with a warning naming what did not run "
+        "(default: no limit, so that the same inputs give the same placement on any machine)",
+    )
+    parser.add_argument(
         "--engine",
         default=defaults.engine,
         choices=ENGINES,
@@ -156,6 +165,7 @@ def options_from_args(args: argparse.Namespace):
         seed=args.seed,
         placement_jobs=args.placement_jobs,
         engine=args.engine,
+        placement_timeout_s=args.placement_timeout_s,
     )
     options.validate()
     return options

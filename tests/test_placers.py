@@ -304,6 +304,29 @@ def test_the_engine_option_selects_what_runs_the_list_scheduler(monkeypatch):
     assert engine.current() == ("native" if engine.native_available() else "python")
 
 
+def test_auto_past_its_time_limit_keeps_the_best_so_far_and_says_so(caplog):
+    graph = graphs.random_dag(3, 40, edge_prob=0.2)
+    cluster = graphs.cluster(3)
+    full = place(graph, cluster, PlacementOptions("auto", refine_seconds=0.2, placement_jobs=1))
+    assert full.candidates["m_etf"] is not None and full.refine_stats is not None
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.auto"):
+        cut = place(graph, cluster, PlacementOptions(
+            "auto", refine_seconds=0.2, placement_jobs=1, placement_timeout_s=1e-9
+        ))
+    # The first placer runs whatever the limit (a placement is needed); no other starts.
+    assert cut.placement.method == "auto(single)"
+    assert cut.candidates["single"] is not None
+    assert all(v is None for k, v in cut.candidates.items() if k != "single")
+    assert cut.refine_stats is None
+    warned = [r.getMessage() for r in caplog.records if "time limit" in r.getMessage()]
+    assert len(warned) == 1 and "not run: packed, m_topo, m_etf" in warned[0], warned
+    assert warned[0].rstrip().endswith("drop it for the full search") and "refinement" in warned[0]
+    assert cut.makespan_us >= full.makespan_us
+    for bad in (0, -1.0, float("inf"), "5", True):
+        with pytest.raises(ConfigError, match=f"placement_timeout_s {bad!r} must be a number of seconds > 0"):
+            PlacementOptions(placement_timeout_s=bad).validate()
+
+
 def test_error_names_the_step():
     b = OpGraphBuilder()
     b.add_op("a", 1, [4], device="/device:GPU:9")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from baechi_tf.cluster import Cluster
@@ -96,6 +97,9 @@ class Remote(Protocol):
 @dataclasses.dataclass(frozen=True)
 class AutoOptions:
     refine: RefineOptions = RefineOptions()
+    # Wall-clock seconds from the start of auto after which no placer starts and refinement
+    # stops; the best placement found so far is returned, with a warning. None: no limit.
+    timeout_s: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +147,18 @@ def place_auto(
     Refinement moves unpinned groups only among the first `free_devices` devices (all by
     default): a host that runs only the ops pinned to it comes last.
 
+    With `options.timeout_s`, a placer that would start after that many seconds of wall-clock
+    time does not run (but for the first, when none has made a placement yet), refinement stops
+    then, and a warning names what did not run; the placement then depends on the machine.
+
     `fallbacks` (name, after, thunk) are what a method run alone falls back to when its
     placement does not fit and neither does the placement of the candidate `after` (the
     packing), which it tries first: the fit search. Each is judged, after the others and here,
     when some candidate ran out of memory and `after` did too; otherwise it could not be the
     result of any method alone, and it is not run (nor listed in `candidates`).
     """
+    deadline = math.inf if options.timeout_s is None else time.perf_counter() + options.timeout_s
+    late: list[str] = []  # candidates not run for the time limit
     refines = (
         options.refine.seconds > 0
         and (cluster.num_devices if free_devices is None else free_devices) > 1
@@ -193,12 +203,17 @@ def place_auto(
         def one_by_one(indices: list[int]) -> None:
             for i in indices:
                 try:
+                    if best is not None and time.perf_counter() >= deadline:
+                        late.append(placers[i][0])
+                        continue
                     record(i, here(i, cutoff_now()))
                 finally:
                     bar.update(advance=1)
 
         one_by_one(first)
-        if remote is not None and sum(remote.accepts(placers[i][0]) for i in rest) > 1:
+        if best is not None and time.perf_counter() >= deadline:
+            one_by_one(rest)  # none runs: each is listed as late
+        elif remote is not None and sum(remote.accepts(placers[i][0]) for i in rest) > 1:
             cutoff = cutoff_now()
             log.info(
                 "auto: %d candidates side by side%s", len(rest),
@@ -216,7 +231,9 @@ def place_auto(
             one_by_one(rest)
         failed = {placers[i][0] for i, e in errors.items() if isinstance(e, InfeasiblePlacementError)}
         for name, after, thunk in fallbacks:
-            if failed and after in failed:
+            if failed and after in failed and best is not None and time.perf_counter() >= deadline:
+                late.append(name)
+            elif failed and after in failed:
                 candidates[name] = None
                 placers.append((name, thunk))
                 record(len(placers) - 1, here(len(placers) - 1, cutoff_now()))
@@ -241,9 +258,20 @@ def place_auto(
             p = m.placement
             if not p.same_as(placement) and not any(p.same_as(q.placement) for q in others):
                 others.append(m)
-        placement, schedule, stats = refine(
-            graph, cluster, groups, placement, options=options.refine, alternatives=others[:MAX_ALTERNATIVES],
-            free_devices=free_devices,
+        if time.perf_counter() >= deadline:
+            late.append("refinement")
+        else:
+            placement, schedule, stats = refine(
+                graph, cluster, groups, placement, options=options.refine,
+                alternatives=others[:MAX_ALTERNATIVES], free_devices=free_devices, deadline=deadline,
+            )
+            if time.perf_counter() >= deadline and stats.work < work_budget(options.refine.seconds):
+                late.append("the rest of refinement")
+    if late:
+        log.warning(
+            "auto: the time limit of %g s (--placement_timeout_s) was reached; not run: %s. The "
+            "placement is the best found so far (%s); raise the limit or drop it for the full search",
+            options.timeout_s, ", ".join(late), winner,
         )
     final = Placement(placement.device_of, f"auto({winner})")
     judged = {placers[i][0]: s for i, s in made}

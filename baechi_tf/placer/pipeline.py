@@ -257,7 +257,7 @@ def _run_auto(
     from baechi_tf.placer.refine import RefineOptions
 
     thunks = auto_candidates(graph, cluster, groups, options, fused, host)
-    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed))
+    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed), options.placement_timeout_s)
     # What a method alone falls back to when its placement and the packing do not fit: the fit
     # search, on the graph it placed (with fusion, the fused graph's, and the real graph's when the
     # expanded placement does not fit there). auto, without them, ended with a slower placement
@@ -446,6 +446,9 @@ class PlacementOptions:
     # auto: worker processes that place its candidates side by side; 0 chooses (one per core on
     # graphs of 4,000 ops or more, else none), 1 places them all in this process
     placement_jobs: int = 0
+    # auto: wall-clock seconds after which no placer starts and refinement stops, the best
+    # placement so far kept (with a warning); None: no limit, the placement the same on any machine
+    placement_timeout_s: Optional[float] = None
     # what runs the list scheduler: 'native' (the compiled core; the python engine, with one
     # warning, when it is not built) or 'python' (the reference); the placements are the same
     engine: str = "native"
@@ -496,6 +499,11 @@ class PlacementOptions:
             raise ConfigError(
                 f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
             )
+        timeout = self.placement_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf
+        ):
+            raise ConfigError(f"placement_timeout_s {timeout!r} must be a number of seconds > 0")
         if self.lp_time_limit is not None and not (self.lp_time_limit > 0):
             raise ConfigError(f"lp_time_limit {self.lp_time_limit!r} must be > 0 seconds")
         # Finite: the refinement's budget is counted in whole units of work (int(seconds * rate)).

@@ -414,19 +414,21 @@ def refine(
     options: RefineOptions = RefineOptions(),
     alternatives: Sequence[Schedule] = (),
     free_devices: Optional[int] = None,
+    deadline: float = math.inf,
 ) -> tuple[Placement, Schedule, RefineStats]:
     """Improves `placement` by moving groups; never returns a worse one.
 
     `alternatives` (the simulated schedules of other placers' placements, best first, none
     better than `placement`) are further starting points of window balancing when the budget
     allows. Unpinned groups move only among the first `free_devices` devices (all by default;
-    a host that runs only the ops pinned to it comes last).
+    a host that runs only the ops pinned to it comes last). `deadline` (a `time.perf_counter`
+    time) stops it earlier than its own wall-clock stop; the placement then depends on timing.
     """
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
     budget = work_budget(options.seconds)
-    deadline = t0 + 10 * options.seconds + 5
+    deadline = min(deadline, t0 + 10 * options.seconds + 5)
     rng = random.Random(options.seed)
     is_pinned = pinned_group_devices(graph, cluster, groups) >= 0
     pinned = is_pinned.tolist()
