@@ -74,6 +74,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import weakref
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -81,6 +82,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer import engine
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 from baechi_tf.progress import Progress
@@ -1249,6 +1251,13 @@ def run_list_scheduler(
     device that placing a group's persistent memory must leave free. `ScheduleCutOff` when an op
     would start after `cutoff_us`.
     """
+    native = _native_for(graph, cluster, policy)
+    if native is not None:
+        return _run_native(
+            native, graph, cluster, groups, policy, method=method,
+            initial_group_device=initial_group_device, persistent_headroom=persistent_headroom,
+            cutoff_us=cutoff_us,
+        )
     scheduler = ListScheduler(
         graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
     )
@@ -1256,6 +1265,172 @@ def run_list_scheduler(
     with Progress(label, graph.num_ops, unit="ops") as bar:
         scheduler.run(bar)
     return scheduler.schedule(method)
+
+
+# ---------------------------------------------------------------- the compiled engine
+
+# Steps the compiled engine takes between returns to Python, where the progress bar is updated
+# and Ctrl-C is seen: a few milliseconds of work.
+_NATIVE_STEPS = 4096
+# Bytes the compiled engine counts in int64: graphs and clusters whose sums could come near its
+# range run on the Python engine (whose ints do not overflow).
+_NATIVE_BYTES_LIMIT = 1 << 61
+# The compiled engine's copies of a graph's tables and of a cluster's links, made once each.
+_native_graphs: "weakref.WeakKeyDictionary[OpGraph, tuple]" = weakref.WeakKeyDictionary()
+_native_links: "weakref.WeakKeyDictionary[Cluster, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _native_for(graph: OpGraph, cluster: Cluster, policy: Policy):
+    """The compiled engine's module when it runs this schedule: the engine selected is native
+    and it is built (`engine.current`), the policy is one whose behaviour it has
+    (`FixedPolicy`, `EarliestStartPolicy`, not a subclass), and the bytes fit its int64; else
+    None, and the Python `ListScheduler` runs."""
+    if type(policy) not in (FixedPolicy, EarliestStartPolicy) or engine.current() != "native":
+        return None
+    tables = _native_tables(graph, engine.native_module())
+    capacity = max(d.memory_bytes for d in cluster.devices)
+    if tables[1] * (cluster.num_devices + 1) + capacity >= _NATIVE_BYTES_LIMIT:
+        return None
+    return engine.native_module()
+
+
+def _native_tables(graph: OpGraph, module) -> tuple:
+    """(the compiled engine's `GraphTables`, a bound on the bytes a device holds, alloc list)."""
+    cached = _native_graphs.get(graph)
+    if cached is not None:
+        return cached
+    n = graph.num_ops
+    i64 = np.int64
+    edge_tensor = graph.edge_tensor.astype(i64)
+    src = graph.edge_src.astype(i64)
+    dst = graph.edge_dst.astype(i64)
+    tensor_bytes = graph.tensor_bytes.astype(i64)
+    by_dst = np.argsort(dst, kind="stable")  # GraphTables.inputs: per op, in edge order
+    in_ptr = np.zeros(n + 1, dtype=i64)
+    np.cumsum(np.bincount(dst, minlength=n), out=in_ptr[1:])
+    by_tensor = np.argsort(edge_tensor, kind="stable")  # GraphTables.readers
+    rd_ptr = np.zeros(graph.num_tensors + 1, dtype=i64)
+    np.cumsum(np.bincount(edge_tensor, minlength=graph.num_tensors), out=rd_ptr[1:])
+    succ = graph.successors
+    succ_ptr = np.zeros(n + 1, dtype=i64)
+    np.cumsum([len(x) for x in succ], out=succ_ptr[1:])
+    succ_flat = np.fromiter((s for x in succ for s in x), dtype=i64, count=int(succ_ptr[-1]))
+    num_preds = np.asarray([len(p) for p in graph.predecessors], dtype=i64)
+    alloc = (graph.output_total_bytes + graph.temp_bytes).astype(i64)
+    free_at_end = np.asarray(free_at_end_bytes(graph), dtype=i64)
+    bytes_bound = int(
+        np.abs(alloc).sum() + np.abs(graph.persistent_bytes).sum() + np.abs(tensor_bytes).sum()
+        + np.abs(free_at_end).sum()
+    )
+    tables = module.Tables(
+        n, graph.num_tensors, graph.compute_us.astype(np.float64), graph.topo_index.astype(i64),
+        graph.topo_order.astype(i64), in_ptr, src[by_dst], edge_tensor[by_dst],
+        tensor_bytes[edge_tensor[by_dst]], np.bincount(edge_tensor, minlength=graph.num_tensors),
+        rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
+    )
+    cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
+    return cached
+
+
+def _native_cluster(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    cached = _native_links.get(cluster)
+    if cached is None:
+        slope, intercept = cluster.link_tables()
+        cached = _native_links[cluster] = (
+            np.asarray(slope, dtype=np.float64).ravel(), np.asarray(intercept, dtype=np.float64).ravel()
+        )
+    return cached
+
+
+class _Placements:
+    """Where `_place_pinned` and the given groups put groups before the first step, recorded for
+    the compiled engine, which places them in that order."""
+
+    def __init__(self, groups: Groups, group_persistent: list[int], capacity: list[int]) -> None:
+        self.group_of = groups.group_of.tolist()
+        self.group_persistent = group_persistent
+        self.capacity = capacity
+        self.group_device = [-1] * groups.num_groups
+        self.placed: list[tuple[int, int]] = []
+
+    def place_group(self, group: int, dev: int) -> None:
+        self.group_device[group] = dev
+        self.placed.append((group, dev))
+
+
+class _NativeState:
+    """What `_stuck` reads of a `SchedulerState`, from a stuck run of the compiled engine."""
+
+    def __init__(self, run, graph: OpGraph, groups: Groups, group_persistent: list[int],
+                 alloc: list[int], capacity: list[int]) -> None:
+        self._run = run
+        self.device = run.device().tolist()
+        self.preds_left = run.preds_left().tolist()
+        self.topo = graph.topo_index.tolist()
+        self.group_of = groups.group_of.tolist()
+        self.group_device = run.group_device().tolist()
+        self.group_persistent = group_persistent
+        self.alloc = alloc
+        self.capacity = capacity
+
+    def ready_time(self, op: int, dev: int) -> tuple[float, int]:
+        return math.nan, self._run.ready_bytes(op, dev)  # `_stuck` reads the bytes alone
+
+    def free_bytes(self, dev: int) -> int:
+        return self._run.free_bytes(dev)
+
+
+def _run_native(
+    module, graph: OpGraph, cluster: Cluster, groups: Groups, policy: Policy, *, method: str,
+    initial_group_device: Optional[Sequence[int]], persistent_headroom: float, cutoff_us: float,
+) -> Schedule:
+    """`run_list_scheduler` on the compiled engine: the same schedule, the same errors."""
+    tables, _, alloc = _native_tables(graph, module)
+    twins = UntouchedTwins(cluster, policy.twins_alike)
+    capacity = [d.memory_bytes for d in cluster.devices]
+    group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
+    placed = _Placements(groups, group_persistent, capacity)
+    _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
+    if initial_group_device is not None:
+        for g, dev in enumerate(initial_group_device):
+            if dev >= 0 and placed.group_device[g] < 0:
+                placed.place_group(g, int(dev))
+    fixed = isinstance(policy, FixedPolicy)
+    members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
+    member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
+    slope, intercept = _native_cluster(cluster)
+    run = module.Scheduler(
+        tables, cluster.num_devices, groups.group_of.astype(np.int64),
+        np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
+        members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
+        np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
+        slope, intercept, float(cluster.min_link_intercept_us()), fixed,
+        np.asarray(policy.device_of if fixed else [], dtype=np.int64),
+        np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
+        placed.placed, float(cutoff_us), bool(ListScheduler.queue_tails),
+        bool(ListScheduler.once_in_now), _MAX_GAPS, _USUAL_LOOKS,
+    )
+    label = f"simulating {method}" if fixed else f"{method}: scheduling"
+    with Progress(label, graph.num_ops, unit="ops") as bar:
+        while True:
+            status, _ = run.run(_NATIVE_STEPS)
+            if status == 2:
+                raise ScheduleCutOff(run.cutoff_start, cutoff_us)
+            if status == 1:
+                break
+            bar.update(run.scheduled)
+        if run.scheduled != graph.num_ops:
+            raise _stuck(graph, cluster, groups, _NativeState(
+                run, graph, groups, group_persistent, alloc, capacity
+            ))  # type: ignore[arg-type]
+    return Schedule(
+        placement=Placement(run.device().astype(np.int32), method),
+        start_us=_ro(run.start()),
+        end_us=_ro(run.end()),
+        transfers=tuple(Transfer(*t) for t in run.transfers()),
+        peak_memory_bytes=tuple(run.peak()),
+        order=_ro(run.order().astype(np.int32)),
+    )
 
 
 HEADROOMS = (0.0, 0.25, 0.5, 0.75)
