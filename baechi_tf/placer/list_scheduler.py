@@ -1391,10 +1391,8 @@ def _run_native(
     group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
     placed = _Placements(groups, group_persistent, capacity)
     _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
-    if initial_group_device is not None:
-        for g, dev in enumerate(initial_group_device):
-            if dev >= 0 and placed.group_device[g] < 0:
-                placed.place_group(g, int(dev))
+    # then the groups given, where no pin put them yet: placed by the compiled engine
+    given = np.asarray([] if initial_group_device is None else initial_group_device, dtype=np.int64)
     fixed = isinstance(policy, FixedPolicy)
     members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
     member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
@@ -1407,7 +1405,7 @@ def _run_native(
         slope, intercept, float(cluster.min_link_intercept_us()), fixed,
         np.asarray(policy.device_of if fixed else [], dtype=np.int64),
         np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
-        placed.placed, float(cutoff_us), bool(ListScheduler.queue_tails),
+        placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),
         bool(ListScheduler.once_in_now), _MAX_GAPS, _USUAL_LOOKS,
     )
     label = f"simulating {method}" if fixed else f"{method}: scheduling"

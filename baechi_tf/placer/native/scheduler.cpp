@@ -212,20 +212,91 @@ struct TailQueue {  // `_TailQueue` without pools
     Member pop() { return heap_pop(members); }
 };
 
-using QueueKey = std::tuple<int, std::vector<int>, std::vector<double>>;
+// The key of `tail_ids`, (device, sources, widths), hashed: equal keys hash alike (widths are
+// positive, so no -0.0 stands for 0.0).
+std::size_t queue_hash(int device, const std::vector<int>& sources, const std::vector<double>& widths) {
+    std::size_t h = std::hash<int>()(device);
+    auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (int s : sources) mix(std::hash<int>()(s));
+    for (double w : widths) mix(std::hash<double>()(w));
+    return h;
+}
 
-// Small per-device sets of ops: dense bitmaps when the graph is small enough, else hash sets.
+// A device's set of ops (`in_now`, `dead`): a bitmap, allocated when the first op goes in.
 class OpSet {
    public:
-    bool contains(i64 op) const { return set_.count(op) != 0; }
-    void add(i64 op) { set_.insert(op); }
-    void discard(i64 op) { set_.erase(op); }
-    void clear() { set_.clear(); }
-    const std::unordered_set<i64>& items() const { return set_; }
-    void update(const OpSet& other) { set_.insert(other.set_.begin(), other.set_.end()); }
+    bool contains(i64 op) const {
+        std::size_t w = (std::size_t)op >> 6;
+        return w < bits_.size() && (bits_[w] >> (op & 63) & 1);
+    }
+    void add(i64 op, i64 n) {
+        if (bits_.empty()) bits_.assign(((std::size_t)n + 63) >> 6, 0);
+        bits_[(std::size_t)op >> 6] |= std::uint64_t(1) << (op & 63);
+    }
+    void discard(i64 op) {
+        std::size_t w = (std::size_t)op >> 6;
+        if (w < bits_.size()) bits_[w] &= ~(std::uint64_t(1) << (op & 63));
+    }
+    void update(const OpSet& other) {
+        if (other.bits_.empty()) return;
+        if (bits_.empty()) bits_.assign(other.bits_.size(), 0);
+        for (std::size_t w = 0; w < bits_.size(); ++w) bits_[w] |= other.bits_[w];
+    }
 
    private:
-    std::unordered_set<i64> set_;
+    std::vector<std::uint64_t> bits_;
+};
+
+// A device's `waiting` set: its ops in the order they came (a set's order is no schedule's
+// concern: each is pushed with its own key), each once.
+class OpList {
+   public:
+    void add(i64 op, i64 n) {
+        if (!in_.contains(op)) {
+            in_.add(op, n);
+            list_.push_back(op);
+        }
+    }
+    void clear() {
+        for (i64 op : list_) in_.discard(op);
+        list_.clear();
+    }
+    const std::vector<i64>& items() const { return list_; }
+
+   private:
+    OpSet in_;
+    std::vector<i64> list_;
+};
+
+// A dry run's tentative bookings per device (`extra` of `ready_time`), kept between runs so
+// that their lists are not allocated again.
+class Extra {
+   public:
+    struct Lists {
+        int dev;
+        std::vector<double> starts, ends;
+    };
+    void reset() {
+        for (std::size_t k = 0; k < used_; ++k) lists_[k].starts.clear(), lists_[k].ends.clear();
+        used_ = 0;
+    }
+    Lists* find(int d) {
+        for (std::size_t k = 0; k < used_; ++k)
+            if (lists_[k].dev == d) return &lists_[k];
+        return nullptr;
+    }
+    Lists* add(int d) {
+        if (used_ == lists_.size()) lists_.emplace_back();
+        Lists* out = &lists_[used_++];
+        out->dev = d;
+        return out;
+    }
+    Lists* begin() { return lists_.data(); }
+    Lists* end() { return lists_.data() + used_; }
+
+   private:
+    std::vector<Lists> lists_;
+    std::size_t used_ = 0;
 };
 
 template <class T>
@@ -274,6 +345,7 @@ class Scheduler {
               F64Array slope, F64Array intercept, double min_transfer_us, bool fixed,
               I64Array device_of, I64Array twin_set_of, std::vector<std::vector<int>> untouched,
               std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
+              I64Array initial_group_device,
               double cutoff_us, bool queue_tails, bool once_in_now, int max_gaps, int usual_looks)
         : T_(std::move(tables)), n_(T_->n), nd_(nd), group_of_(to_vector(group_of)),
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
@@ -295,7 +367,8 @@ class Scheduler {
         chan_start_.resize(nd_);
         chan_end_.resize(nd_);
         chan_version_.assign(nd_, 0);
-        memo_devices_.resize(n_);
+        ready_memo_.resize(n_);
+        arrival_.resize(T_->num_tensors);
         usage_.assign(nd_, 0);
         peak_.assign(nd_, 0);
         pending_.resize(nd_);
@@ -306,6 +379,9 @@ class Scheduler {
         distinct_ = std::move(distinct);
         // _place_pinned and the initial groups, as decided in Python
         for (auto& [g, dev] : placements) place_group(g, dev);
+        auto given = initial_group_device.unchecked<1>();
+        for (py::ssize_t g = 0; g < given.shape(0); ++g)
+            if (given(g) >= 0 && group_device_[g] < 0) place_group(g, (int)given(g));
         // ListScheduler.__init__
         later_.resize(nd_);
         now_.resize(nd_);
@@ -353,7 +429,7 @@ class Scheduler {
         i64 out = 0;
         for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
             if (device_[T_->in_src[k]] == dev) continue;
-            if (arrival_.count(akey(T_->in_t[k], dev))) continue;
+            if (arrival_of(T_->in_t[k], dev)) continue;
             out += T_->in_bytes[k];
         }
         return out;
@@ -387,12 +463,11 @@ class Scheduler {
     std::vector<i64> last_op_;
     std::vector<std::vector<double>> chan_start_, chan_end_;
     std::vector<i64> chan_version_;
-    std::unordered_map<i64, Memo> ready_memo_;  // op * nd + dev
-    std::vector<std::vector<int>> memo_devices_;
+    std::vector<std::vector<std::pair<int, Memo>>> ready_memo_;  // per op, (device, dry run)
     TailCopyPtr tail_copy_;
     std::vector<i64> usage_, peak_;
     std::vector<std::vector<Pending>> pending_;
-    std::unordered_map<i64, double> arrival_;  // tensor * nd + dev
+    std::vector<std::vector<std::pair<int, double>>> arrival_;  // per tensor, (device, copy in)
     std::vector<std::vector<std::pair<int, double>>> release_;  // tensor -> (device, last use)
     std::vector<int> set_of_;
     std::vector<std::vector<int>> untouched_;
@@ -403,19 +478,45 @@ class Scheduler {
     // ---------------------------------------------------------------- ListScheduler
     std::vector<std::vector<Later>> later_;
     std::vector<std::vector<Now>> now_;
-    std::vector<OpSet> in_now_, waiting_, dead_;
+    std::vector<OpSet> in_now_, dead_;
+    std::vector<OpList> waiting_;
+    // scratch of ready_time, tail_start and commit
+    Extra extra_ready_, extra_tail_;
+    std::vector<int> tail_sources_;
+    std::vector<double> tail_widths_;
+    std::vector<i64> seen_;
     std::vector<bool> waited_;
     std::vector<int> busy_;
     std::vector<bool> is_busy_;
     std::deque<TailQueue> tail_queues_;  // by id; dropped ones stay, not alive
-    std::map<QueueKey, i64> tail_ids_;
+    // `tail_ids`: per hash of (device, sources, widths), the ids of the live queues of such keys
+    std::unordered_map<std::size_t, std::vector<i64>> tail_ids_;
+
+    i64 find_queue(int device, const std::vector<int>& sources, const std::vector<double>& widths,
+                   std::size_t h) const {
+        auto it = tail_ids_.find(h);
+        if (it == tail_ids_.end()) return -1;
+        for (i64 qid : it->second) {
+            const TailQueue& q = tail_queues_[qid];
+            if (q.device == device && q.sources == sources && q.widths == widths) return qid;
+        }
+        return -1;
+    }
+    void index_queue(i64 qid) {  // tail_ids[(device, sources, widths)] = qid, for a new key
+        const TailQueue& q = tail_queues_[qid];
+        tail_ids_[queue_hash(q.device, q.sources, q.widths)].push_back(qid);
+    }
     i64 next_tail_id_ = 0;
     TailCopyPtr tail_bound_;
     i64 scheduled_ = 0, evaluations_ = 0;
     double last_time_ = 0.0;
     double cutoff_start_ = 0.0;
 
-    i64 akey(i64 t, int dev) const { return t * nd_ + dev; }
+    const double* arrival_of(i64 t, int dev) const {
+        for (const auto& a : arrival_[t])
+            if (a.first == dev) return &a.second;
+        return nullptr;
+    }
 
     // ---------------------------------------------------------------- UntouchedTwins
     int stand_in(int dev) const {
@@ -447,25 +548,14 @@ class Scheduler {
     }
 
     // ---------------------------------------------------------------- channels
-    using Extra = std::vector<std::pair<int, std::pair<std::vector<double>, std::vector<double>>>>;
-
-    static std::pair<std::vector<double>, std::vector<double>>* find_extra(Extra& extra, int d) {
-        for (auto& e : extra)
-            if (e.first == d) return &e.second;
-        return nullptr;
-    }
-
     static void tentative(Extra& extra, int a, int b, double s, double e) {  // _tentative
         if (e > s) {
             for (int d : {a, b}) {
-                auto* lists = find_extra(extra, d);
-                if (lists == nullptr) {
-                    extra.push_back({d, {}});
-                    lists = &extra.back().second;
-                }
-                std::size_t i = bisect_left(lists->first, s);
-                lists->first.insert(lists->first.begin() + i, s);
-                lists->second.insert(lists->second.begin() + i, e);
+                Extra::Lists* lists = extra.find(d);
+                if (lists == nullptr) lists = extra.add(d);
+                std::size_t i = bisect_left(lists->starts, s);
+                lists->starts.insert(lists->starts.begin() + i, s);
+                lists->ends.insert(lists->ends.begin() + i, e);
             }
         }
     }
@@ -479,8 +569,8 @@ class Scheduler {
         starts_of[nl] = &chan_start_[a], ends_of[nl++] = &chan_end_[a];
         starts_of[nl] = &chan_start_[b], ends_of[nl++] = &chan_end_[b];
         for (int d : {a, b}) {
-            auto* lists = find_extra(extra, d);
-            if (lists != nullptr) starts_of[nl] = &lists->first, ends_of[nl++] = &lists->second;
+            Extra::Lists* lists = extra.find(d);
+            if (lists != nullptr) starts_of[nl] = &lists->starts, ends_of[nl++] = &lists->ends;
         }
         i64 looked = 0;
         while (true) {
@@ -554,7 +644,8 @@ class Scheduler {
     // SchedulerState.tail_start
     std::optional<double> tail_start(const std::vector<int>& sources, const std::vector<double>& widths,
                                      int dev, double since) {
-        Extra extra;
+        Extra& extra = extra_tail_;
+        extra.reset();
         double done = -kInf;
         for (std::size_t k = 0; k < sources.size(); ++k) {
             int a = sources[k];
@@ -585,22 +676,29 @@ class Scheduler {
         int source;
         double w, start, arrived, sent;
     };
+    std::vector<Copy> copies_;
 
     // SchedulerState._at_tail
-    TailCopyPtr at_tail(const std::vector<Copy>& copies, int dev, double ready) const {
+    TailCopyPtr at_tail(const std::vector<Copy>& copies, int dev, double ready) {
         if (copies.empty()) return nullptr;
-        auto out = std::make_shared<TailCopy>();
+        auto& sources = tail_sources_;
+        auto& widths = tail_widths_;
+        sources.clear();
+        widths.clear();
         double since = kInf, last = -kInf;
         for (const auto& c : copies) {
             auto tail = channel_tail(c.source, dev);
             if (tail && c.w > 0 && c.sent <= *tail && *tail <= c.start) {
-                out->sources.push_back(c.source);
-                out->widths.push_back(c.w);
+                sources.push_back(c.source);
+                widths.push_back(c.w);
                 since = std::min(since, *tail);
                 last = std::max(last, c.arrived);
             }
         }
         if (last != ready) return nullptr;
+        auto out = std::make_shared<TailCopy>();
+        out->sources = sources;
+        out->widths = widths;
         out->since = since;
         out->last = ready;
         return out;
@@ -613,16 +711,22 @@ class Scheduler {
         if (!commit) {
             key = chan_version_[dev];
             for (i64 k = lo; k < hi; ++k) key += chan_version_[device_[T_->in_src[k]]];
-            auto it = ready_memo_.find(op * nd_ + dev);
-            if (it != ready_memo_.end() && it->second.key == key) {
-                tail_copy_ = it->second.tail;
-                return {it->second.ready, it->second.new_bytes};
+            for (const auto& [d, memo] : ready_memo_[op]) {
+                if (d == dev) {
+                    if (memo.key == key) {
+                        tail_copy_ = memo.tail;
+                        return {memo.ready, memo.new_bytes};
+                    }
+                    break;
+                }
             }
         }
         double ready = 0.0;
-        Extra extra;
+        Extra& extra = extra_ready_;
+        extra.reset();
         i64 new_bytes = 0;
-        std::vector<Copy> copies;
+        auto& copies = copies_;
+        copies.clear();
         for (i64 k = lo; k < hi; ++k) {
             i64 p = T_->in_src[k], t = T_->in_t[k], nbytes = T_->in_bytes[k];
             int pd = (int)device_[p];
@@ -631,9 +735,9 @@ class Scheduler {
                 continue;
             }
             double arrived;
-            auto it = arrival_.find(akey(t, dev));
-            if (it != arrival_.end()) {
-                arrived = it->second;
+            const double* known = arrival_of(t, dev);
+            if (known != nullptr) {
+                arrived = *known;
             } else {
                 double w = slope_[(i64)pd * nd_ + dev] * (double)nbytes + intercept_[(i64)pd * nd_ + dev];
                 double s = slot(pd, dev, end_[p], w, extra);
@@ -642,7 +746,7 @@ class Scheduler {
                 if (!commit) copies.push_back({pd, w, s, arrived, end_[p]});
                 tentative(extra, pd, dev, s, arrived);
                 if (commit) {
-                    arrival_[akey(t, dev)] = arrived;
+                    arrival_[t].push_back({dev, arrived});
                     copied = 1;
                     transfers_.push_back({t, pd, dev, s, arrived});
                     release_set_above(t, pd, arrived);
@@ -651,15 +755,22 @@ class Scheduler {
             if (arrived > ready) ready = arrived;
         }
         if (commit) {
-            for (auto& [d, lists] : extra)
-                for (std::size_t k = 0; k < lists.first.size(); ++k) book(d, lists.first[k], lists.second[k]);
+            for (const Extra::Lists& lists : extra)
+                for (std::size_t k = 0; k < lists.starts.size(); ++k) book(lists.dev, lists.starts[k], lists.ends[k]);
             chan_version_[dev] += copied;
         } else {
             tail_copy_ = at_tail(copies, dev, ready);
             if (preds_left_[op] == 0) {
-                auto [it, fresh] = ready_memo_.insert_or_assign(op * nd_ + dev, Memo{key, ready, new_bytes, tail_copy_});
-                (void)it;
-                if (fresh) memo_devices_[op].push_back(dev);
+                Memo memo{key, ready, new_bytes, tail_copy_};
+                bool found = false;
+                for (auto& [d, old] : ready_memo_[op]) {
+                    if (d == dev) {
+                        old = std::move(memo);
+                        found = true;
+                        break;
+                    }
+                }
+                if (!found) ready_memo_[op].push_back({dev, std::move(memo)});
             }
         }
         return {ready, new_bytes};
@@ -725,9 +836,7 @@ class Scheduler {
         double end = start + T_->compute[op];
         touch(dev);
         device_[op] = dev;
-        for (int d : memo_devices_[op]) ready_memo_.erase(op * nd_ + d);
-        memo_devices_[op].clear();
-        memo_devices_[op].shrink_to_fit();
+        std::vector<std::pair<int, Memo>>().swap(ready_memo_[op]);
         start_[op] = start;
         end_[op] = end;
         order_.push_back(op);
@@ -737,7 +846,8 @@ class Scheduler {
         if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
         std::vector<int> freed{dev};
         free_later(dev, end, T_->free_at_end[op]);
-        std::vector<i64> seen;
+        auto& seen = seen_;
+        seen.clear();
         for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
             i64 t = T_->in_t[k], nbytes = T_->in_bytes[k];
             if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
@@ -796,11 +906,11 @@ class Scheduler {
         if (gdev < 0) {
             need_persistent = group_persistent_[g];
             if (peak_[dev] + need_persistent > persistent_cap_[dev]) {
-                dead_[dev].add(op);
+                dead_[dev].add(op, n_);
                 return std::nullopt;
             }
         } else if (gdev != dev) {
-            dead_[dev].add(op);
+            dead_[dev].add(op, n_);
             return std::nullopt;
         }
         auto [ready, new_bytes] = ready_time(op, dev, false);
@@ -810,7 +920,7 @@ class Scheduler {
         i64 need = T_->alloc[op] + new_bytes + need_persistent;
         auto t = memory_time(dev, need, base);
         if (!t || *t > base) {
-            waiting_[dev].add(op);
+            waiting_[dev].add(op, n_);
             waited_[dev] = true;
         }
         if (!t) return std::nullopt;
@@ -847,7 +957,7 @@ class Scheduler {
             }
             heap_pop(h);
             if (!once_ || !in_p.contains(top.op)) {
-                in_p.add(top.op);
+                in_p.add(top.op, n_);
                 heap_push(p, Now{top.tp, top.op});
             }
         }
@@ -869,7 +979,7 @@ class Scheduler {
                     drop(-1 - top.op);
                 }
                 if (!once_ || !in_p.contains(m.op)) {
-                    in_p.add(m.op);
+                    in_p.add(m.op, n_);
                     heap_push(p, Now{m.tp, m.op});
                 }
                 continue;
@@ -946,7 +1056,7 @@ class Scheduler {
                 TailQueue copy = *queue;
                 copy.device = twin;
                 tail_queues_[qid] = std::move(copy);
-                tail_ids_[QueueKey{twin, tail_queues_[qid].sources, tail_queues_[qid].widths}] = qid;
+                index_queue(qid);
             }
         }
         std::vector<Later> later;
@@ -982,9 +1092,8 @@ class Scheduler {
             heap_push(h, Later{v, tp, op});
             return;
         }
-        QueueKey qkey{d, copy->sources, copy->widths};
-        auto found = tail_ids_.find(qkey);
-        i64 qid = found != tail_ids_.end() ? found->second : -1;
+        std::size_t qhash = queue_hash(d, copy->sources, copy->widths);
+        i64 qid = find_queue(d, copy->sources, copy->widths, qhash);
         TailQueue* queue = qid >= 0 ? &tail_queues_[qid] : nullptr;
         if (queue != nullptr && queue->now) {
             auto bound = queue_bound(*queue);
@@ -1002,7 +1111,7 @@ class Scheduler {
             } else {
                 for (const auto& m : queue->members) {
                     if (!once_ || !in_now_[d].contains(m.op)) {
-                        in_now_[d].add(m.op);
+                        in_now_[d].add(m.op, n_);
                         heap_push(now_[d], Now{m.tp, m.op});
                     }
                 }
@@ -1012,7 +1121,6 @@ class Scheduler {
         }
         if (queue == nullptr) {
             qid = next_tail_id_++;
-            tail_ids_[qkey] = qid;
             tail_queues_.emplace_back();
             queue = &tail_queues_[qid];
             queue->alive = true;
@@ -1020,6 +1128,7 @@ class Scheduler {
             queue->sources = copy->sources;
             queue->widths = copy->widths;
             queue->since = copy->since;
+            tail_ids_[qhash].push_back(qid);
         } else if (copy->since < queue->since) {
             queue->since = copy->since;
         }
@@ -1077,9 +1186,12 @@ class Scheduler {
 
     void drop(i64 qid) {  // ListScheduler._drop
         TailQueue& queue = tail_queues_[qid];
-        auto it = tail_ids_.find(QueueKey{queue.device, queue.sources, queue.widths});
-        TailQueue& gone = tail_queues_[it->second];
-        tail_ids_.erase(it);
+        std::size_t h = queue_hash(queue.device, queue.sources, queue.widths);
+        i64 found = find_queue(queue.device, queue.sources, queue.widths, h);
+        auto& ids = tail_ids_[h];
+        ids.erase(std::find(ids.begin(), ids.end(), found));
+        if (ids.empty()) tail_ids_.erase(h);
+        TailQueue& gone = tail_queues_[found];
         gone.alive = false;
         std::vector<Member>().swap(gone.members);
     }
@@ -1157,6 +1269,9 @@ py::array_t<T> as_array(const std::vector<T>& v) {
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
+    // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
+    // of another version (a stale build left in the source tree by a failed rebuild).
+    m.attr("INTERFACE") = 1;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
@@ -1164,7 +1279,7 @@ PYBIND11_MODULE(_native, m) {
         .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, F64Array, F64Array, double, bool, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
-                      double, bool, bool, int, int>())
+                      I64Array, double, bool, bool, int, int>())
         .def("run", &Scheduler::run, py::arg("max_steps"), py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("scheduled", &Scheduler::scheduled)
         .def_property_readonly("evaluations", &Scheduler::evaluations)
