@@ -1414,9 +1414,9 @@ def _run_native(
             status, _ = run.run(_NATIVE_STEPS)
             if status == 2:
                 raise ScheduleCutOff(run.cutoff_start, cutoff_us)
+            bar.update(run.scheduled)  # also at the end: a run may take a single chunk
             if status == 1:
                 break
-            bar.update(run.scheduled)
         if run.scheduled != graph.num_ops:
             raise _stuck(graph, cluster, groups, _NativeState(
                 run, graph, groups, group_persistent, alloc, capacity
