@@ -1425,7 +1425,7 @@ def _run_native(
         placement=Placement(run.device().astype(np.int32), method),
         start_us=_ro(run.start()),
         end_us=_ro(run.end()),
-        transfers=tuple(Transfer(*t) for t in run.transfers()),
+        transfers=run.transfers(Transfer),
         peak_memory_bytes=tuple(run.peak()),
         order=_ro(run.order().astype(np.int32)),
     )

@@ -417,10 +417,26 @@ class Scheduler {
     const std::vector<i64>& peak() const { return peak_; }
     const std::vector<i64>& preds_left() const { return preds_left_; }
     const std::vector<i64>& group_device() const { return group_device_; }
-    py::list transfers() const {
-        py::list out;
-        for (const auto& t : transfers_)
-            out.append(py::make_tuple(t.tensor, t.src, t.dst, t.start, t.end));
+    // The transfers as a tuple of `cls` (schedule.Transfer, a frozen dataclass without slots),
+    // made as its __init__ makes them: the fields set in the instance's __dict__, in order.
+    py::tuple transfers(py::type cls) const {
+        auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+        static const char* names[] = {"tensor", "src_device", "dst_device", "start_us", "end_us"};
+        py::str keys[5];
+        for (int k = 0; k < 5; ++k) keys[k] = py::str(names[k]);
+        py::tuple out(transfers_.size());
+        for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            const Transfer& t = transfers_[i];
+            py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
+            if (!obj) throw py::error_already_set();
+            py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(obj.ptr(), nullptr));
+            if (!dict) throw py::error_already_set();
+            py::object values[5] = {py::int_(t.tensor), py::int_(t.src), py::int_(t.dst),
+                                    py::float_(t.start), py::float_(t.end)};
+            for (int k = 0; k < 5; ++k)
+                if (PyDict_SetItem(dict.ptr(), keys[k].ptr(), values[k].ptr()) < 0) throw py::error_already_set();
+            PyTuple_SET_ITEM(out.ptr(), i, obj.release().ptr());
+        }
         return out;
     }
     // The bytes of copies a dry run of `op` on `dev` would receive (`ready_time`'s second value),
@@ -914,7 +930,7 @@ class Scheduler {
             return std::nullopt;
         }
         auto [ready, new_bytes] = ready_time(op, dev, false);
-        TailCopyPtr copy = tail_copy_;
+        const TailCopyPtr& copy = tail_copy_;  // this op's: no policy here makes other dry runs
         double free = device_free_[dev];
         double base = ready > free ? ready : free;
         i64 need = T_->alloc[op] + new_bytes + need_persistent;
@@ -1294,7 +1310,7 @@ PYBIND11_MODULE(_native, m) {
         .def("peak", [](const Scheduler& s) { return s.peak(); })
         .def("preds_left", [](const Scheduler& s) { return as_array(s.preds_left()); })
         .def("group_device", [](const Scheduler& s) { return as_array(s.group_device()); })
-        .def("transfers", &Scheduler::transfers)
+        .def("transfers", &Scheduler::transfers, py::arg("cls"))
         .def("ready_bytes", &Scheduler::ready_bytes)
         .def("free_bytes", &Scheduler::free_bytes);
 }
