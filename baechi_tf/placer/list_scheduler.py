@@ -1277,7 +1277,7 @@ _NATIVE_STEPS = 4096
 _NATIVE_BYTES_LIMIT = 1 << 61
 # The compiled engine's copies of a graph's tables and of a cluster's links, made once each.
 _native_graphs: "weakref.WeakKeyDictionary[OpGraph, tuple]" = weakref.WeakKeyDictionary()
-_native_links: "weakref.WeakKeyDictionary[Cluster, tuple]" = weakref.WeakKeyDictionary()
+_native_links: "weakref.WeakKeyDictionary[Cluster, object]" = weakref.WeakKeyDictionary()
 
 
 def _native_for(graph: OpGraph, cluster: Cluster, policy: Policy):
@@ -1332,11 +1332,12 @@ def _native_tables(graph: OpGraph, module) -> tuple:
     return cached
 
 
-def _native_cluster(cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+def _native_cluster(cluster: Cluster, module):
+    """The compiled engine's copy of `Cluster.link_tables`, made once per cluster."""
     cached = _native_links.get(cluster)
     if cached is None:
         slope, intercept = cluster.link_tables()
-        cached = _native_links[cluster] = (
+        cached = _native_links[cluster] = module.Links(
             np.asarray(slope, dtype=np.float64).ravel(), np.asarray(intercept, dtype=np.float64).ravel()
         )
     return cached
@@ -1396,13 +1397,13 @@ def _run_native(
     fixed = isinstance(policy, FixedPolicy)
     members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
     member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
-    slope, intercept = _native_cluster(cluster)
+    links = _native_cluster(cluster, module)
     run = module.Scheduler(
         tables, cluster.num_devices, groups.group_of.astype(np.int64),
         np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
         members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
         np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
-        slope, intercept, float(cluster.min_link_intercept_us()), fixed,
+        links, float(cluster.min_link_intercept_us()), fixed,
         np.asarray(policy.device_of if fixed else [], dtype=np.int64),
         np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
         placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),

@@ -334,6 +334,12 @@ struct Tables {
           free_at_end(to_vector(free_at_end_)) {}
 };
 
+// A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b].
+struct Links {
+    std::vector<double> slope, intercept;
+    Links(F64Array slope_, F64Array intercept_) : slope(to_vector(slope_)), intercept(to_vector(intercept_)) {}
+};
+
 // ------------------------------------------------------------------ the scheduler
 
 enum Status { kGoOn = 0, kNoChoice = 1, kCutOff = 2 };
@@ -342,7 +348,7 @@ class Scheduler {
    public:
     Scheduler(std::shared_ptr<Tables> tables, int nd, I64Array group_of, I64Array group_persistent,
               I64Array gm_ptr, I64Array gm_op, I64Array capacity, I64Array persistent_cap,
-              F64Array slope, F64Array intercept, double min_transfer_us, bool fixed,
+              std::shared_ptr<Links> links, double min_transfer_us, bool fixed,
               I64Array device_of, I64Array twin_set_of, std::vector<std::vector<int>> untouched,
               std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
               I64Array initial_group_device,
@@ -350,8 +356,8 @@ class Scheduler {
         : T_(std::move(tables)), n_(T_->n), nd_(nd), group_of_(to_vector(group_of)),
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
           gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
-          persistent_cap_(to_vector(persistent_cap)), slope_(to_vector(slope)),
-          intercept_(to_vector(intercept)), min_transfer_us_(min_transfer_us), fixed_(fixed),
+          persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
+          slope_(links_->slope), intercept_(links_->intercept), min_transfer_us_(min_transfer_us), fixed_(fixed),
           device_of_(fixed ? to_vector(device_of) : std::vector<i64>()),
           cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now),
           max_gaps_(max_gaps), usual_looks_(usual_looks) {
@@ -462,7 +468,9 @@ class Scheduler {
     i64 n_;
     int nd_;
     std::vector<i64> group_of_, group_persistent_, gm_ptr_, gm_op_, capacity_, persistent_cap_;
-    std::vector<double> slope_, intercept_;
+    std::shared_ptr<Links> links_;
+    const std::vector<double>& slope_;
+    const std::vector<double>& intercept_;
     double min_transfer_us_;
     bool fixed_;
     std::vector<i64> device_of_;
@@ -1291,9 +1299,10 @@ PYBIND11_MODULE(_native, m) {
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
+    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
     py::class_<Scheduler>(m, "Scheduler")
         .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
-                      I64Array, F64Array, F64Array, double, bool, I64Array, I64Array,
+                      I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
                       I64Array, double, bool, bool, int, int>())
         .def("run", &Scheduler::run, py::arg("max_steps"), py::call_guard<py::gil_scoped_release>())
