@@ -11,6 +11,7 @@ the graphs of bench/quality_graphs.py and the queueing graphs of bench/layered.p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -124,24 +125,31 @@ def _outcome(run):
     )
 
 
+@contextlib.contextmanager
+def _counting_native():
+    """Counts the compiled schedulers made meanwhile."""
+    calls = []
+    init = list_scheduler.NativeListScheduler.__init__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        init(self, *args, **kwargs)
+
+    list_scheduler.NativeListScheduler.__init__ = counted
+    try:
+        yield calls
+    finally:
+        list_scheduler.NativeListScheduler.__init__ = init
+
+
 def _same(run, *, compiled: bool = True):
     """Runs `run` on both engines and asserts the same outcome; returns it. `compiled`: the
     native run must have gone through the compiled core (not a fallback)."""
     with engine.selected("python"):
         python = _outcome(run)
-    calls = []
-    real = list_scheduler._run_native
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    list_scheduler._run_native = counted
-    try:
+    with _counting_native() as calls:
         with engine.selected("native"):
             compiled_out = _outcome(run)
-    finally:
-        list_scheduler._run_native = real
     assert compiled_out == python
     if compiled:
         assert calls, "the compiled core did not run"
@@ -367,11 +375,99 @@ def test_other_policies_keep_the_python_engine():
     graph, cluster = graphs.chain(4), graphs.cluster(2)
     _same(lambda: run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x"),
           compiled=False)
-    calls = []
-    real = list_scheduler._run_native
-    list_scheduler._run_native = lambda *a, **k: calls.append(1) or real(*a, **k)
-    try:
+    with _counting_native() as calls:
         run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x")
-    finally:
-        list_scheduler._run_native = real
     assert not calls
+
+
+# ---------------------------------------------------------------- refinement and the fit search
+
+
+def _refined(graph, cluster, seconds):
+    from baechi_tf.placer.m_etf import place_m_etf
+    from baechi_tf.placer.refine import RefineOptions, refine
+
+    groups = colocation_groups(graph)
+    start = place_m_etf(graph, cluster, groups)
+    placement, schedule, stats = refine(graph, cluster, groups, start, options=RefineOptions(seconds=seconds))
+    return (
+        placement.device_of.tolist(), schedule.start_us.tobytes(), schedule.end_us.tobytes(),
+        [(t.tensor, t.src_device, t.dst_device, _hex(t.start_us), _hex(t.end_us)) for t in schedule.transfers],
+        schedule.peak_memory_bytes, schedule.order.tolist(), stats.work, stats.moves_tried,
+        stats.moves_accepted, stats.windows_tried, stats.windows_accepted, stats.final_makespan_us,
+    )
+
+
+@pytest.mark.parametrize("name, graph, cluster", [
+    ("fork_join", graphs.fork_join(8), graphs.cluster(3)),
+    ("random_dag tight", graphs.random_dag(5, 60, edge_prob=0.1, group_prob=0.2, persistent_prob=0.2,
+                                            num_devices=4), graphs.cluster(4, memory_bytes=12 * MiB)),
+    ("updates of one variable", colocated_updates_graph(201), graphs.cluster(4)),
+    ("layered on 16", layered_graph(400, seed=5), graphs.cluster(16, memory_bytes=256 * MiB)),
+], ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_refinement_gives_the_same_placement_for_the_same_work(name, graph, cluster):
+    """The refiner's moves resume the compiled core from patched snapshots; its budget counts
+    work (dry runs, copies, gap searches), which both engines count alike."""
+    with engine.selected("python"):
+        python = _refined(graph, cluster, 0.3)
+    with _counting_native() as calls, engine.selected("native"):
+        compiled = _refined(graph, cluster, 0.3)
+    assert calls
+    assert compiled == python
+    assert python[7] > 3  # moves were tried
+
+
+@native
+def test_the_fit_search_finds_the_same_placement():
+    from baechi_tf.placer.fit import FitSearch
+
+    graph = graphs.random_dag(7, 40, edge_prob=0.1, persistent_prob=0.3, num_devices=3)
+    needs = int(graph.output_total_bytes.sum() + graph.persistent_bytes.sum())
+    for memory_bytes in (needs // 3, needs // 5, needs // 8):
+        cluster = graphs.cluster(3, memory_bytes=memory_bytes)
+        groups = colocation_groups(graph)
+        found = []
+        for name in ("python", "native"):
+            with engine.selected(name):
+                search = FitSearch(graph, cluster, groups, seed=1, budget_steps=20_000)
+                placement = search.run()
+                found.append((None if placement is None else placement.device_of.tolist(),
+                              search.tried, search.steps, search.exhaustive))
+        assert found[0] == found[1]
+
+
+@native
+def test_native_snapshots_restore_into_a_new_scheduler():
+    """As tests/test_list_scheduler.py does for the Python engine: a snapshot taken while tail
+    queues are open, restored into the same scheduler and into a new one, ends as a run
+    without snapshots does."""
+    from baechi_tf.placer.list_scheduler import FixedPolicy, NativeListScheduler, make_list_scheduler
+
+    graph = colocated_updates_graph(301)
+    groups = colocation_groups(graph)
+    cluster = graphs.cluster(4)
+    device_of = [op % 4 for op in range(graph.num_ops)]
+    for op in groups.members[int(groups.group_of[0])].tolist():
+        device_of[op] = 0
+
+    def make():
+        return make_list_scheduler(graph, cluster, Groups.singletons(graph), FixedPolicy(device_of), device_of)
+
+    whole = make()
+    assert isinstance(whole, NativeListScheduler)
+    whole.run()
+    expected = _outcome(lambda: whole.schedule("x"))
+    scheduler = make()
+    snaps = []
+    while scheduler.step() is not None:
+        if scheduler.scheduled % 50 == 0:
+            snaps.append(scheduler.snapshot())
+    assert _outcome(lambda: scheduler.schedule("x")) == expected
+    for snap in snaps:
+        for target in (scheduler, make()):
+            target.restore(snap)
+            assert snap == snap.patched([])  # restoring left the snapshot as it was
+            while target.step() is not None:
+                pass
+            assert _outcome(lambda: target.schedule("x")) == expected

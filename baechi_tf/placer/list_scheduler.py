@@ -72,6 +72,7 @@ O(V * D + E).
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import weakref
@@ -92,6 +93,8 @@ __all__ = [
     "FixedPolicy",
     "GraphTables",
     "ListScheduler",
+    "NativeListScheduler",
+    "NativeSnapshot",
     "Policy",
     "ScheduleCutOff",
     "SchedulerState",
@@ -99,6 +102,7 @@ __all__ = [
     "byte_formatter",
     "format_bytes",
     "free_at_end_bytes",
+    "make_list_scheduler",
     "pinned_device_index",
     "pinned_group_devices",
     "run_list_scheduler",
@@ -1251,14 +1255,7 @@ def run_list_scheduler(
     device that placing a group's persistent memory must leave free. `ScheduleCutOff` when an op
     would start after `cutoff_us`.
     """
-    native = _native_for(graph, cluster, policy)
-    if native is not None:
-        return _run_native(
-            native, graph, cluster, groups, policy, method=method,
-            initial_group_device=initial_group_device, persistent_headroom=persistent_headroom,
-            cutoff_us=cutoff_us,
-        )
-    scheduler = ListScheduler(
+    scheduler = make_list_scheduler(
         graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
     )
     label = f"simulating {method}" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
@@ -1360,19 +1357,52 @@ class _Placements:
 
 
 class _NativeState:
-    """What `_stuck` reads of a `SchedulerState`, from a stuck run of the compiled engine."""
+    """What callers read of a `SchedulerState` (`_stuck`, the refiner, the fitter), from a
+    `NativeListScheduler` as it is when made; lists are made on first use."""
 
-    def __init__(self, run, graph: OpGraph, groups: Groups, group_persistent: list[int],
-                 alloc: list[int], capacity: list[int]) -> None:
-        self._run = run
-        self.device = run.device().tolist()
-        self.preds_left = run.preds_left().tolist()
-        self.topo = graph.topo_index.tolist()
-        self.group_of = groups.group_of.tolist()
-        self.group_device = run.group_device().tolist()
-        self.group_persistent = group_persistent
-        self.alloc = alloc
-        self.capacity = capacity
+    def __init__(self, scheduler: "NativeListScheduler") -> None:
+        self._scheduler = scheduler
+        self._run = scheduler._run
+
+    @functools.cached_property
+    def device(self) -> list[int]:
+        return self._run.device().tolist()
+
+    @functools.cached_property
+    def preds_left(self) -> list[int]:
+        return self._run.preds_left().tolist()
+
+    @functools.cached_property
+    def group_device(self) -> list[int]:
+        return self._run.group_device().tolist()
+
+    @functools.cached_property
+    def topo(self) -> list[int]:
+        return self._scheduler.graph.topo_index.tolist()
+
+    @functools.cached_property
+    def group_of(self) -> list[int]:
+        return self._scheduler.groups.group_of.tolist()
+
+    @property
+    def group_persistent(self) -> list[int]:
+        return self._scheduler._group_persistent
+
+    @property
+    def alloc(self) -> list[int]:
+        return self._scheduler._alloc
+
+    @property
+    def capacity(self) -> list[int]:
+        return self._scheduler._capacity
+
+    @property
+    def copy_slots(self) -> int:
+        return self._run.copy_slots
+
+    @property
+    def gap_looks(self) -> int:
+        return self._run.gap_looks
 
     def ready_time(self, op: int, dev: int) -> tuple[float, int]:
         return math.nan, self._run.ready_bytes(op, dev)  # `_stuck` reads the bytes alone
@@ -1381,54 +1411,160 @@ class _NativeState:
         return self._run.free_bytes(dev)
 
 
-def _run_native(
-    module, graph: OpGraph, cluster: Cluster, groups: Groups, policy: Policy, *, method: str,
-    initial_group_device: Optional[Sequence[int]], persistent_headroom: float, cutoff_us: float,
-) -> Schedule:
-    """`run_list_scheduler` on the compiled engine: the same schedule, the same errors."""
-    tables, _, alloc = _native_tables(graph, module)
-    twins = UntouchedTwins(cluster, policy.twins_alike)
-    capacity = [d.memory_bytes for d in cluster.devices]
-    group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
-    placed = _Placements(groups, group_persistent, capacity)
-    _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
-    # then the groups given, where no pin put them yet: placed by the compiled engine
-    given = np.asarray([] if initial_group_device is None else initial_group_device, dtype=np.int64)
-    fixed = isinstance(policy, FixedPolicy)
-    members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
-    member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
-    links = _native_cluster(cluster, module)
-    run = module.Scheduler(
-        tables, cluster.num_devices, groups.group_of.astype(np.int64),
-        np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
-        members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
-        np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
-        links, float(cluster.min_link_intercept_us()), fixed,
-        np.asarray(policy.device_of if fixed else [], dtype=np.int64),
-        np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
-        placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),
-        bool(ListScheduler.once_in_now), _MAX_GAPS, _USUAL_LOOKS,
-    )
-    label = f"simulating {method}" if fixed else f"{method}: scheduling"
-    with Progress(label, graph.num_ops, unit="ops") as bar:
+class NativeListScheduler:
+    """`ListScheduler` on the compiled engine, for `FixedPolicy` and `EarliestStartPolicy`: the
+    same steps, snapshots, errors and counters of work (`evaluations`, `state.copy_slots`,
+    `state.gap_looks`). Its snapshots are opaque but for the keys the refiner reads
+    ("scheduled", "last_time", "waited", "peak"), and `patched` stands for `refine._patched`.
+    Made by `make_list_scheduler`."""
+
+    def __init__(
+        self, module, graph: OpGraph, cluster: Cluster, groups: Groups, policy: Policy,
+        initial_group_device: Optional[Sequence[int]] = None, persistent_headroom: float = 0.0,
+        cutoff_us: float = math.inf,
+    ) -> None:
+        self.graph, self.cluster, self.groups, self.policy = graph, cluster, groups, policy
+        self.cutoff_us = cutoff_us
+        tables, _, self._alloc = _native_tables(graph, module)
+        twins = UntouchedTwins(cluster, policy.twins_alike)
+        self._capacity = capacity = [d.memory_bytes for d in cluster.devices]
+        self._group_persistent = group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
+        placed = _Placements(groups, group_persistent, capacity)
+        _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
+        # then the groups given, where no pin put them yet: placed by the compiled engine
+        given = np.asarray([] if initial_group_device is None else initial_group_device, dtype=np.int64)
+        fixed = isinstance(policy, FixedPolicy)
+        members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
+        member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
+        self._run = module.Scheduler(
+            tables, cluster.num_devices, groups.group_of.astype(np.int64),
+            np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
+            members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
+            np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
+            _native_cluster(cluster, module), float(cluster.min_link_intercept_us()), fixed,
+            np.asarray(policy.device_of if fixed else [], dtype=np.int64),
+            np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
+            placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),
+            bool(ListScheduler.once_in_now), _MAX_GAPS, _USUAL_LOOKS,
+        )
+
+    @property
+    def scheduled(self) -> int:
+        return self._run.scheduled
+
+    @property
+    def evaluations(self) -> int:
+        return self._run.evaluations
+
+    @property
+    def last_time(self) -> float:
+        return self._run.last_time
+
+    @property
+    def done(self) -> bool:
+        return self._run.scheduled == self.graph.num_ops
+
+    @property
+    def state(self) -> "_NativeState":
+        """What callers read of a `SchedulerState`, as of now."""
+        return _NativeState(self)
+
+    def step(self) -> Optional[tuple[int, int, float]]:
+        """Commits the next (op, device, start), or returns None when nothing can run."""
+        out = self._run.step()
+        if out is not None and len(out) == 1:
+            raise ScheduleCutOff(out[0], self.cutoff_us)
+        return out
+
+    def run(self, bar: Optional[Progress] = None) -> None:
+        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled.
+        Returns to Python every `_NATIVE_STEPS` steps (`bar`, Ctrl-C)."""
         while True:
-            status, _ = run.run(_NATIVE_STEPS)
+            status, _ = self._run.run(_NATIVE_STEPS)
             if status == 2:
-                raise ScheduleCutOff(run.cutoff_start, cutoff_us)
-            bar.update(run.scheduled)  # also at the end: a run may take a single chunk
+                raise ScheduleCutOff(self._run.cutoff_start, self.cutoff_us)
+            if bar is not None:
+                bar.update(self._run.scheduled)  # also at the end: a run may take a single chunk
             if status == 1:
                 break
-        if run.scheduled != graph.num_ops:
-            raise _stuck(graph, cluster, groups, _NativeState(
-                run, graph, groups, group_persistent, alloc, capacity
-            ))  # type: ignore[arg-type]
-    return Schedule(
-        placement=Placement(run.device().astype(np.int32), method),
-        start_us=_ro(run.start()),
-        end_us=_ro(run.end()),
-        transfers=run.transfers(Transfer),
-        peak_memory_bytes=tuple(run.peak()),
-        order=_ro(run.order().astype(np.int32)),
+        if not self.done:
+            raise _stuck(self.graph, self.cluster, self.groups, self.state)  # type: ignore[arg-type]
+
+    def schedule(self, method: str) -> Schedule:
+        run = self._run
+        return Schedule(
+            placement=Placement(run.device().astype(np.int32), method),
+            start_us=_ro(run.start()),
+            end_us=_ro(run.end()),
+            transfers=run.transfers(Transfer),
+            peak_memory_bytes=tuple(run.peak()),
+            order=_ro(run.order().astype(np.int32)),
+        )
+
+    def snapshot(self) -> "NativeSnapshot":
+        return NativeSnapshot(self._run.snapshot())
+
+    def restore(self, snap: "NativeSnapshot") -> None:
+        """Returns to `snap` (which stays usable for later restores)."""
+        self._run.restore(snap.run)
+
+
+class NativeSnapshot:
+    """A snapshot of a `NativeListScheduler`: opaque, but for the keys the refiner reads."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+    def __getitem__(self, key: str):
+        run = self.run
+        if key == "scheduled":
+            return run.scheduled
+        if key == "last_time":
+            return run.last_time
+        if key == "waited":
+            return run.waited()
+        if key == "peak":
+            return run.peak()
+        raise KeyError(key)
+
+    def __deepcopy__(self, memo: dict) -> "NativeSnapshot":
+        return NativeSnapshot(self.run.snapshot())
+
+    def __eq__(self, other: object) -> bool:
+        """Whether the two continue alike: the same state a step changes."""
+        if not isinstance(other, NativeSnapshot):
+            return NotImplemented
+        return self.run.fingerprint() == other.run.fingerprint()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def patched(self, moves: Sequence[tuple[int, int, int, Sequence[int]]]) -> "NativeSnapshot":
+        """A copy as if groups had been on other devices from the start (`refine._patched`):
+        per group (persistent bytes, from, to, its ops), for the simulator's one-op groups."""
+        return NativeSnapshot(self.run.patched([(int(p), a, b, list(ops)) for p, a, b, ops in moves]))
+
+
+def make_list_scheduler(
+    graph: OpGraph,
+    cluster: Cluster,
+    groups: Groups,
+    policy: Policy,
+    initial_group_device: Optional[Sequence[int]] = None,
+    persistent_headroom: float = 0.0,
+    tables: Optional[GraphTables] = None,
+    cutoff_us: float = math.inf,
+):
+    """A `ListScheduler`, or a `NativeListScheduler` when the compiled engine runs this policy
+    (`_native_for`): the same steps and schedules either way."""
+    native = _native_for(graph, cluster, policy)
+    if native is not None:
+        return NativeListScheduler(
+            native, graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us
+        )
+    return ListScheduler(
+        graph, cluster, groups, policy, initial_group_device, persistent_headroom, tables, cutoff_us
     )
 
 

@@ -357,7 +357,7 @@ class Scheduler {
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
           gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
           persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
-          slope_(links_->slope), intercept_(links_->intercept), min_transfer_us_(min_transfer_us), fixed_(fixed),
+          slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us), fixed_(fixed),
           device_of_(fixed ? to_vector(device_of) : std::vector<i64>()),
           cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now),
           max_gaps_(max_gaps), usual_looks_(usual_looks) {
@@ -409,8 +409,105 @@ class Scheduler {
         return {kGoOn, max_steps};
     }
 
+    // ListScheduler.step: None when nothing can run, (op, device, start) when one was
+    // committed, and (start,) when the next op would start after the cutoff.
+    py::object step_one() {
+        int status;
+        {
+            py::gil_scoped_release release;
+            status = step();
+        }
+        if (status == kNoChoice) return py::none();
+        if (status == kCutOff) return py::make_tuple(cutoff_start_);
+        return py::make_tuple(std::get<0>(stepped_), std::get<1>(stepped_), std::get<2>(stepped_));
+    }
+
+    // ListScheduler.snapshot: a copy of everything a step changes; dry runs are not kept
+    // (`restore` forgets them, as the Python engine does).
+    std::shared_ptr<Scheduler> snapshot() {
+        std::vector<std::vector<std::pair<int, Memo>>> memo;
+        memo.swap(ready_memo_);
+        auto out = std::make_shared<Scheduler>(*this);
+        memo.swap(ready_memo_);
+        out->ready_memo_.resize(n_);
+        return out;
+    }
+
+    // ListScheduler.restore: returns to `snap`, a snapshot of a scheduler of the same graph,
+    // cluster and groups (maybe under another placement: this one's policy stays), which stays
+    // usable. The work counters go on; queue ids only grow.
+    void restore(const Scheduler& snap) {
+        std::vector<i64> device_of = std::move(device_of_);
+        bool fixed = fixed_, queue_tails = queue_tails_, once = once_;
+        double cutoff = cutoff_us_;
+        i64 evaluations = evaluations_, gap_looks = gap_looks_, copy_slots = copy_slots_;
+        i64 next_tail_id = next_tail_id_;
+        *this = snap;
+        device_of_ = std::move(device_of);
+        fixed_ = fixed, queue_tails_ = queue_tails, once_ = once;
+        cutoff_us_ = cutoff;
+        evaluations_ = evaluations, gap_looks_ = gap_looks, copy_slots_ = copy_slots;
+        next_tail_id_ = std::max(next_tail_id, snap.next_tail_id_);
+        for (auto& m : ready_memo_) m.clear();
+        busy_.clear();
+        for (int d = 0; d < nd_; ++d) {
+            is_busy_[d] = !later_[d].empty() || !now_[d].empty();
+            if (is_busy_[d]) busy_.push_back(d);
+        }
+    }
+
+    // refine._patched: a copy of this snapshot as if the groups of `moves` (persistent bytes,
+    // from, to, their ops) had been on their new devices from the start. For the simulator's
+    // one-op groups: an op's group is the op.
+    std::shared_ptr<Scheduler> patched(const std::vector<std::tuple<i64, int, int, std::vector<i64>>>& moves) const {
+        auto out = std::make_shared<Scheduler>(*this);
+        for (const auto& [p, d_from, d_to, ops] : moves) {
+            out->usage_[d_from] -= p;
+            out->peak_[d_from] -= p;
+            out->usage_[d_to] += p;
+            out->peak_[d_to] += p;
+            for (i64 o : ops) {
+                out->group_device_[o] = d_to;
+                out->dead_[d_to].discard(o);
+                if (out->device_[o] < 0 && out->preds_left_[o] == 0)
+                    heap_push(out->later_[d_to], Later{out->last_time_, T_->topo[o], o});
+            }
+        }
+        return out;
+    }
+
+    bool waited(int d) const { return waited_[d]; }
+
+    // The state a step changes, as plain Python values: two schedulers (or snapshots) with equal
+    // fingerprints continue alike. Heaps are given as their arrays.
+    py::tuple fingerprint() const {
+        py::list later, now, pending, queues;
+        for (int d = 0; d < nd_; ++d) {
+            py::list l, n, p;
+            for (const auto& e : later_[d]) l.append(py::make_tuple(e.key, e.tp, e.op));
+            for (const auto& e : now_[d]) n.append(py::make_tuple(e.tp, e.op));
+            for (const auto& e : pending_[d]) p.append(py::make_tuple(e.when, e.nbytes));
+            later.append(l), now.append(n), pending.append(p);
+        }
+        for (i64 qid = 0; qid < (i64)tail_queues_.size(); ++qid) {
+            const TailQueue& q = tail_queues_[qid];
+            if (!q.alive) continue;
+            py::list members;
+            for (const auto& m : q.members) members.append(py::make_tuple(m.tp, m.op, m.start));
+            queues.append(py::make_tuple(qid, q.device, q.sources, q.widths, q.since, members,
+                                         q.has_entry, q.entry_key, q.entry_tp, q.now));
+        }
+        py::list transfers;
+        for (const auto& t : transfers_) transfers.append(py::make_tuple(t.tensor, t.src, t.dst, t.start, t.end));
+        return py::make_tuple(
+            scheduled_, last_time_, device_, start_, end_, order_, device_free_, last_op_, usage_, peak_,
+            tensor_consumers_left_, preds_left_, group_device_, chan_start_, chan_end_, pending, arrival_,
+            release_, set_of_, untouched_, distinct_, later, now, waited_, queues, next_tail_id_, transfers);
+    }
+
     // ---------------------------------------------------------------- accessors
     i64 scheduled() const { return scheduled_; }
+    int num_devices() const { return nd_; }
     i64 evaluations() const { return evaluations_; }
     i64 gap_looks() const { return gap_looks_; }
     i64 copy_slots() const { return copy_slots_; }
@@ -469,8 +566,8 @@ class Scheduler {
     int nd_;
     std::vector<i64> group_of_, group_persistent_, gm_ptr_, gm_op_, capacity_, persistent_cap_;
     std::shared_ptr<Links> links_;
-    const std::vector<double>& slope_;
-    const std::vector<double>& intercept_;
+    const double* slope_;  // links_'s, which this holds
+    const double* intercept_;
     double min_transfer_us_;
     bool fixed_;
     std::vector<i64> device_of_;
@@ -533,6 +630,7 @@ class Scheduler {
     i64 next_tail_id_ = 0;
     TailCopyPtr tail_bound_;
     i64 scheduled_ = 0, evaluations_ = 0;
+    std::tuple<i64, int, double> stepped_{-1, -1, 0.0};  // the (op, device, start) of the last step
     double last_time_ = 0.0;
     double cutoff_start_ = 0.0;
 
@@ -1238,6 +1336,7 @@ class Scheduler {
         double t = choice->start;
         int dev = (int)choice->dev;
         i64 op = choice->op;
+        stepped_ = {op, dev, t};
         if (t > cutoff_us_) {
             cutoff_start_ = t;
             return kCutOff;
@@ -1295,17 +1394,27 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 1;
+    m.attr("INTERFACE") = 2;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
-    py::class_<Scheduler>(m, "Scheduler")
+    py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
         .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
                       I64Array, double, bool, bool, int, int>())
         .def("run", &Scheduler::run, py::arg("max_steps"), py::call_guard<py::gil_scoped_release>())
+        .def("step", &Scheduler::step_one)
+        .def("snapshot", &Scheduler::snapshot)
+        .def("fingerprint", &Scheduler::fingerprint)
+        .def("restore", &Scheduler::restore)
+        .def("patched", &Scheduler::patched)
+        .def("waited", [](const Scheduler& s) {
+            std::vector<bool> out;
+            for (int d = 0; d < s.num_devices(); ++d) out.push_back(s.waited(d));
+            return out;
+        })
         .def_property_readonly("scheduled", &Scheduler::scheduled)
         .def_property_readonly("evaluations", &Scheduler::evaluations)
         .def_property_readonly("gap_looks", &Scheduler::gap_looks)
