@@ -55,6 +55,13 @@ devices of 16 GiB, of which m-ETF and m-SCT use 22 (bench/placement_scaling.py -
 m-ETF took 50 s, now 1.2 s; m-SCT 66 s, now 2.4 s; auto 198 s, now 8 s (at 4 devices, 0.19, 1.0
 and 4.3 s, then and now). A step looks only at the devices that hold candidates.
 
+Two engines run it. This module is the readable reference; `native/scheduler.cpp` is its port to
+C++ (`NativeListScheduler`), step for step, which `run_list_scheduler`, `make_list_scheduler` and
+so m-ETF, the simulator, refinement and the fit search run when `engine.current()` is "native"
+and the policy is `FixedPolicy` or `EarliestStartPolicy` (other policies, m-SCT's, run here).
+tests/test_engines.py holds the two to bit-identical schedules: a change to the model lands in
+both at once. m-ETF on a 10,000-op layered graph on 4 devices: 1.4 s here, 0.05 s compiled.
+
 Time: O((V + E) * D * log(V * D)) heap work plus the channel gap searches, for V ops, E edges and
 D devices weighed (those touched, plus one of each set of untouched twins), plus one
 re-evaluation of each stale key that reaches the top of a heap. A booking on a channel makes
