@@ -471,3 +471,35 @@ def test_native_snapshots_restore_into_a_new_scheduler():
             while target.step() is not None:
                 pass
             assert _outcome(lambda: target.schedule("x")) == expected
+
+
+@native
+@pytest.mark.parametrize("limit", ["steps", "evaluations"])
+def test_a_compiled_run_comes_back_to_python_in_chunks(limit, monkeypatch):
+    """The progress bar is told, and Ctrl-C (a KeyboardInterrupt between chunks) stops the run."""
+    from baechi_tf.placer.list_scheduler import NativeListScheduler, make_list_scheduler
+
+    monkeypatch.setattr(list_scheduler, "_NATIVE_STEPS" if limit == "steps" else "_NATIVE_EVALUATIONS", 50)
+    graph = fan_out_graph(600)
+
+    class Bar:
+        def __init__(self, stop_at=None):
+            self.seen, self.stop_at = [], stop_at
+
+        def update(self, done):
+            self.seen.append(done)
+            if self.stop_at is not None and len(self.seen) == self.stop_at:
+                raise KeyboardInterrupt
+
+    def make():
+        out = make_list_scheduler(graph, graphs.cluster(4), Groups.singletons(graph), EarliestStartPolicy())
+        assert isinstance(out, NativeListScheduler)
+        return out
+
+    bar = Bar()
+    make().run(bar)
+    assert len(bar.seen) > 4 and bar.seen == sorted(bar.seen) and bar.seen[-1] == graph.num_ops
+    scheduler = make()
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.run(Bar(stop_at=2))
+    assert 0 < scheduler.scheduled < graph.num_ops

@@ -1273,9 +1273,10 @@ def run_list_scheduler(
 
 # ---------------------------------------------------------------- the compiled engine
 
-# Steps the compiled engine takes between returns to Python, where the progress bar is updated
-# and Ctrl-C is seen: a few milliseconds of work.
+# Steps, and dry runs, the compiled engine makes between returns to Python, where the progress
+# bar is updated and Ctrl-C is seen: a few milliseconds of work.
 _NATIVE_STEPS = 4096
+_NATIVE_EVALUATIONS = 65536
 # Bytes the compiled engine counts in int64: graphs and clusters whose sums could come near its
 # range run on the Python engine (whose ints do not overflow).
 _NATIVE_BYTES_LIMIT = 1 << 61
@@ -1485,9 +1486,10 @@ class NativeListScheduler:
 
     def run(self, bar: Optional[Progress] = None) -> None:
         """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled.
-        Returns to Python every `_NATIVE_STEPS` steps (`bar`, Ctrl-C)."""
+        Returns to Python every `_NATIVE_STEPS` steps or `_NATIVE_EVALUATIONS` dry runs (`bar`,
+        Ctrl-C)."""
         while True:
-            status, _ = self._run.run(_NATIVE_STEPS)
+            status, _ = self._run.run(_NATIVE_STEPS, _NATIVE_EVALUATIONS)
             if status == 2:
                 raise ScheduleCutOff(self._run.cutoff_start, self.cutoff_us)
             if bar is not None:

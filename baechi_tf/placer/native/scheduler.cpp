@@ -400,11 +400,14 @@ class Scheduler {
             if (preds_left_[op] == 0) push_ready(op, 0.0);
     }
 
-    // Runs up to `max_steps` steps: (status, steps made).
-    std::pair<int, i64> run(i64 max_steps) {
+    // Runs up to `max_steps` steps, fewer once they have made `max_evaluations` dry runs (a step
+    // may make thousands when ready ops wait on a busy channel): (status, steps made).
+    std::pair<int, i64> run(i64 max_steps, i64 max_evaluations) {
+        i64 until = evaluations_ + max_evaluations;
         for (i64 i = 0; i < max_steps; ++i) {
             int s = step();
             if (s != kGoOn) return {s, i};
+            if (evaluations_ >= until) return {kGoOn, i + 1};
         }
         return {kGoOn, max_steps};
     }
@@ -1394,7 +1397,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 2;
+    m.attr("INTERFACE") = 3;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
@@ -1404,7 +1407,8 @@ PYBIND11_MODULE(_native, m) {
                       I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
                       I64Array, double, bool, bool, int, int>())
-        .def("run", &Scheduler::run, py::arg("max_steps"), py::call_guard<py::gil_scoped_release>())
+        .def("run", &Scheduler::run, py::arg("max_steps"), py::arg("max_evaluations"),
+             py::call_guard<py::gil_scoped_release>())
         .def("step", &Scheduler::step_one)
         .def("snapshot", &Scheduler::snapshot)
         .def("fingerprint", &Scheduler::fingerprint)
