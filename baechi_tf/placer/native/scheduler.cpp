@@ -170,14 +170,82 @@ inline bool operator<(const Pending& a, const Pending& b) {
     return a.nbytes < b.nbytes;
 }
 
-// `SchedulerState.tail_copy`: (source devices, widths, since, last arrival)
+// `SchedulerState.tail_copy`: (source devices, widths, since, last arrival). Immutable once
+// made; counted references (`TailCopyPtr`, single-threaded), and a scheduler's pool reuses
+// those no dry run remembers any more, lists and all: a dry run allocates nothing.
+struct TailPool;
 struct TailCopy {
     std::vector<int> sources;
     std::vector<double> widths;
-    double since;
-    double last;
+    double since = 0.0;
+    double last = 0.0;
+    int refs = 0;
+    TailPool* pool = nullptr;
 };
-using TailCopyPtr = std::shared_ptr<const TailCopy>;
+
+struct TailPool {
+    std::vector<std::unique_ptr<TailCopy>> all;
+    std::vector<TailCopy*> spare;
+    TailCopy* get() {
+        if (spare.empty()) {
+            all.push_back(std::make_unique<TailCopy>());
+            all.back()->pool = this;
+            return all.back().get();
+        }
+        TailCopy* out = spare.back();
+        spare.pop_back();
+        return out;
+    }
+};
+
+class TailCopyPtr {
+   public:
+    TailCopyPtr() = default;
+    TailCopyPtr(std::nullptr_t) {}
+    explicit TailCopyPtr(TailCopy* p) : p_(p) { ++p_->refs; }
+    TailCopyPtr(const TailCopyPtr& o) : p_(o.p_) {
+        if (p_) ++p_->refs;
+    }
+    TailCopyPtr(TailCopyPtr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    TailCopyPtr& operator=(const TailCopyPtr& o) {
+        if (o.p_) ++o.p_->refs;
+        release();
+        p_ = o.p_;
+        return *this;
+    }
+    TailCopyPtr& operator=(TailCopyPtr&& o) noexcept {
+        if (this != &o) {
+            release();
+            p_ = o.p_;
+            o.p_ = nullptr;
+        }
+        return *this;
+    }
+    TailCopyPtr& operator=(std::nullptr_t) {
+        release();
+        return *this;
+    }
+    ~TailCopyPtr() { release(); }
+    const TailCopy* operator->() const { return p_; }
+    explicit operator bool() const { return p_ != nullptr; }
+    bool operator!() const { return p_ == nullptr; }
+
+   private:
+    void release() {
+        if (p_ && --p_->refs == 0) p_->pool->spare.push_back(p_);
+        p_ = nullptr;
+    }
+    TailCopy* p_ = nullptr;
+};
+
+// A scheduler's own pool: a copy of the scheduler (a snapshot) gets a new one, and assigning a
+// snapshot to a scheduler keeps the scheduler's (snapshots hold no references into pools).
+struct PoolHolder {
+    std::unique_ptr<TailPool> pool = std::make_unique<TailPool>();
+    PoolHolder() = default;
+    PoolHolder(const PoolHolder&) : pool(std::make_unique<TailPool>()) {}
+    PoolHolder& operator=(const PoolHolder&) { return *this; }
+};
 
 struct Memo {
     i64 key;
@@ -433,6 +501,8 @@ class Scheduler {
         auto out = std::make_shared<Scheduler>(*this);
         memo.swap(ready_memo_);
         out->ready_memo_.resize(n_);
+        out->tail_copy_ = nullptr;  // into this scheduler's pool: transient anyway
+        out->tail_bound_ = nullptr;
         return out;
     }
 
@@ -463,7 +533,9 @@ class Scheduler {
     // from, to, their ops) had been on their new devices from the start. For the simulator's
     // one-op groups: an op's group is the op.
     std::shared_ptr<Scheduler> patched(const std::vector<std::tuple<i64, int, int, std::vector<i64>>>& moves) const {
-        auto out = std::make_shared<Scheduler>(*this);
+        auto out = std::make_shared<Scheduler>(*this);  // a snapshot's: no dry runs to forget
+        out->tail_copy_ = nullptr;
+        out->tail_bound_ = nullptr;
         for (const auto& [p, d_from, d_to, ops] : moves) {
             out->usage_[d_from] -= p;
             out->peak_[d_from] -= p;
@@ -564,6 +636,7 @@ class Scheduler {
 
    private:
     // ---------------------------------------------------------------- static
+    PoolHolder pools_;  // first: destroyed after every reference into it
     std::shared_ptr<Tables> T_;
     i64 n_;
     int nd_;
@@ -821,12 +894,12 @@ class Scheduler {
             }
         }
         if (last != ready) return nullptr;
-        auto out = std::make_shared<TailCopy>();
-        out->sources = sources;
-        out->widths = widths;
+        TailCopy* out = pools_.pool->get();
+        out->sources.assign(sources.begin(), sources.end());
+        out->widths.assign(widths.begin(), widths.end());
         out->since = since;
         out->last = ready;
-        return out;
+        return TailCopyPtr(out);
     }
 
     // SchedulerState.ready_time: (ready, bytes of copies still to receive)
