@@ -118,8 +118,9 @@ def _outcome(run):
         s.placement.method,
         s.start_us.tobytes(),
         s.end_us.tobytes(),
-        [(t.tensor, t.src_device, t.dst_device, _hex(t.start_us), _hex(t.end_us)) for t in s.transfers],
-        [type(p) for p in s.peak_memory_bytes] and list(s.peak_memory_bytes),
+        [(t.tensor, t.src_device, t.dst_device, _hex(t.start_us), _hex(t.end_us),
+          tuple(type(v).__name__ for v in vars(t).values())) for t in s.transfers],
+        [(type(p).__name__, p) for p in s.peak_memory_bytes],
         s.order.tolist(),
         s.start_us.dtype, s.end_us.dtype, s.order.dtype, s.placement.device_of.dtype,
     )
