@@ -1,6 +1,18 @@
 """baechi_tf: fast, memory-aware device placement for TensorFlow graphs (Baechi, SoCC 2020)."""
 
+from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# The compiled engine of the list scheduler (baechi_tf.placer.engine). Optional: without a C++
+# compiler the install goes on and the Python engine runs, with one warning saying how to fix it.
+# No fused multiply-add: the schedules must be bit-identical to the Python engine's.
+native = Pybind11Extension(
+    "baechi_tf.placer._native",
+    ["baechi_tf/placer/native/scheduler.cpp"],
+    cxx_std=17,
+    extra_compile_args=["-O2", "-ffp-contract=off"],
+)
+native.optional = True
 
 setup(
     name="baechi_tf",
@@ -9,6 +21,8 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["baechi_tf", "baechi_tf.*"]),
     package_data={"baechi_tf": ["proto/*.proto"]},
+    ext_modules=[native],
+    cmdclass={"build_ext": build_ext},
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "numpy==2.4.6",

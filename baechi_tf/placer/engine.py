@@ -27,6 +27,11 @@ __all__ = ["ENGINES", "current", "native_available", "native_module", "selected"
 
 ENGINES = ("native", "python")
 
+# The version of the interface between list_scheduler.py and the compiled module that this code
+# speaks (`INTERFACE` in native/scheduler.cpp): a module of another one, left behind when a
+# rebuild failed, counts as missing.
+_INTERFACE = 3
+
 _logger = logging.getLogger(__name__)
 _engine: contextvars.ContextVar[str] = contextvars.ContextVar("baechi_tf_engine", default="native")
 _lock = threading.Lock()
@@ -50,6 +55,8 @@ def native_module() -> Optional[Any]:
             try:
                 from baechi_tf.placer import _native  # type: ignore[attr-defined]
             except ImportError:
+                _native = None
+            if _native is not None and getattr(_native, "INTERFACE", None) != _INTERFACE:
                 _native = None
             _state[1] = _native
         return _state[1]
@@ -82,7 +89,7 @@ def current() -> str:
             _logger.warning(
                 "the compiled scheduling core (baechi_tf.placer._native) is missing, so the "
                 "slower python engine is used: install a C++ compiler (gcc, g++) and reinstall "
-                "with `pip install -e .`"
+                "with `pip install -e .` (its build log says why the build failed, with -v)"
             )
         return "python"
     return name

@@ -42,7 +42,8 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
-    FixedPolicy, GraphTables, ListScheduler, byte_formatter, format_bytes, pinned_group_devices,
+    FixedPolicy, GraphTables, ListScheduler, byte_formatter, format_bytes, make_list_scheduler,
+    pinned_group_devices,
 )
 from baechi_tf.placer.m_topo import static_group_bytes
 from baechi_tf.placer.schedule import Placement
@@ -213,8 +214,8 @@ class FitSearch:
 
     def _simulate(self, group_device: np.ndarray) -> ListScheduler:
         device_of = group_device[self.groups.group_of].tolist()
-        run = ListScheduler(self.graph, self.cluster, self._singletons, FixedPolicy(device_of),
-                            initial_group_device=device_of, tables=self._tables)
+        run = make_list_scheduler(self.graph, self.cluster, self._singletons, FixedPolicy(device_of),
+                                  initial_group_device=device_of, tables=self._tables)
         while run.step() is not None:
             pass
         self.steps += run.scheduled + self.graph.num_ops // _SETUP_SHARE + _RUN_COST

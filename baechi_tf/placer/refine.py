@@ -48,7 +48,14 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import FixedPolicy, GraphTables, ListScheduler, pinned_group_devices
+from baechi_tf.placer.list_scheduler import (
+    FixedPolicy,
+    GraphTables,
+    ListScheduler,
+    NativeSnapshot,
+    make_list_scheduler,
+    pinned_group_devices,
+)
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 from baechi_tf.progress import Progress
@@ -161,7 +168,7 @@ class _Simulation:
 
     def _scheduler(self, device_of: list[int]) -> ListScheduler:
         self.work += (self.graph.num_ops + self.cluster.num_devices) // _RESTART_SHARE
-        return ListScheduler(
+        return make_list_scheduler(
             self.graph, self.cluster, self.singletons, FixedPolicy(device_of), device_of,
             tables=self.tables,
         )
@@ -269,6 +276,8 @@ def _run_work(scheduler: ListScheduler) -> int:
 
 def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int]) -> dict:
     """A snapshot as if the moved groups had been on their new devices from the start."""
+    if isinstance(snap, NativeSnapshot):  # the compiled engine's makes the same edits
+        return snap.patched([(group_persistent[g], a, b, members[g].tolist()) for g, a, b in move])
     out = dict(snap)
     group_device = list(snap["group_device"])
     usage, peak = list(snap["usage"]), list(snap["peak"])

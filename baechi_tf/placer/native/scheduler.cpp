@@ -1,0 +1,1511 @@
+// The compiled engine of baechi_tf's list scheduler: a port, step for step, of
+// `ListScheduler`, `SchedulerState`, `UntouchedTwins` and `_TailQueue` of
+// baechi_tf/placer/list_scheduler.py for the two policies whose behaviour is fixed: FixedPolicy
+// (every op on a given device: the simulator) and EarliestStartPolicy (m-ETF: any device, one of
+// each set of untouched twins weighed). Neither holds devices back, so m-SCT's pools are absent.
+//
+// Exactness: times are doubles computed in the order the Python reference computes them (no
+// fused multiply-add: built with -ffp-contract=off), bytes are int64, `bisect` and `heapq` are
+// ported algorithm for algorithm (the same probes, the same sift steps), so each heap holds its
+// entries in the Python engine's order and ties break as Python's tuple comparison breaks them.
+// tests/test_engines.py holds the two engines to identical schedules. See the Python module for
+// the model; the comments here name the Python function each piece ports.
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+using i64 = std::int64_t;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ------------------------------------------------------------------ Python's bisect and heapq
+
+template <class V, class T>
+std::size_t bisect_right(const V& a, const T& x) {
+    std::size_t lo = 0, hi = a.size();
+    while (lo < hi) {
+        std::size_t mid = (lo + hi) / 2;
+        if (x < a[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+template <class V, class T>
+std::size_t bisect_left(const V& a, const T& x) {
+    std::size_t lo = 0, hi = a.size();
+    while (lo < hi) {
+        std::size_t mid = (lo + hi) / 2;
+        if (a[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+template <class T>
+void sift_down(std::vector<T>& heap, std::size_t startpos, std::size_t pos) {  // heapq._siftdown
+    T item = heap[pos];
+    while (pos > startpos) {
+        std::size_t parentpos = (pos - 1) >> 1;
+        if (item < heap[parentpos]) {
+            heap[pos] = heap[parentpos];
+            pos = parentpos;
+            continue;
+        }
+        break;
+    }
+    heap[pos] = item;
+}
+
+template <class T>
+void sift_up(std::vector<T>& heap, std::size_t pos) {  // heapq._siftup
+    std::size_t endpos = heap.size(), startpos = pos;
+    T item = heap[pos];
+    std::size_t childpos = 2 * pos + 1;
+    while (childpos < endpos) {
+        std::size_t rightpos = childpos + 1;
+        if (rightpos < endpos && !(heap[childpos] < heap[rightpos])) childpos = rightpos;
+        heap[pos] = heap[childpos];
+        pos = childpos;
+        childpos = 2 * pos + 1;
+    }
+    heap[pos] = item;
+    sift_down(heap, startpos, pos);
+}
+
+template <class T>
+void heap_push(std::vector<T>& heap, const T& item) {
+    heap.push_back(item);
+    sift_down(heap, 0, heap.size() - 1);
+}
+
+template <class T>
+T heap_pop(std::vector<T>& heap) {
+    T last = heap.back();
+    heap.pop_back();
+    if (!heap.empty()) {
+        T out = heap[0];
+        heap[0] = last;
+        sift_up(heap, 0);
+        return out;
+    }
+    return last;
+}
+
+template <class T>
+void heap_replace(std::vector<T>& heap, const T& item) {
+    heap[0] = item;
+    sift_up(heap, 0);
+}
+
+// ------------------------------------------------------------------ entries
+
+struct Later {  // (lower bound of start, topo, op); op < 0 stands for tail queue -1 - op
+    double key;
+    i64 tp;
+    i64 op;
+};
+inline bool operator<(const Later& a, const Later& b) {
+    if (a.key != b.key) return a.key < b.key;
+    if (a.tp != b.tp) return a.tp < b.tp;
+    return a.op < b.op;
+}
+
+struct Now {  // (topo, op)
+    i64 tp;
+    i64 op;
+};
+inline bool operator<(const Now& a, const Now& b) {
+    if (a.tp != b.tp) return a.tp < b.tp;
+    return a.op < b.op;
+}
+
+struct Member {  // (topo, op, start when queued)
+    i64 tp;
+    i64 op;
+    double start;
+};
+inline bool operator<(const Member& a, const Member& b) {
+    if (a.tp != b.tp) return a.tp < b.tp;
+    if (a.op != b.op) return a.op < b.op;
+    return a.start < b.start;
+}
+
+struct Choice {  // (start, topo, device, op)
+    double start;
+    i64 tp;
+    i64 dev;
+    i64 op;
+};
+inline bool operator<(const Choice& a, const Choice& b) {
+    if (a.start != b.start) return a.start < b.start;
+    if (a.tp != b.tp) return a.tp < b.tp;
+    if (a.dev != b.dev) return a.dev < b.dev;
+    return a.op < b.op;
+}
+
+struct Pending {  // (when, bytes), sorted
+    double when;
+    i64 nbytes;
+};
+inline bool operator<(const Pending& a, const Pending& b) {
+    if (a.when != b.when) return a.when < b.when;
+    return a.nbytes < b.nbytes;
+}
+
+// `SchedulerState.tail_copy`: (source devices, widths, since, last arrival). Immutable once
+// made; counted references (`TailCopyPtr`, single-threaded), and a scheduler's pool reuses
+// those no dry run remembers any more, lists and all: a dry run allocates nothing.
+struct TailPool;
+struct TailCopy {
+    std::vector<int> sources;
+    std::vector<double> widths;
+    double since = 0.0;
+    double last = 0.0;
+    int refs = 0;
+    TailPool* pool = nullptr;
+};
+
+struct TailPool {
+    std::vector<std::unique_ptr<TailCopy>> all;
+    std::vector<TailCopy*> spare;
+    TailCopy* get() {
+        if (spare.empty()) {
+            all.push_back(std::make_unique<TailCopy>());
+            all.back()->pool = this;
+            return all.back().get();
+        }
+        TailCopy* out = spare.back();
+        spare.pop_back();
+        return out;
+    }
+};
+
+class TailCopyPtr {
+   public:
+    TailCopyPtr() = default;
+    TailCopyPtr(std::nullptr_t) {}
+    explicit TailCopyPtr(TailCopy* p) : p_(p) { ++p_->refs; }
+    TailCopyPtr(const TailCopyPtr& o) : p_(o.p_) {
+        if (p_) ++p_->refs;
+    }
+    TailCopyPtr(TailCopyPtr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+    TailCopyPtr& operator=(const TailCopyPtr& o) {
+        if (o.p_) ++o.p_->refs;
+        release();
+        p_ = o.p_;
+        return *this;
+    }
+    TailCopyPtr& operator=(TailCopyPtr&& o) noexcept {
+        if (this != &o) {
+            release();
+            p_ = o.p_;
+            o.p_ = nullptr;
+        }
+        return *this;
+    }
+    TailCopyPtr& operator=(std::nullptr_t) {
+        release();
+        return *this;
+    }
+    ~TailCopyPtr() { release(); }
+    const TailCopy* operator->() const { return p_; }
+    explicit operator bool() const { return p_ != nullptr; }
+    bool operator!() const { return p_ == nullptr; }
+
+   private:
+    void release() {
+        if (p_ && --p_->refs == 0) p_->pool->spare.push_back(p_);
+        p_ = nullptr;
+    }
+    TailCopy* p_ = nullptr;
+};
+
+// A scheduler's own pool: a copy of the scheduler (a snapshot) gets a new one, and assigning a
+// snapshot to a scheduler keeps the scheduler's (snapshots hold no references into pools).
+struct PoolHolder {
+    std::unique_ptr<TailPool> pool = std::make_unique<TailPool>();
+    PoolHolder() = default;
+    PoolHolder(const PoolHolder&) : pool(std::make_unique<TailPool>()) {}
+    PoolHolder& operator=(const PoolHolder&) { return *this; }
+};
+
+struct Memo {
+    i64 key;
+    double ready;
+    i64 new_bytes;
+    TailCopyPtr tail;
+};
+
+struct Transfer {
+    i64 tensor;
+    int src, dst;
+    double start, end;
+};
+
+struct TailQueue {  // `_TailQueue` without pools
+    bool alive = false;
+    int device = -1;
+    std::vector<int> sources;
+    std::vector<double> widths;
+    double since = 0.0;
+    std::vector<Member> members;
+    bool has_entry = false;
+    double entry_key = 0.0;
+    i64 entry_tp = 0;
+    bool now = false;
+
+    // (v, tp) < entry, as tuples
+    bool entry_above(double v, i64 tp) const {
+        if (v != entry_key) return v < entry_key;
+        return tp < entry_tp;
+    }
+    Member pop() { return heap_pop(members); }
+};
+
+// The key of `tail_ids`, (device, sources, widths), hashed: equal keys hash alike (widths are
+// positive, so no -0.0 stands for 0.0).
+std::size_t queue_hash(int device, const std::vector<int>& sources, const std::vector<double>& widths) {
+    std::size_t h = std::hash<int>()(device);
+    auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (int s : sources) mix(std::hash<int>()(s));
+    for (double w : widths) mix(std::hash<double>()(w));
+    return h;
+}
+
+// A device's set of ops (`in_now`, `dead`): a bitmap, allocated when the first op goes in.
+class OpSet {
+   public:
+    bool contains(i64 op) const {
+        std::size_t w = (std::size_t)op >> 6;
+        return w < bits_.size() && (bits_[w] >> (op & 63) & 1);
+    }
+    void add(i64 op, i64 n) {
+        if (bits_.empty()) bits_.assign(((std::size_t)n + 63) >> 6, 0);
+        bits_[(std::size_t)op >> 6] |= std::uint64_t(1) << (op & 63);
+    }
+    void discard(i64 op) {
+        std::size_t w = (std::size_t)op >> 6;
+        if (w < bits_.size()) bits_[w] &= ~(std::uint64_t(1) << (op & 63));
+    }
+    void update(const OpSet& other) {
+        if (other.bits_.empty()) return;
+        if (bits_.empty()) bits_.assign(other.bits_.size(), 0);
+        for (std::size_t w = 0; w < bits_.size(); ++w) bits_[w] |= other.bits_[w];
+    }
+
+   private:
+    std::vector<std::uint64_t> bits_;
+};
+
+// A device's `waiting` set: its ops in the order they came (a set's order is no schedule's
+// concern: each is pushed with its own key), each once.
+class OpList {
+   public:
+    void add(i64 op, i64 n) {
+        if (!in_.contains(op)) {
+            in_.add(op, n);
+            list_.push_back(op);
+        }
+    }
+    void clear() {
+        for (i64 op : list_) in_.discard(op);
+        list_.clear();
+    }
+    const std::vector<i64>& items() const { return list_; }
+
+   private:
+    OpSet in_;
+    std::vector<i64> list_;
+};
+
+// A dry run's tentative bookings per device (`extra` of `ready_time`), kept between runs so
+// that their lists are not allocated again.
+class Extra {
+   public:
+    struct Lists {
+        int dev;
+        std::vector<double> starts, ends;
+    };
+    void reset() {
+        for (std::size_t k = 0; k < used_; ++k) lists_[k].starts.clear(), lists_[k].ends.clear();
+        used_ = 0;
+    }
+    Lists* find(int d) {
+        for (std::size_t k = 0; k < used_; ++k)
+            if (lists_[k].dev == d) return &lists_[k];
+        return nullptr;
+    }
+    Lists* add(int d) {
+        if (used_ == lists_.size()) lists_.emplace_back();
+        Lists* out = &lists_[used_++];
+        out->dev = d;
+        return out;
+    }
+    Lists* begin() { return lists_.data(); }
+    Lists* end() { return lists_.data() + used_; }
+
+   private:
+    std::vector<Lists> lists_;
+    std::size_t used_ = 0;
+};
+
+template <class T>
+std::vector<T> to_vector(py::array_t<T, py::array::c_style | py::array::forcecast> a) {
+    auto r = a.template unchecked<1>();
+    std::vector<T> out(r.shape(0));
+    for (py::ssize_t i = 0; i < r.shape(0); ++i) out[i] = r(i);
+    return out;
+}
+
+using I64Array = py::array_t<i64, py::array::c_style | py::array::forcecast>;
+using F64Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+
+// ------------------------------------------------------------------ GraphTables
+
+struct Tables {
+    i64 n = 0, num_tensors = 0;
+    std::vector<double> compute;
+    std::vector<i64> topo, topo_order;
+    std::vector<i64> in_ptr, in_src, in_t, in_bytes;  // inputs of each op, in edge order
+    std::vector<i64> consumers;
+    std::vector<i64> rd_ptr, rd_op;      // readers of each tensor, in edge order
+    std::vector<i64> succ_ptr, succ;     // successors of each op
+    std::vector<i64> num_preds, alloc, free_at_end;
+
+    Tables(i64 n_, i64 nt, F64Array compute_, I64Array topo_, I64Array topo_order_, I64Array in_ptr_,
+           I64Array in_src_, I64Array in_t_, I64Array in_bytes_, I64Array consumers_, I64Array rd_ptr_,
+           I64Array rd_op_, I64Array succ_ptr_, I64Array succ_, I64Array num_preds_, I64Array alloc_,
+           I64Array free_at_end_)
+        : n(n_), num_tensors(nt), compute(to_vector(compute_)), topo(to_vector(topo_)),
+          topo_order(to_vector(topo_order_)), in_ptr(to_vector(in_ptr_)), in_src(to_vector(in_src_)),
+          in_t(to_vector(in_t_)), in_bytes(to_vector(in_bytes_)), consumers(to_vector(consumers_)),
+          rd_ptr(to_vector(rd_ptr_)), rd_op(to_vector(rd_op_)), succ_ptr(to_vector(succ_ptr_)),
+          succ(to_vector(succ_)), num_preds(to_vector(num_preds_)), alloc(to_vector(alloc_)),
+          free_at_end(to_vector(free_at_end_)) {}
+};
+
+// A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b].
+struct Links {
+    std::vector<double> slope, intercept;
+    Links(F64Array slope_, F64Array intercept_) : slope(to_vector(slope_)), intercept(to_vector(intercept_)) {}
+};
+
+// ------------------------------------------------------------------ the scheduler
+
+enum Status { kGoOn = 0, kNoChoice = 1, kCutOff = 2 };
+
+class Scheduler {
+   public:
+    Scheduler(std::shared_ptr<Tables> tables, int nd, I64Array group_of, I64Array group_persistent,
+              I64Array gm_ptr, I64Array gm_op, I64Array capacity, I64Array persistent_cap,
+              std::shared_ptr<Links> links, double min_transfer_us, bool fixed,
+              I64Array device_of, I64Array twin_set_of, std::vector<std::vector<int>> untouched,
+              std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
+              I64Array initial_group_device,
+              double cutoff_us, bool queue_tails, bool once_in_now, int max_gaps, int usual_looks)
+        : T_(std::move(tables)), n_(T_->n), nd_(nd), group_of_(to_vector(group_of)),
+          group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
+          gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
+          persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
+          slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us), fixed_(fixed),
+          device_of_(fixed ? to_vector(device_of) : std::vector<i64>()),
+          cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now),
+          max_gaps_(max_gaps), usual_looks_(usual_looks) {
+        // SchedulerState.__init__
+        tensor_consumers_left_ = T_->consumers;
+        preds_left_ = T_->num_preds;
+        group_device_.assign(group_persistent_.size(), -1);
+        device_.assign(n_, -1);
+        start_.assign(n_, 0.0);
+        end_.assign(n_, 0.0);
+        device_free_.assign(nd_, 0.0);
+        last_op_.assign(nd_, -1);
+        chan_start_.resize(nd_);
+        chan_end_.resize(nd_);
+        chan_version_.assign(nd_, 0);
+        ready_memo_.resize(n_);
+        arrival_.resize(T_->num_tensors);
+        usage_.assign(nd_, 0);
+        peak_.assign(nd_, 0);
+        pending_.resize(nd_);
+        release_.resize(T_->num_tensors);
+        auto so = to_vector(twin_set_of);
+        set_of_.assign(so.begin(), so.end());
+        untouched_ = std::move(untouched);
+        distinct_ = std::move(distinct);
+        // _place_pinned and the initial groups, as decided in Python
+        for (auto& [g, dev] : placements) place_group(g, dev);
+        auto given = initial_group_device.unchecked<1>();
+        for (py::ssize_t g = 0; g < given.shape(0); ++g)
+            if (given(g) >= 0 && group_device_[g] < 0) place_group(g, (int)given(g));
+        // ListScheduler.__init__
+        later_.resize(nd_);
+        now_.resize(nd_);
+        in_now_.resize(nd_);
+        waiting_.resize(nd_);
+        waited_.assign(nd_, false);
+        dead_.resize(nd_);
+        is_busy_.assign(nd_, false);
+        for (i64 op : T_->topo_order)
+            if (preds_left_[op] == 0) push_ready(op, 0.0);
+    }
+
+    // Runs up to `max_steps` steps, fewer once they have made `max_evaluations` dry runs (a step
+    // may make thousands when ready ops wait on a busy channel): (status, steps made).
+    std::pair<int, i64> run(i64 max_steps, i64 max_evaluations) {
+        i64 until = evaluations_ + max_evaluations;
+        for (i64 i = 0; i < max_steps; ++i) {
+            int s = step();
+            if (s != kGoOn) return {s, i};
+            if (evaluations_ >= until) return {kGoOn, i + 1};
+        }
+        return {kGoOn, max_steps};
+    }
+
+    // ListScheduler.step: None when nothing can run, (op, device, start) when one was
+    // committed, and (start,) when the next op would start after the cutoff.
+    py::object step_one() {
+        int status;
+        {
+            py::gil_scoped_release release;
+            status = step();
+        }
+        if (status == kNoChoice) return py::none();
+        if (status == kCutOff) return py::make_tuple(cutoff_start_);
+        return py::make_tuple(std::get<0>(stepped_), std::get<1>(stepped_), std::get<2>(stepped_));
+    }
+
+    // ListScheduler.snapshot: a copy of everything a step changes; dry runs are not kept
+    // (`restore` forgets them, as the Python engine does).
+    std::shared_ptr<Scheduler> snapshot() {
+        std::vector<std::vector<std::pair<int, Memo>>> memo;
+        memo.swap(ready_memo_);
+        auto out = std::make_shared<Scheduler>(*this);
+        memo.swap(ready_memo_);
+        out->ready_memo_.resize(n_);
+        out->tail_copy_ = nullptr;  // into this scheduler's pool: transient anyway
+        out->tail_bound_ = nullptr;
+        return out;
+    }
+
+    // ListScheduler.restore: returns to `snap`, a snapshot of a scheduler of the same graph,
+    // cluster and groups (maybe under another placement: this one's policy stays), which stays
+    // usable. The work counters go on; queue ids only grow.
+    void restore(const Scheduler& snap) {
+        std::vector<i64> device_of = std::move(device_of_);
+        bool fixed = fixed_, queue_tails = queue_tails_, once = once_;
+        double cutoff = cutoff_us_;
+        i64 evaluations = evaluations_, gap_looks = gap_looks_, copy_slots = copy_slots_;
+        i64 next_tail_id = next_tail_id_;
+        *this = snap;
+        device_of_ = std::move(device_of);
+        fixed_ = fixed, queue_tails_ = queue_tails, once_ = once;
+        cutoff_us_ = cutoff;
+        evaluations_ = evaluations, gap_looks_ = gap_looks, copy_slots_ = copy_slots;
+        next_tail_id_ = std::max(next_tail_id, snap.next_tail_id_);
+        for (auto& m : ready_memo_) m.clear();
+        busy_.clear();
+        for (int d = 0; d < nd_; ++d) {
+            is_busy_[d] = !later_[d].empty() || !now_[d].empty();
+            if (is_busy_[d]) busy_.push_back(d);
+        }
+    }
+
+    // refine._patched: a copy of this snapshot as if the groups of `moves` (persistent bytes,
+    // from, to, their ops) had been on their new devices from the start. For the simulator's
+    // one-op groups: an op's group is the op.
+    std::shared_ptr<Scheduler> patched(const std::vector<std::tuple<i64, int, int, std::vector<i64>>>& moves) const {
+        auto out = std::make_shared<Scheduler>(*this);  // a snapshot's: no dry runs to forget
+        out->tail_copy_ = nullptr;
+        out->tail_bound_ = nullptr;
+        for (const auto& [p, d_from, d_to, ops] : moves) {
+            out->usage_[d_from] -= p;
+            out->peak_[d_from] -= p;
+            out->usage_[d_to] += p;
+            out->peak_[d_to] += p;
+            for (i64 o : ops) {
+                out->group_device_[o] = d_to;
+                out->dead_[d_to].discard(o);
+                if (out->device_[o] < 0 && out->preds_left_[o] == 0)
+                    heap_push(out->later_[d_to], Later{out->last_time_, T_->topo[o], o});
+            }
+        }
+        return out;
+    }
+
+    bool waited(int d) const { return waited_[d]; }
+
+    // The state a step changes, as plain Python values: two schedulers (or snapshots) with equal
+    // fingerprints continue alike. Heaps are given as their arrays.
+    py::tuple fingerprint() const {
+        py::list later, now, pending, queues;
+        for (int d = 0; d < nd_; ++d) {
+            py::list l, n, p;
+            for (const auto& e : later_[d]) l.append(py::make_tuple(e.key, e.tp, e.op));
+            for (const auto& e : now_[d]) n.append(py::make_tuple(e.tp, e.op));
+            for (const auto& e : pending_[d]) p.append(py::make_tuple(e.when, e.nbytes));
+            later.append(l), now.append(n), pending.append(p);
+        }
+        for (i64 qid = 0; qid < (i64)tail_queues_.size(); ++qid) {
+            const TailQueue& q = tail_queues_[qid];
+            if (!q.alive) continue;
+            py::list members;
+            for (const auto& m : q.members) members.append(py::make_tuple(m.tp, m.op, m.start));
+            queues.append(py::make_tuple(qid, q.device, q.sources, q.widths, q.since, members,
+                                         q.has_entry, q.entry_key, q.entry_tp, q.now));
+        }
+        py::list transfers;
+        for (const auto& t : transfers_) transfers.append(py::make_tuple(t.tensor, t.src, t.dst, t.start, t.end));
+        return py::make_tuple(
+            scheduled_, last_time_, device_, start_, end_, order_, device_free_, last_op_, usage_, peak_,
+            tensor_consumers_left_, preds_left_, group_device_, chan_start_, chan_end_, pending, arrival_,
+            release_, set_of_, untouched_, distinct_, later, now, waited_, queues, next_tail_id_, transfers);
+    }
+
+    // ---------------------------------------------------------------- accessors
+    i64 scheduled() const { return scheduled_; }
+    int num_devices() const { return nd_; }
+    i64 evaluations() const { return evaluations_; }
+    i64 gap_looks() const { return gap_looks_; }
+    i64 copy_slots() const { return copy_slots_; }
+    double last_time() const { return last_time_; }
+    double cutoff_start() const { return cutoff_start_; }
+    const std::vector<i64>& device() const { return device_; }
+    const std::vector<double>& start() const { return start_; }
+    const std::vector<double>& end() const { return end_; }
+    const std::vector<i64>& order() const { return order_; }
+    const std::vector<i64>& peak() const { return peak_; }
+    const std::vector<i64>& preds_left() const { return preds_left_; }
+    const std::vector<i64>& group_device() const { return group_device_; }
+    // The transfers as a tuple of `cls` (schedule.Transfer, a frozen dataclass without slots),
+    // made as its __init__ makes them: the fields set in the instance's __dict__, in order.
+    py::tuple transfers(py::type cls) const {
+        auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+        static const char* names[] = {"tensor", "src_device", "dst_device", "start_us", "end_us"};
+        py::str keys[5];
+        for (int k = 0; k < 5; ++k) keys[k] = py::str(names[k]);
+        py::tuple out(transfers_.size());
+        for (std::size_t i = 0; i < transfers_.size(); ++i) {
+            const Transfer& t = transfers_[i];
+            py::object obj = py::reinterpret_steal<py::object>(type->tp_alloc(type, 0));
+            if (!obj) throw py::error_already_set();
+            py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(obj.ptr(), nullptr));
+            if (!dict) throw py::error_already_set();
+            py::object values[5] = {py::int_(t.tensor), py::int_(t.src), py::int_(t.dst),
+                                    py::float_(t.start), py::float_(t.end)};
+            for (int k = 0; k < 5; ++k)
+                if (PyDict_SetItem(dict.ptr(), keys[k].ptr(), values[k].ptr()) < 0) throw py::error_already_set();
+            PyTuple_SET_ITEM(out.ptr(), i, obj.release().ptr());
+        }
+        return out;
+    }
+    // The bytes of copies a dry run of `op` on `dev` would receive (`ready_time`'s second value),
+    // for `_stuck`: inputs whose producer is elsewhere (or nowhere yet) and not yet copied there.
+    i64 ready_bytes(i64 op, int dev) const {
+        i64 out = 0;
+        for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
+            if (device_[T_->in_src[k]] == dev) continue;
+            if (arrival_of(T_->in_t[k], dev)) continue;
+            out += T_->in_bytes[k];
+        }
+        return out;
+    }
+    i64 free_bytes(int dev) const {  // SchedulerState.free_bytes
+        i64 out = capacity_[dev] - usage_[dev];
+        for (const auto& p : pending_[dev]) out += p.nbytes;
+        return out;
+    }
+
+   private:
+    // ---------------------------------------------------------------- static
+    PoolHolder pools_;  // first: destroyed after every reference into it
+    std::shared_ptr<Tables> T_;
+    i64 n_;
+    int nd_;
+    std::vector<i64> group_of_, group_persistent_, gm_ptr_, gm_op_, capacity_, persistent_cap_;
+    std::shared_ptr<Links> links_;
+    const double* slope_;  // links_'s, which this holds
+    const double* intercept_;
+    double min_transfer_us_;
+    bool fixed_;
+    std::vector<i64> device_of_;
+    double cutoff_us_;
+    bool queue_tails_, once_;
+    int max_gaps_, usual_looks_;
+
+    // ---------------------------------------------------------------- SchedulerState
+    std::vector<i64> tensor_consumers_left_, preds_left_, group_device_;
+    std::vector<i64> device_;
+    std::vector<double> start_, end_;
+    std::vector<i64> order_;
+    std::vector<double> device_free_;
+    std::vector<i64> last_op_;
+    std::vector<std::vector<double>> chan_start_, chan_end_;
+    std::vector<i64> chan_version_;
+    std::vector<std::vector<std::pair<int, Memo>>> ready_memo_;  // per op, (device, dry run)
+    TailCopyPtr tail_copy_;
+    std::vector<i64> usage_, peak_;
+    std::vector<std::vector<Pending>> pending_;
+    std::vector<std::vector<std::pair<int, double>>> arrival_;  // per tensor, (device, copy in)
+    std::vector<std::vector<std::pair<int, double>>> release_;  // tensor -> (device, last use)
+    std::vector<int> set_of_;
+    std::vector<std::vector<int>> untouched_;
+    std::vector<int> distinct_;
+    std::vector<Transfer> transfers_;
+    i64 gap_looks_ = 0, copy_slots_ = 0;
+
+    // ---------------------------------------------------------------- ListScheduler
+    std::vector<std::vector<Later>> later_;
+    std::vector<std::vector<Now>> now_;
+    std::vector<OpSet> in_now_, dead_;
+    std::vector<OpList> waiting_;
+    // scratch of ready_time, tail_start and commit
+    Extra extra_ready_, extra_tail_;
+    std::vector<int> tail_sources_;
+    std::vector<double> tail_widths_;
+    std::vector<i64> seen_;
+    std::vector<bool> waited_;
+    std::vector<int> busy_;
+    std::vector<bool> is_busy_;
+    std::deque<TailQueue> tail_queues_;  // by id; dropped ones stay, not alive
+    // `tail_ids`: per hash of (device, sources, widths), the ids of the live queues of such keys
+    std::unordered_map<std::size_t, std::vector<i64>> tail_ids_;
+
+    i64 find_queue(int device, const std::vector<int>& sources, const std::vector<double>& widths,
+                   std::size_t h) const {
+        auto it = tail_ids_.find(h);
+        if (it == tail_ids_.end()) return -1;
+        for (i64 qid : it->second) {
+            const TailQueue& q = tail_queues_[qid];
+            if (q.device == device && q.sources == sources && q.widths == widths) return qid;
+        }
+        return -1;
+    }
+    void index_queue(i64 qid) {  // tail_ids[(device, sources, widths)] = qid, for a new key
+        const TailQueue& q = tail_queues_[qid];
+        tail_ids_[queue_hash(q.device, q.sources, q.widths)].push_back(qid);
+    }
+    i64 next_tail_id_ = 0;
+    TailCopyPtr tail_bound_;
+    i64 scheduled_ = 0, evaluations_ = 0;
+    std::tuple<i64, int, double> stepped_{-1, -1, 0.0};  // the (op, device, start) of the last step
+    double last_time_ = 0.0;
+    double cutoff_start_ = 0.0;
+
+    const double* arrival_of(i64 t, int dev) const {
+        for (const auto& a : arrival_[t])
+            if (a.first == dev) return &a.second;
+        return nullptr;
+    }
+
+    // ---------------------------------------------------------------- UntouchedTwins
+    int stand_in(int dev) const {
+        int k = set_of_[dev];
+        if (k < 0) return -1;
+        const auto& members = untouched_[k];
+        return members[0] == dev && members.size() > 1 ? members[1] : -1;
+    }
+
+    void touch(int dev) {
+        int k = set_of_[dev];
+        if (k < 0) return;
+        set_of_[dev] = -1;
+        auto& members = untouched_[k];
+        bool first = members[0] == dev;
+        members.erase(std::find(members.begin(), members.end(), dev));
+        if (!first) {
+            distinct_.insert(distinct_.begin() + bisect_right(distinct_, dev), dev);
+        } else if (!members.empty()) {
+            int m = members[0];
+            distinct_.insert(distinct_.begin() + bisect_right(distinct_, m), m);
+        }
+    }
+
+    bool may_go(i64 op, int dev) const {  // dev in policy.devices(op, state)
+        if (fixed_) return device_of_[op] == dev;
+        std::size_t i = bisect_left(distinct_, dev);
+        return i < distinct_.size() && distinct_[i] == dev;
+    }
+
+    // ---------------------------------------------------------------- channels
+    static void tentative(Extra& extra, int a, int b, double s, double e) {  // _tentative
+        if (e > s) {
+            for (int d : {a, b}) {
+                Extra::Lists* lists = extra.find(d);
+                if (lists == nullptr) lists = extra.add(d);
+                std::size_t i = bisect_left(lists->starts, s);
+                lists->starts.insert(lists->starts.begin() + i, s);
+                lists->ends.insert(lists->ends.begin() + i, e);
+            }
+        }
+    }
+
+    double slot(int a, int b, double t, double w, Extra& extra) {  // SchedulerState._slot
+        if (w <= 0) return t;
+        copy_slots_ += 1;
+        const std::vector<double>* starts_of[4];
+        const std::vector<double>* ends_of[4];
+        int nl = 0;
+        starts_of[nl] = &chan_start_[a], ends_of[nl++] = &chan_end_[a];
+        starts_of[nl] = &chan_start_[b], ends_of[nl++] = &chan_end_[b];
+        for (int d : {a, b}) {
+            Extra::Lists* lists = extra.find(d);
+            if (lists != nullptr) starts_of[nl] = &lists->starts, ends_of[nl++] = &lists->ends;
+        }
+        i64 looked = 0;
+        while (true) {
+            double t0 = t;
+            for (int l = 0; l < nl; ++l) {
+                const auto& starts = *starts_of[l];
+                const auto& ends = *ends_of[l];
+                std::size_t n = ends.size();
+                if (n && ends[n - 1] > t) {
+                    std::size_t i = bisect_right(ends, t), first = i;
+                    std::size_t stop = i + max_gaps_;
+                    while (i < n && starts[i] < t + w) {
+                        t = ends[i];
+                        i += 1;
+                        if (i == stop) {
+                            t = ends[n - 1];
+                            break;
+                        }
+                    }
+                    looked += 1 + (i64)(i - first);
+                }
+            }
+            if (t == t0) {
+                if (looked > usual_looks_) gap_looks_ += looked - usual_looks_;
+                return t;
+            }
+        }
+    }
+
+    void book(int dev, double s, double e) {  // SchedulerState._book
+        chan_version_[dev] += 1;
+        auto& starts = chan_start_[dev];
+        auto& ends = chan_end_[dev];
+        std::size_t i = bisect_left(starts, s);
+        // Merge with neighbours closer than the shortest possible transfer. Python deletes the
+        // merged entries one by one; here [i, j) are the entries merged, replaced at once.
+        double gap = min_transfer_us_;
+        std::size_t j = i;
+        if (i > 0 && ends[i - 1] + gap > s) {
+            i -= 1;
+            s = starts[i];
+            e = std::max(e, ends[i]);
+            j = i + 1;
+        }
+        while (j < starts.size() && starts[j] < e + gap) {
+            e = std::max(e, ends[j]);
+            ++j;
+        }
+        if (j == i) {
+            starts.insert(starts.begin() + i, s);
+            ends.insert(ends.begin() + i, e);
+        } else {
+            starts[i] = s;
+            ends[i] = e;
+            if (j > i + 1) {
+                starts.erase(starts.begin() + i + 1, starts.begin() + j);
+                ends.erase(ends.begin() + i + 1, ends.begin() + j);
+            }
+        }
+    }
+
+    std::optional<double> channel_tail(int a, int b) const {  // SchedulerState.channel_tail
+        const auto& ea = chan_end_[a];
+        const auto& eb = chan_end_[b];
+        if (!ea.empty() && !eb.empty()) return ea.back() > eb.back() ? ea.back() : eb.back();
+        if (!ea.empty()) return ea.back();
+        if (!eb.empty()) return eb.back();
+        return std::nullopt;
+    }
+
+    // SchedulerState.tail_start
+    std::optional<double> tail_start(const std::vector<int>& sources, const std::vector<double>& widths,
+                                     int dev, double since) {
+        Extra& extra = extra_tail_;
+        extra.reset();
+        double done = -kInf;
+        for (std::size_t k = 0; k < sources.size(); ++k) {
+            int a = sources[k];
+            double w = widths[k];
+            auto tail = channel_tail(a, dev);
+            if (!tail || w <= 0) return std::nullopt;
+            bool solid = false;
+            for (int d : {a, dev}) {
+                const auto& starts = chan_start_[d];
+                const auto& ends = chan_end_[d];
+                if (!starts.empty() && starts.back() <= since && ends.back() >= *tail) {
+                    solid = true;
+                    break;
+                }
+            }
+            if (!solid) return std::nullopt;
+            double s = slot(a, dev, *tail, w, extra);
+            double arrived = s + w;
+            tentative(extra, a, dev, s, arrived);
+            done = std::max(done, arrived);
+        }
+        return done;
+    }
+
+    // ---------------------------------------------------------------- estimates
+
+    struct Copy {
+        int source;
+        double w, start, arrived, sent;
+    };
+    std::vector<Copy> copies_;
+
+    // SchedulerState._at_tail
+    TailCopyPtr at_tail(const std::vector<Copy>& copies, int dev, double ready) {
+        if (copies.empty()) return nullptr;
+        auto& sources = tail_sources_;
+        auto& widths = tail_widths_;
+        sources.clear();
+        widths.clear();
+        double since = kInf, last = -kInf;
+        for (const auto& c : copies) {
+            auto tail = channel_tail(c.source, dev);
+            if (tail && c.w > 0 && c.sent <= *tail && *tail <= c.start) {
+                sources.push_back(c.source);
+                widths.push_back(c.w);
+                since = std::min(since, *tail);
+                last = std::max(last, c.arrived);
+            }
+        }
+        if (last != ready) return nullptr;
+        TailCopy* out = pools_.pool->get();
+        out->sources.assign(sources.begin(), sources.end());
+        out->widths.assign(widths.begin(), widths.end());
+        out->since = since;
+        out->last = ready;
+        return TailCopyPtr(out);
+    }
+
+    // SchedulerState.ready_time: (ready, bytes of copies still to receive)
+    std::pair<double, i64> ready_time(i64 op, int dev, bool commit) {
+        i64 key = 0, copied = 0;
+        const i64 lo = T_->in_ptr[op], hi = T_->in_ptr[op + 1];
+        if (!commit) {
+            key = chan_version_[dev];
+            for (i64 k = lo; k < hi; ++k) key += chan_version_[device_[T_->in_src[k]]];
+            for (const auto& [d, memo] : ready_memo_[op]) {
+                if (d == dev) {
+                    if (memo.key == key) {
+                        tail_copy_ = memo.tail;
+                        return {memo.ready, memo.new_bytes};
+                    }
+                    break;
+                }
+            }
+        }
+        double ready = 0.0;
+        Extra& extra = extra_ready_;
+        extra.reset();
+        i64 new_bytes = 0;
+        auto& copies = copies_;
+        copies.clear();
+        for (i64 k = lo; k < hi; ++k) {
+            i64 p = T_->in_src[k], t = T_->in_t[k], nbytes = T_->in_bytes[k];
+            int pd = (int)device_[p];
+            if (pd == dev) {
+                if (end_[p] > ready) ready = end_[p];
+                continue;
+            }
+            double arrived;
+            const double* known = arrival_of(t, dev);
+            if (known != nullptr) {
+                arrived = *known;
+            } else {
+                double w = slope_[(i64)pd * nd_ + dev] * (double)nbytes + intercept_[(i64)pd * nd_ + dev];
+                double s = slot(pd, dev, end_[p], w, extra);
+                arrived = s + w;
+                new_bytes += nbytes;
+                if (!commit) copies.push_back({pd, w, s, arrived, end_[p]});
+                tentative(extra, pd, dev, s, arrived);
+                if (commit) {
+                    arrival_[t].push_back({dev, arrived});
+                    copied = 1;
+                    transfers_.push_back({t, pd, dev, s, arrived});
+                    release_set_above(t, pd, arrived);
+                }
+            }
+            if (arrived > ready) ready = arrived;
+        }
+        if (commit) {
+            for (const Extra::Lists& lists : extra)
+                for (std::size_t k = 0; k < lists.starts.size(); ++k) book(lists.dev, lists.starts[k], lists.ends[k]);
+            chan_version_[dev] += copied;
+        } else {
+            tail_copy_ = at_tail(copies, dev, ready);
+            if (preds_left_[op] == 0) {
+                Memo memo{key, ready, new_bytes, tail_copy_};
+                bool found = false;
+                for (auto& [d, old] : ready_memo_[op]) {
+                    if (d == dev) {
+                        old = std::move(memo);
+                        found = true;
+                        break;
+                    }
+                }
+                if (!found) ready_memo_[op].push_back({dev, std::move(memo)});
+            }
+        }
+        return {ready, new_bytes};
+    }
+
+    // rel = release.setdefault(t, {}); if rel.get(d, -1.0) < when: rel[d] = when
+    void release_set_above(i64 t, int d, double when) {
+        auto& rel = release_[t];
+        for (auto& r : rel) {
+            if (r.first == d) {
+                if (r.second < when) r.second = when;
+                return;
+            }
+        }
+        if (-1.0 < when) rel.push_back({d, when});
+    }
+
+    // SchedulerState.memory_time
+    std::optional<double> memory_time(int dev, i64 need, double t) const {
+        i64 room = capacity_[dev] - usage_[dev];
+        if (need <= room) return t;
+        for (const auto& p : pending_[dev]) {
+            room += p.nbytes;
+            if (need <= room) return std::max(t, p.when);
+        }
+        return std::nullopt;
+    }
+
+    // ---------------------------------------------------------------- commit
+
+    void apply_frees(int dev, double now) {
+        auto& pending = pending_[dev];
+        std::size_t k = 0;
+        while (k < pending.size() && pending[k].when <= now) {
+            usage_[dev] -= pending[k].nbytes;
+            k += 1;
+        }
+        if (k) pending.erase(pending.begin(), pending.begin() + k);
+    }
+
+    void free_later(int dev, double when, i64 nbytes) {
+        if (nbytes) {
+            auto& pending = pending_[dev];
+            Pending item{when, nbytes};
+            pending.insert(pending.begin() + bisect_right(pending, item), item);
+        }
+    }
+
+    void place_group(i64 g, int dev) {
+        touch(dev);
+        group_device_[g] = dev;
+        i64 p = group_persistent_[g];
+        usage_[dev] += p;
+        peak_[dev] += p;
+    }
+
+    std::vector<int> commit(i64 op, int dev, double start) {
+        apply_frees(dev, start);
+        i64 g = group_of_[op];
+        if (group_device_[g] < 0) place_group(g, dev);
+        auto [ready, new_bytes] = ready_time(op, dev, true);
+        (void)ready;
+        double end = start + T_->compute[op];
+        touch(dev);
+        device_[op] = dev;
+        std::vector<std::pair<int, Memo>>().swap(ready_memo_[op]);
+        start_[op] = start;
+        end_[op] = end;
+        order_.push_back(op);
+        device_free_[dev] = end;
+        last_op_[dev] = op;
+        usage_[dev] += T_->alloc[op] + new_bytes;
+        if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
+        std::vector<int> freed{dev};
+        free_later(dev, end, T_->free_at_end[op]);
+        auto& seen = seen_;
+        seen.clear();
+        for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
+            i64 t = T_->in_t[k], nbytes = T_->in_bytes[k];
+            if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
+            seen.push_back(t);
+            release_set_above(t, dev, end);
+            tensor_consumers_left_[t] -= 1;
+            if (tensor_consumers_left_[t] == 0) {
+                auto rel = std::move(release_[t]);
+                release_[t].clear();
+                std::sort(rel.begin(), rel.end());
+                for (auto& [d, when] : rel) {
+                    free_later(d, std::max(when, start), nbytes);
+                    freed.push_back(d);
+                }
+            }
+        }
+        for (i64 k = T_->succ_ptr[op]; k < T_->succ_ptr[op + 1]; ++k) preds_left_[T_->succ[k]] -= 1;
+        std::sort(freed.begin(), freed.end());
+        freed.erase(std::unique(freed.begin(), freed.end()), freed.end());
+        return freed;
+    }
+
+    // ---------------------------------------------------------------- candidates
+
+    void push_ready(i64 op, double t) {
+        i64 gdev = group_device_[group_of_[op]];
+        Later item{t, T_->topo[op], op};
+        if (gdev >= 0) {
+            push((int)gdev, item);
+        } else if (fixed_) {
+            push((int)device_of_[op], item);
+        } else {
+            for (int d : distinct_) push(d, item);
+        }
+    }
+
+    void push(int d, const Later& item) {  // ListScheduler._push
+        heap_push(later_[d], item);
+        wake(d);
+    }
+
+    void wake(int d) {
+        if (!is_busy_[d]) {
+            is_busy_[d] = true;
+            busy_.insert(busy_.begin() + bisect_right(busy_, d), d);
+        }
+    }
+
+    // ListScheduler.evaluate
+    std::optional<double> evaluate(i64 op, int dev) {
+        evaluations_ += 1;
+        tail_bound_ = nullptr;
+        i64 g = group_of_[op];
+        i64 gdev = group_device_[g];
+        i64 need_persistent = 0;
+        if (gdev < 0) {
+            need_persistent = group_persistent_[g];
+            if (peak_[dev] + need_persistent > persistent_cap_[dev]) {
+                dead_[dev].add(op, n_);
+                return std::nullopt;
+            }
+        } else if (gdev != dev) {
+            dead_[dev].add(op, n_);
+            return std::nullopt;
+        }
+        auto [ready, new_bytes] = ready_time(op, dev, false);
+        const TailCopyPtr& copy = tail_copy_;  // this op's: no policy here makes other dry runs
+        double free = device_free_[dev];
+        double base = ready > free ? ready : free;
+        i64 need = T_->alloc[op] + new_bytes + need_persistent;
+        auto t = memory_time(dev, need, base);
+        if (!t || *t > base) {
+            waiting_[dev].add(op, n_);
+            waited_[dev] = true;
+        }
+        if (!t) return std::nullopt;
+        double start = *t;  // neither policy holds a device back
+        if (queue_tails_ && copy && start == copy->last) tail_bound_ = copy;
+        return start;
+    }
+
+    TailQueue* queue_of(i64 qid) {
+        if (qid < 0 || qid >= (i64)tail_queues_.size()) return nullptr;
+        TailQueue* q = &tail_queues_[qid];
+        return q->alive ? q : nullptr;
+    }
+
+    // ListScheduler.best
+    std::optional<Choice> best(int d) {
+        double free = device_free_[d];
+        auto& h = later_[d];
+        auto& p = now_[d];
+        auto& in_p = in_now_[d];
+        while (!h.empty() && h[0].key <= free) {
+            Later top = h[0];
+            if (top.op < 0) {
+                TailQueue* queue = tail_entry(h, top.key, top.tp, top.op);
+                if (queue != nullptr) {  // its members may start when the device is free
+                    heap_pop(h);
+                    queue->has_entry = true;
+                    queue->entry_key = free;
+                    queue->entry_tp = queue->members[0].tp;
+                    queue->now = true;
+                    heap_push(p, Now{queue->members[0].tp, top.op});
+                }
+                continue;
+            }
+            heap_pop(h);
+            if (!once_ || !in_p.contains(top.op)) {
+                in_p.add(top.op, n_);
+                heap_push(p, Now{top.tp, top.op});
+            }
+        }
+        while (!p.empty()) {
+            Now top = p[0];
+            if (top.op < 0) {
+                TailQueue* queue = queue_of(-1 - top.op);
+                if (queue == nullptr || !queue->now || queue->entry_tp != top.tp) {
+                    heap_pop(p);  // an entry the queue no longer has
+                    continue;
+                }
+                Member m = queue->pop();
+                if (!queue->members.empty()) {
+                    queue->entry_key = free;
+                    queue->entry_tp = queue->members[0].tp;
+                    heap_replace(p, Now{queue->entry_tp, top.op});
+                } else {
+                    heap_pop(p);
+                    drop(-1 - top.op);
+                }
+                if (!once_ || !in_p.contains(m.op)) {
+                    in_p.add(m.op, n_);
+                    heap_push(p, Now{m.tp, m.op});
+                }
+                continue;
+            }
+            if (device_[top.op] >= 0 || dead_[d].contains(top.op)) {
+                heap_pop(p);
+                in_p.discard(top.op);
+                continue;
+            }
+            auto v = evaluate(top.op, d);
+            if (!v) {
+                heap_pop(p);
+                in_p.discard(top.op);
+            } else if (*v > free) {
+                heap_pop(p);
+                in_p.discard(top.op);
+                defer(h, d, top.tp, top.op, *v);
+            } else {
+                return Choice{*v, top.tp, d, top.op};
+            }
+        }
+        while (!h.empty()) {
+            Later top = h[0];
+            if (top.op < 0) {
+                TailQueue* queue = tail_entry(h, top.key, top.tp, top.op);
+                if (queue != nullptr) {  // its first member may start at `key`: look at it alone
+                    Member m = queue->pop();
+                    if (device_[m.op] < 0 && !dead_[d].contains(m.op)) {
+                        auto v = evaluate(m.op, d);
+                        if (v) heap_push(h, Later{*v, m.tp, m.op});
+                    }
+                }
+                continue;
+            }
+            if (device_[top.op] >= 0 || dead_[d].contains(top.op)) {
+                heap_pop(h);
+                continue;
+            }
+            auto v = evaluate(top.op, d);
+            if (!v) {
+                heap_pop(h);
+            } else if (*v > top.key) {
+                if (!tail_bound_) {
+                    heap_replace(h, Later{*v, top.tp, top.op});
+                } else {
+                    heap_pop(h);
+                    defer(h, d, top.tp, top.op, *v);
+                }
+            } else {
+                return Choice{*v, top.tp, d, top.op};
+            }
+        }
+        return std::nullopt;
+    }
+
+    // ListScheduler._hand_over
+    void hand_over(int dev, int twin) {
+        std::vector<i64> ids;
+        for (const auto& e : later_[dev])
+            if (e.op < 0) ids.push_back(e.op);
+        for (const auto& e : now_[dev])
+            if (e.op < 0) ids.push_back(e.op);
+        for (i64 qid = 0; qid < (i64)tail_queues_.size(); ++qid)
+            if (tail_queues_[qid].alive && tail_queues_[qid].device == dev) ids.push_back(-1 - qid);
+        std::sort(ids.begin(), ids.end());
+        ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        std::unordered_map<i64, i64> fresh;
+        for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // ascending queue ids
+            i64 op = *it;
+            i64 qid = fresh[op] = next_tail_id_++;
+            TailQueue* queue = queue_of(-1 - op);
+            tail_queues_.emplace_back();
+            if (queue != nullptr && queue->device == dev) {
+                TailQueue copy = *queue;
+                copy.device = twin;
+                tail_queues_[qid] = std::move(copy);
+                index_queue(qid);
+            }
+        }
+        std::vector<Later> later;
+        later.reserve(later_[dev].size());
+        for (const auto& e : later_[dev]) later.push_back(Later{e.key, e.tp, e.op < 0 ? -1 - fresh[e.op] : e.op});
+        later_[twin] = std::move(later);
+        std::vector<Now> now;
+        now.reserve(now_[dev].size());
+        for (const auto& e : now_[dev]) now.push_back(Now{e.tp, e.op < 0 ? -1 - fresh[e.op] : e.op});
+        now_[twin] = std::move(now);
+        in_now_[twin] = in_now_[dev];
+        waiting_[twin] = waiting_[dev];
+        waited_[twin] = waited_[dev];
+        dead_[twin].update(dead_[dev]);
+        wake(twin);
+    }
+
+    void rest() {  // ListScheduler._rest
+        std::vector<int> busy;
+        for (int d : busy_) {
+            if (!later_[d].empty() || !now_[d].empty()) busy.push_back(d);
+            else is_busy_[d] = false;
+        }
+        busy_ = std::move(busy);
+    }
+
+    // ---------------------------------------------------------------- tail queues
+
+    // ListScheduler._defer
+    void defer(std::vector<Later>& h, int d, i64 tp, i64 op, double v) {
+        TailCopyPtr copy = tail_bound_;
+        if (!copy) {
+            heap_push(h, Later{v, tp, op});
+            return;
+        }
+        std::size_t qhash = queue_hash(d, copy->sources, copy->widths);
+        i64 qid = find_queue(d, copy->sources, copy->widths, qhash);
+        TailQueue* queue = qid >= 0 ? &tail_queues_[qid] : nullptr;
+        if (queue != nullptr && queue->now) {
+            auto bound = queue_bound(*queue);
+            if (bound && *bound <= device_free_[d]) {
+                heap_push(h, Later{v, tp, op});
+                return;
+            }
+            if (bound) {
+                double b = std::min(*bound, v);
+                queue->now = false;
+                queue->has_entry = true;
+                queue->entry_key = b;
+                queue->entry_tp = queue->members[0].tp;
+                heap_push(h, Later{b, queue->members[0].tp, -1 - qid});
+            } else {
+                for (const auto& m : queue->members) {
+                    if (!once_ || !in_now_[d].contains(m.op)) {
+                        in_now_[d].add(m.op, n_);
+                        heap_push(now_[d], Now{m.tp, m.op});
+                    }
+                }
+                drop(qid);
+                queue = nullptr;
+            }
+        }
+        if (queue == nullptr) {
+            qid = next_tail_id_++;
+            tail_queues_.emplace_back();
+            queue = &tail_queues_[qid];
+            queue->alive = true;
+            queue->device = d;
+            queue->sources = copy->sources;
+            queue->widths = copy->widths;
+            queue->since = copy->since;
+            tail_ids_[qhash].push_back(qid);
+        } else if (copy->since < queue->since) {
+            queue->since = copy->since;
+        }
+        heap_push(queue->members, Member{tp, op, v});
+        if (!queue->has_entry || queue->entry_above(v, tp)) {
+            queue->has_entry = true;
+            queue->entry_key = v;
+            queue->entry_tp = tp;
+            heap_push(h, Later{v, tp, -1 - qid});
+        }
+    }
+
+    // ListScheduler._tail_entry
+    TailQueue* tail_entry(std::vector<Later>& h, double key, i64 tp, i64 op) {
+        i64 qid = -1 - op;
+        TailQueue* queue = queue_of(qid);
+        if (queue == nullptr || queue->now || !queue->has_entry || queue->entry_key != key ||
+            queue->entry_tp != tp) {
+            heap_pop(h);
+            return nullptr;
+        }
+        auto& members = queue->members;
+        int d = queue->device;
+        while (!members.empty() && (device_[members[0].op] >= 0 || dead_[d].contains(members[0].op)))
+            queue->pop();
+        if (members.empty()) {
+            heap_pop(h);
+            drop(qid);
+            return nullptr;
+        }
+        auto start = queue_bound(*queue);
+        if (!start) {
+            heap_pop(h);
+            std::vector<Member> left = std::move(members);
+            drop(qid);
+            for (const auto& m : left)
+                if (device_[m.op] < 0) heap_push(h, Later{m.start, m.tp, m.op});
+            return nullptr;
+        }
+        double bkey = *start;
+        i64 btp = members[0].tp;
+        // bound > queue.entry, as tuples
+        if (bkey != queue->entry_key ? bkey > queue->entry_key : btp > queue->entry_tp) {
+            queue->entry_key = bkey;
+            queue->entry_tp = btp;
+            heap_replace(h, Later{bkey, btp, op});
+            return nullptr;
+        }
+        return queue;
+    }
+
+    std::optional<double> queue_bound(const TailQueue& queue) {  // ListScheduler._queue_bound
+        return tail_start(queue.sources, queue.widths, queue.device, queue.since);
+    }
+
+    void drop(i64 qid) {  // ListScheduler._drop
+        TailQueue& queue = tail_queues_[qid];
+        std::size_t h = queue_hash(queue.device, queue.sources, queue.widths);
+        i64 found = find_queue(queue.device, queue.sources, queue.widths, h);
+        auto& ids = tail_ids_[h];
+        ids.erase(std::find(ids.begin(), ids.end(), found));
+        if (ids.empty()) tail_ids_.erase(h);
+        TailQueue& gone = tail_queues_[found];
+        gone.alive = false;
+        std::vector<Member>().swap(gone.members);
+    }
+
+    // ---------------------------------------------------------------- running
+
+    int step() {  // ListScheduler.step
+        std::optional<Choice> choice;
+        bool idle = false;
+        for (int d : busy_) {
+            if (later_[d].empty() && now_[d].empty()) {
+                idle = true;
+                continue;
+            }
+            auto c = best(d);
+            if (c && (!choice || *c < *choice)) choice = c;
+        }
+        if (idle) rest();
+        if (!choice) return kNoChoice;
+        double t = choice->start;
+        int dev = (int)choice->dev;
+        i64 op = choice->op;
+        stepped_ = {op, dev, t};
+        if (t > cutoff_us_) {
+            cutoff_start_ = t;
+            return kCutOff;
+        }
+        i64 g = group_of_[op];
+        bool first_of_group = group_device_[g] < 0;
+        std::size_t copies = transfers_.size();
+        int twin = stand_in(dev);
+        if (twin >= 0) hand_over(dev, twin);
+        std::vector<int> newly_free = commit(op, dev, t);
+        for (std::size_t k = copies; k < transfers_.size(); ++k) {
+            const Transfer tr = transfers_[k];
+            int to = tr.dst;
+            for (i64 r = T_->rd_ptr[tr.tensor]; r < T_->rd_ptr[tr.tensor + 1]; ++r) {
+                i64 w = T_->rd_op[r];
+                if (device_[w] < 0 && preds_left_[w] == 0) {
+                    i64 gdev = group_device_[group_of_[w]];
+                    if (gdev == to || (gdev < 0 && may_go(w, to))) push(to, Later{t, T_->topo[w], w});
+                }
+            }
+        }
+        scheduled_ += 1;
+        last_time_ = t;
+        for (int d : newly_free) {
+            double free = device_free_[d];
+            for (i64 w : waiting_[d].items())
+                if (device_[w] < 0) push(d, Later{free, T_->topo[w], w});
+            waiting_[d].clear();
+        }
+        for (i64 k = T_->succ_ptr[op]; k < T_->succ_ptr[op + 1]; ++k) {
+            i64 s = T_->succ[k];
+            if (preds_left_[s] == 0) push_ready(s, t);
+        }
+        if (first_of_group && gm_ptr_[g + 1] - gm_ptr_[g] > 1) {
+            for (i64 k = gm_ptr_[g]; k < gm_ptr_[g + 1]; ++k) {
+                i64 m = gm_op_[k];
+                if (device_[m] < 0 && preds_left_[m] == 0) {
+                    dead_[dev].discard(m);
+                    push(dev, Later{t, T_->topo[m], m});
+                }
+            }
+        }
+        return kGoOn;
+    }
+};
+
+template <class T>
+py::array_t<T> as_array(const std::vector<T>& v) {
+    return py::array_t<T>(v.size(), v.data());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
+    // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
+    // of another version (a stale build left in the source tree by a failed rebuild).
+    m.attr("INTERFACE") = 3;
+    py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
+        .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
+                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
+    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
+    py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
+        .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
+                      I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
+                      std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
+                      I64Array, double, bool, bool, int, int>())
+        .def("run", &Scheduler::run, py::arg("max_steps"), py::arg("max_evaluations"),
+             py::call_guard<py::gil_scoped_release>())
+        .def("step", &Scheduler::step_one)
+        .def("snapshot", &Scheduler::snapshot)
+        .def("fingerprint", &Scheduler::fingerprint)
+        .def("restore", &Scheduler::restore)
+        .def("patched", &Scheduler::patched)
+        .def("waited", [](const Scheduler& s) {
+            std::vector<bool> out;
+            for (int d = 0; d < s.num_devices(); ++d) out.push_back(s.waited(d));
+            return out;
+        })
+        .def_property_readonly("scheduled", &Scheduler::scheduled)
+        .def_property_readonly("evaluations", &Scheduler::evaluations)
+        .def_property_readonly("gap_looks", &Scheduler::gap_looks)
+        .def_property_readonly("copy_slots", &Scheduler::copy_slots)
+        .def_property_readonly("last_time", &Scheduler::last_time)
+        .def_property_readonly("cutoff_start", &Scheduler::cutoff_start)
+        .def("device", [](const Scheduler& s) { return as_array(s.device()); })
+        .def("start", [](const Scheduler& s) { return as_array(s.start()); })
+        .def("end", [](const Scheduler& s) { return as_array(s.end()); })
+        .def("order", [](const Scheduler& s) { return as_array(s.order()); })
+        .def("peak", [](const Scheduler& s) { return s.peak(); })
+        .def("preds_left", [](const Scheduler& s) { return as_array(s.preds_left()); })
+        .def("group_device", [](const Scheduler& s) { return as_array(s.group_device()); })
+        .def("transfers", &Scheduler::transfers, py::arg("cls"))
+        .def("ready_bytes", &Scheduler::ready_bytes)
+        .def("free_bytes", &Scheduler::free_bytes);
+}

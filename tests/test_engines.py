@@ -1,0 +1,506 @@
+"""The compiled scheduling engine gives exactly the Python engine's schedules (`engine`).
+
+Every comparison runs one schedule on each engine: the simulator (`simulate`, FixedPolicy) and
+m-ETF (`run_with_headroom`, EarliestStartPolicy, twins weighed once), and asserts the same
+placement, the same start and end of every op bit for bit, the same transfers, peak memory and
+order, or the same error (type and message) when memory runs out or the cutoff is passed. Graphs:
+hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins, groups, free and
+dear links, hosts and unequal memories that make sets of twins), every graph of tests/graphs.py,
+the graphs of bench/quality_graphs.py and the queueing graphs of bench/layered.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import struct
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphs
+from baechi_tf.cluster import Cluster, CommCost, Device, GiB
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.placer import Groups, Placement, colocation_groups, engine, simulate
+from baechi_tf.placer import list_scheduler
+from baechi_tf.placer.list_scheduler import (
+    EarliestStartPolicy,
+    ScheduleCutOff,
+    UntouchedTwins,
+    run_with_headroom,
+)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from layered import (  # noqa: E402
+    colocated_gathers_graph,
+    colocated_updates_graph,
+    fan_out_graph,
+    layered_graph,
+)
+from quality_graphs import cases  # noqa: E402
+
+MiB = graphs.MiB
+
+native = pytest.mark.skipif(
+    not engine.native_available(),
+    reason="the compiled scheduling core is not built (no C++ compiler at install time): only "
+    "the Python engine runs; test_a_cpp_compiler_means_the_core_is_built guards the build",
+)
+
+
+# ---------------------------------------------------------------- the engine switch
+
+
+def test_a_cpp_compiler_means_the_core_is_built():
+    """A broken build must not hide behind the skips below: with a C++ compiler on PATH, `pip
+    install -e .` builds the core."""
+    compilers = [c for c in ("c++", "g++") if shutil.which(c)]
+    if not compilers:
+        pytest.skip("no C++ compiler on PATH: the Python engine is the one that runs here")
+    assert engine.native_available(), (
+        f"{compilers[0]} is on PATH but baechi_tf.placer._native is missing or stale: run "
+        "`pip install -e . -v` and read why the extension did not build"
+    )
+
+
+def test_native_is_the_default_and_selected_restores_it():
+    assert engine.ENGINES == ("native", "python")
+    with engine.selected("python"):
+        assert engine.current() == "python"
+        with engine.selected("native"):
+            assert engine.current() == ("native" if engine.native_available() else "python")
+        assert engine.current() == "python"
+    assert engine.current() == ("native" if engine.native_available() else "python")
+
+
+def test_an_unknown_engine_names_the_choices():
+    with pytest.raises(ConfigError, match="unknown scheduling engine 'rust'.*native, python"):
+        with engine.selected("rust"):
+            pass
+
+
+def test_without_the_core_python_runs_and_one_warning_says_how_to_fix_it(monkeypatch, caplog):
+    monkeypatch.setattr(engine, "_state", [True, None, False])  # imported, missing, not warned
+    with caplog.at_level(logging.WARNING, logger=engine.__name__):
+        assert engine.current() == "python"
+        assert engine.current() == "python"
+        schedule = simulate(graphs.chain(3), graphs.cluster(2), Placement(np.zeros(3, np.int32), "one"))
+    assert schedule.makespan_us == 300.0
+    lines = [r.getMessage() for r in caplog.records if r.name == engine.__name__]
+    assert len(lines) == 1
+    assert "compiled scheduling core" in lines[0] and "python engine" in lines[0]
+    assert "C++ compiler" in lines[0] and "pip install -e ." in lines[0]
+    assert not engine.native_available()
+
+
+# ---------------------------------------------------------------- comparing engines
+
+
+def _hex(x: float) -> str:
+    return struct.pack("<d", x).hex()  # bit for bit: 0.0 and -0.0 differ
+
+
+def _outcome(run):
+    """What a schedule is, bit for bit, or the error's type and message."""
+    try:
+        s = run()
+    except (InfeasiblePlacementError, ScheduleCutOff) as e:
+        return type(e).__name__, str(e)
+    return (
+        s.placement.device_of.tolist(),
+        s.placement.method,
+        s.start_us.tobytes(),
+        s.end_us.tobytes(),
+        [(t.tensor, t.src_device, t.dst_device, _hex(t.start_us), _hex(t.end_us),
+          tuple(type(v).__name__ for v in vars(t).values())) for t in s.transfers],
+        [(type(p).__name__, p) for p in s.peak_memory_bytes],
+        s.order.tolist(),
+        s.start_us.dtype, s.end_us.dtype, s.order.dtype, s.placement.device_of.dtype,
+    )
+
+
+@contextlib.contextmanager
+def _counting_native():
+    """Counts the compiled schedulers made meanwhile."""
+    calls = []
+    init = list_scheduler.NativeListScheduler.__init__
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        init(self, *args, **kwargs)
+
+    list_scheduler.NativeListScheduler.__init__ = counted
+    try:
+        yield calls
+    finally:
+        list_scheduler.NativeListScheduler.__init__ = init
+
+
+def _same(run, *, compiled: bool = True):
+    """Runs `run` on both engines and asserts the same outcome; returns it. `compiled`: the
+    native run must have gone through the compiled core (not a fallback)."""
+    with engine.selected("python"):
+        python = _outcome(run)
+    with _counting_native() as calls:
+        with engine.selected("native"):
+            compiled_out = _outcome(run)
+    assert compiled_out == python
+    if compiled:
+        assert calls, "the compiled core did not run"
+    return python
+
+
+def _m_etf(graph, cluster, groups=None, *, cutoff_us=float("inf")):
+    groups = groups if groups is not None else colocation_groups(graph)
+    return lambda: run_with_headroom(
+        graph, cluster, groups, EarliestStartPolicy, method="m_etf", cutoff_us=cutoff_us
+    )
+
+
+def _simulate(graph, cluster, device_of, *, cutoff_us=float("inf")):
+    placement = Placement(np.asarray(device_of, dtype=np.int32), "given")
+    return lambda: simulate(graph, cluster, placement, cutoff_us=cutoff_us)
+
+
+def _spread(graph, cluster, seed):
+    """A random placement that keeps pins where pinned (the simulator runs it as given)."""
+    rng = random.Random(seed)
+    out = [rng.randrange(cluster.num_devices) for _ in range(graph.num_ops)]
+    for op, name in enumerate(graph.pinned_device):
+        dev = cluster.find(name) if name is not None else None
+        if dev is not None:
+            out[op] = dev
+    return out
+
+
+def _compare_all(graph, cluster, seed=0, *, cutoffs=True):
+    """m-ETF, the simulation of its placement and of a random one, and both with cutoffs."""
+    metf = _same(_m_etf(graph, cluster))
+    runs = [_spread(graph, cluster, seed)]
+    if isinstance(metf[0], list):
+        runs.append(metf[0])
+    for device_of in runs:
+        out = _same(_simulate(graph, cluster, device_of))
+        if cutoffs and not isinstance(out[0], str) and graph.num_ops:
+            end = float(np.frombuffer(out[3]).max())
+            _same(_simulate(graph, cluster, device_of, cutoff_us=end / 2))
+    if cutoffs and isinstance(metf[0], list) and graph.num_ops:
+        end = float(np.frombuffer(metf[3]).max())
+        _same(_m_etf(graph, cluster, cutoff_us=end * 0.6))
+    return metf
+
+
+# ---------------------------------------------------------------- random DAGs
+
+
+def _cluster(kind: str, nd: int, memory_bytes: int, comm: CommCost) -> Cluster:
+    if kind == "hosts" and nd >= 2:  # two hosts: twins per host, copies between them dearer
+        half = nd // 2
+        devices = [
+            Device(f"/job:worker/replica:0/task:{0 if i < half else 1}/device:GPU:{i}", memory_bytes)
+            for i in range(nd)
+        ]
+        return Cluster(tuple(devices), comm, CommCost(comm.slope_us_per_byte * 10, comm.intercept_us * 3 + 1))
+    if kind == "unequal" and nd >= 2:  # every third device has a quarter of the memory
+        return Cluster(tuple(
+            Device(f"/device:GPU:{i}", memory_bytes // 4 if i % 3 == 2 else memory_bytes) for i in range(nd)
+        ))
+    return graphs.cluster(nd, memory_bytes=memory_bytes, comm=comm)
+
+
+@st.composite
+def _cases(draw):
+    n = draw(st.integers(1, 60))
+    nd = draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = random.Random(seed)
+    integer_times = draw(st.booleans())  # starts coincide and ties decide
+    group_prob = draw(st.sampled_from([0.0, 0.1, 0.3]))
+    pin_prob = draw(st.sampled_from([0.0, 0.05, 0.2]))
+    persistent_prob = draw(st.sampled_from([0.0, 0.1, 0.3]))
+    edge_prob = draw(st.sampled_from([0.05, 0.15, 0.4]))
+    sizes = draw(st.sampled_from([[4], [4096], [4, 4096, MiB], [MiB, 4 * MiB]]))
+    b = OpGraphBuilder()
+    outputs = [rng.randint(1, 2) for _ in range(n)]
+    root, pin = [], {}  # ops colocated share their group's pin, if any
+    for i in range(n):
+        colocation = ()
+        if i and rng.random() < group_prob:
+            colocation = (f"op{rng.randrange(i)}",)
+            root.append(root[int(colocation[0][2:])])
+        else:
+            root.append(i)
+            pin[i] = f"/device:GPU:{rng.randrange(nd)}" if rng.random() < pin_prob else None
+        device = pin[root[i]]
+        compute = float(rng.choice([0, 1, 2, 5, 100])) if integer_times else round(rng.uniform(0, 1000), 3)
+        b.add_op(
+            f"op{i}", compute, [rng.choice(sizes) for _ in range(outputs[i])],
+            temp_bytes=rng.choice([0, 0, 4096, MiB]),
+            persistent_bytes=rng.choice([4096, MiB, 4 * MiB]) if rng.random() < persistent_prob else 0,
+            device=device, colocation=colocation,
+        )
+    for j in range(n):
+        for i in range(j):
+            if rng.random() < edge_prob:
+                if rng.random() < 0.15:
+                    b.add_control_edge(f"op{i}", f"op{j}")
+                else:
+                    b.add_edge(f"op{i}", f"op{j}", rng.randrange(outputs[i]))
+    graph = b.build()
+    comm = draw(st.sampled_from([
+        CommCost(), CommCost(0.0, 0.0), CommCost(0.0, 134.0), CommCost(1e-9, 0.0), CommCost(1.0, 1e6),
+    ]))
+    needs = int(graph.output_total_bytes.sum() + graph.temp_bytes.sum() + graph.persistent_bytes.sum())
+    memory = draw(st.sampled_from(["loose", "tight", "tighter"]))
+    memory_bytes = 64 * GiB if memory == "loose" else max(
+        4096, int(needs / nd * (0.8 if memory == "tight" else 0.3))
+    )
+    kind = draw(st.sampled_from(["homogeneous", "hosts", "unequal"]))
+    return graph, _cluster(kind, nd, memory_bytes, comm), seed
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(_cases())
+@native
+def test_random_dags_give_the_same_schedules(case):
+    graph, cluster, seed = case
+    try:
+        _compare_all(graph, cluster, seed)
+    except ValueError:  # a placement that cannot be (a pin to a device the cluster lacks)
+        pass
+
+
+# ---------------------------------------------------------------- the test graphs
+
+
+def _catalogue():
+    yield "chain", graphs.chain(6), graphs.cluster(2)
+    yield "diamond", graphs.diamond(), graphs.cluster(2)
+    yield "fork_join", graphs.fork_join(6), graphs.cluster(3)
+    yield "independent", graphs.independent(6), graphs.cluster(4)
+    yield "group_cycle", graphs.group_cycle(), graphs.cluster(2)
+    g, c = graphs.too_big_for_one()
+    yield "too_big_for_one", g, c
+    yield "too_big_for_one on one", g, graphs.cluster(1, 100 * MiB)
+    yield "colocated_pair", graphs.colocated_pair(), graphs.cluster(2)
+    for seed in range(6):
+        yield f"random_dag {seed}", graphs.random_dag(
+            seed, 40, edge_prob=0.12, group_prob=0.15, pin_prob=0.05, num_devices=4, persistent_prob=0.2
+        ), graphs.cluster(4, memory_bytes=8 * MiB if seed % 2 else GiB)
+    seeds = []
+    for seed in range(400):
+        try:
+            seeds.append(graphs.integer_dag_case(seed))
+        except ValueError:
+            continue
+        if len(seeds) == 12:
+            break
+    for k, (g, c, _, _) in enumerate(seeds):
+        yield f"integer_dag_case {k}", g, c
+
+
+@pytest.mark.parametrize("name, graph, cluster", list(_catalogue()), ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_the_test_graphs_give_the_same_schedules(name, graph, cluster):
+    _compare_all(graph, cluster)
+
+
+@pytest.mark.parametrize("name, graph, cluster", cases(), ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_the_quality_graphs_give_the_same_schedules(name, graph, cluster):
+    _compare_all(graph, cluster, cutoffs=False)
+
+
+_QUEUEING = {
+    "fan-out": lambda: fan_out_graph(900),
+    "updates of one variable": lambda: colocated_updates_graph(401),
+    "chained updates": lambda: colocated_updates_graph(401, chained=True),
+    "gathers of one embedding": lambda: colocated_gathers_graph(401),
+    "layered": lambda: layered_graph(1500, seed=2),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_QUEUEING))
+@native
+def test_tail_queues_give_the_same_schedules(shape):
+    """Thousands of ready ops wait on one channel: tail queues fill and empty."""
+    _compare_all(_QUEUEING[shape](), graphs.cluster(4), cutoffs=False)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@native
+def test_twins_handed_over_give_the_same_schedules(skip, monkeypatch):
+    """64 devices, of which m-ETF touches a few: each touch hands the twin's heaps and queues
+    over (`_hand_over`); with `UntouchedTwins.skip` off, every device is weighed."""
+    monkeypatch.setattr(UntouchedTwins, "skip", skip)
+    graph = layered_graph(300, seed=3)
+    for cluster in (graphs.cluster(64, memory_bytes=256 * MiB), _cluster("hosts", 16, 64 * MiB, CommCost())):
+        _same(_m_etf(graph, cluster))
+    _same(_m_etf(colocated_updates_graph(201), graphs.cluster(16)))
+
+
+@native
+def test_the_scheduler_switches_give_the_same_schedules(monkeypatch):
+    """`ListScheduler.queue_tails` and `once_in_now` off, as tests/test_list_scheduler.py sets
+    them, reach the compiled core too."""
+    graph = colocated_gathers_graph(301)
+    for queue, once in ((False, True), (True, False)):
+        monkeypatch.setattr(list_scheduler.ListScheduler, "queue_tails", queue)
+        monkeypatch.setattr(list_scheduler.ListScheduler, "once_in_now", once)
+        _same(_m_etf(graph, graphs.cluster(4)))
+
+
+@native
+def test_a_stuck_run_gives_the_same_message():
+    graph, cluster = graphs.too_big_for_one(memory_bytes=70 * MiB)
+    out = _same(_m_etf(graph, graphs.cluster(1, 70 * MiB)))
+    assert out[0] == "InfeasiblePlacementError"
+    out = _same(_simulate(graph, cluster, [0, 0, 0, 0]))
+    assert out[0] == "InfeasiblePlacementError" and "needs" in out[1]
+
+
+@native
+def test_other_policies_keep_the_python_engine():
+    """m-SCT's policy holds devices: the compiled core does not have it."""
+
+    class Subclass(EarliestStartPolicy):
+        pass
+
+    graph, cluster = graphs.chain(4), graphs.cluster(2)
+    _same(lambda: run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x"),
+          compiled=False)
+    with _counting_native() as calls:
+        run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x")
+    assert not calls
+
+
+# ---------------------------------------------------------------- refinement and the fit search
+
+
+def _refined(graph, cluster, seconds):
+    from baechi_tf.placer.m_etf import place_m_etf
+    from baechi_tf.placer.refine import RefineOptions, refine
+
+    groups = colocation_groups(graph)
+    start = place_m_etf(graph, cluster, groups)
+    placement, schedule, stats = refine(graph, cluster, groups, start, options=RefineOptions(seconds=seconds))
+    return (
+        placement.device_of.tolist(), schedule.start_us.tobytes(), schedule.end_us.tobytes(),
+        [(t.tensor, t.src_device, t.dst_device, _hex(t.start_us), _hex(t.end_us)) for t in schedule.transfers],
+        schedule.peak_memory_bytes, schedule.order.tolist(), stats.work, stats.moves_tried,
+        stats.moves_accepted, stats.windows_tried, stats.windows_accepted, stats.final_makespan_us,
+    )
+
+
+@pytest.mark.parametrize("name, graph, cluster", [
+    ("fork_join", graphs.fork_join(8), graphs.cluster(3)),
+    ("random_dag tight", graphs.random_dag(5, 60, edge_prob=0.1, group_prob=0.2, persistent_prob=0.2,
+                                            num_devices=4), graphs.cluster(4, memory_bytes=12 * MiB)),
+    ("updates of one variable", colocated_updates_graph(201), graphs.cluster(4)),
+    ("layered on 16", layered_graph(400, seed=5), graphs.cluster(16, memory_bytes=256 * MiB)),
+], ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_refinement_gives_the_same_placement_for_the_same_work(name, graph, cluster):
+    """The refiner's moves resume the compiled core from patched snapshots; its budget counts
+    work (dry runs, copies, gap searches), which both engines count alike."""
+    with engine.selected("python"):
+        python = _refined(graph, cluster, 0.3)
+    with _counting_native() as calls, engine.selected("native"):
+        compiled = _refined(graph, cluster, 0.3)
+    assert calls
+    assert compiled == python
+    assert python[7] > 3  # moves were tried
+
+
+@native
+def test_the_fit_search_finds_the_same_placement():
+    from baechi_tf.placer.fit import FitSearch
+
+    graph = graphs.random_dag(7, 40, edge_prob=0.1, persistent_prob=0.3, num_devices=3)
+    needs = int(graph.output_total_bytes.sum() + graph.persistent_bytes.sum())
+    for memory_bytes in (needs // 3, needs // 5, needs // 8):
+        cluster = graphs.cluster(3, memory_bytes=memory_bytes)
+        groups = colocation_groups(graph)
+        found = []
+        for name in ("python", "native"):
+            with engine.selected(name):
+                search = FitSearch(graph, cluster, groups, seed=1, budget_steps=20_000)
+                placement = search.run()
+                found.append((None if placement is None else placement.device_of.tolist(),
+                              search.tried, search.steps, search.exhaustive))
+        assert found[0] == found[1]
+
+
+@native
+def test_native_snapshots_restore_into_a_new_scheduler():
+    """As tests/test_list_scheduler.py does for the Python engine: a snapshot taken while tail
+    queues are open, restored into the same scheduler and into a new one, ends as a run
+    without snapshots does."""
+    from baechi_tf.placer.list_scheduler import FixedPolicy, NativeListScheduler, make_list_scheduler
+
+    graph = colocated_updates_graph(301)
+    groups = colocation_groups(graph)
+    cluster = graphs.cluster(4)
+    device_of = [op % 4 for op in range(graph.num_ops)]
+    for op in groups.members[int(groups.group_of[0])].tolist():
+        device_of[op] = 0
+
+    def make():
+        return make_list_scheduler(graph, cluster, Groups.singletons(graph), FixedPolicy(device_of), device_of)
+
+    whole = make()
+    assert isinstance(whole, NativeListScheduler)
+    whole.run()
+    expected = _outcome(lambda: whole.schedule("x"))
+    scheduler = make()
+    snaps = []
+    while scheduler.step() is not None:
+        if scheduler.scheduled % 50 == 0:
+            snaps.append(scheduler.snapshot())
+    assert _outcome(lambda: scheduler.schedule("x")) == expected
+    for snap in snaps:
+        for target in (scheduler, make()):
+            target.restore(snap)
+            assert snap == snap.patched([])  # restoring left the snapshot as it was
+            while target.step() is not None:
+                pass
+            assert _outcome(lambda: target.schedule("x")) == expected
+
+
+@native
+@pytest.mark.parametrize("limit", ["steps", "evaluations"])
+def test_a_compiled_run_comes_back_to_python_in_chunks(limit, monkeypatch):
+    """The progress bar is told, and Ctrl-C (a KeyboardInterrupt between chunks) stops the run."""
+    from baechi_tf.placer.list_scheduler import NativeListScheduler, make_list_scheduler
+
+    monkeypatch.setattr(list_scheduler, "_NATIVE_STEPS" if limit == "steps" else "_NATIVE_EVALUATIONS", 50)
+    graph = fan_out_graph(600)
+
+    class Bar:
+        def __init__(self, stop_at=None):
+            self.seen, self.stop_at = [], stop_at
+
+        def update(self, done):
+            self.seen.append(done)
+            if self.stop_at is not None and len(self.seen) == self.stop_at:
+                raise KeyboardInterrupt
+
+    def make():
+        out = make_list_scheduler(graph, graphs.cluster(4), Groups.singletons(graph), EarliestStartPolicy())
+        assert isinstance(out, NativeListScheduler)
+        return out
+
+    bar = Bar()
+    make().run(bar)
+    assert len(bar.seen) > 4 and bar.seen == sorted(bar.seen) and bar.seen[-1] == graph.num_ops
+    scheduler = make()
+    with pytest.raises(KeyboardInterrupt):
+        scheduler.run(Bar(stop_at=2))
+    assert 0 < scheduler.scheduled < graph.num_ops
