@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench bench-optimality clean
 
-$(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp
+$(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'
 	touch $(STAMP)

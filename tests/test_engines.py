@@ -11,8 +11,10 @@ the graphs of bench/quality_graphs.py and the queueing graphs of bench/layered.p
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
+import math
 import os
 import random
 import shutil
@@ -34,6 +36,7 @@ from baechi_tf.placer.list_scheduler import (
     EarliestStartPolicy,
     ScheduleCutOff,
     UntouchedTwins,
+    _close_in,
     run_with_headroom,
 )
 
@@ -504,3 +507,52 @@ def test_a_compiled_run_comes_back_to_python_in_chunks(limit, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         scheduler.run(Bar(stop_at=2))
     assert 0 < scheduler.scheduled < graph.num_ops
+
+
+# ---------------------------------------------------------------- the channels' tree
+
+_times = st.one_of(
+    st.integers(0, 2000).map(lambda k: k / 4),  # ties and touching bookings abound
+    st.floats(0, 1e4, allow_nan=False, allow_infinity=False),
+    st.floats(1e9, 1e9 + 1e4, allow_nan=False, allow_infinity=False),  # late in a long step
+)
+
+
+def _scan(starts, ends, t, w):
+    """`SchedulerState._slot`'s scan of one list."""
+    if ends and ends[-1] > t:
+        i = bisect.bisect_right(ends, t)
+        while i < len(ends) and starts[i] < t + w:
+            t = ends[i]
+            i += 1
+    return t
+
+
+@pytest.mark.skipif(not engine.native_available(), reason="the compiled core is not built")
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(_times, st.floats(1e-3, 500, allow_nan=False)), max_size=60),
+    st.lists(st.tuples(_times, st.floats(1e-3, 600, allow_nan=False)), min_size=1, max_size=20),
+    st.sampled_from([0.0, 0.25, 1.5, 134.0]),
+)
+def test_the_tree_of_gaps_answers_as_the_sorted_lists(bookings, queries, gap):
+    """The compiled engine keeps a pair's bookings in a tree of gap widths, whose searches skip
+    subtrees by widths computed by subtraction: its bookings and its answers must be the lists'
+    to the last bit, also where rounding makes a gap as wide as a copy, or not."""
+    tree = engine.native_module().GapTreap()
+    starts, ends = [], []
+    for s, length in bookings:
+        e = s + length
+        if not e > s:
+            continue
+        _close_in(starts, ends, s, e, gap)
+        tree.close_in(s, e, gap)
+        assert tree.lists() == (starts, ends)
+        for t, w in queries:
+            assert tree.fit(t, w) == _scan(starts, ends, t, w), (t, w)
+        for i in range(len(starts) - 1):  # copies as wide as a gap, and a hair wider or narrower
+            width = starts[i + 1] - ends[i]
+            for w in (width, math.nextafter(width, 0), math.nextafter(width, math.inf)):
+                if w > 0:
+                    t = starts[0]
+                    assert tree.fit(t, w) == _scan(starts, ends, t, w), (t, w)

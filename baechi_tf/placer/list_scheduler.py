@@ -1428,10 +1428,6 @@ class _NativeState:
     def copy_slots(self) -> int:
         return self._run.copy_slots
 
-    @property
-    def gap_looks(self) -> int:
-        return self._run.gap_looks
-
     def ready_time(self, op: int, dev: int) -> tuple[float, int]:
         return math.nan, self._run.ready_bytes(op, dev)  # `_stuck` reads the bytes alone
 
@@ -1441,8 +1437,7 @@ class _NativeState:
 
 class NativeListScheduler:
     """`ListScheduler` on the compiled engine, for `FixedPolicy` and `EarliestStartPolicy`: the
-    same steps, snapshots, errors and counters of work (`evaluations`, `state.copy_slots`,
-    `state.gap_looks`). Its snapshots are opaque but for the keys the refiner reads
+    same steps, snapshots, errors and counters of work (`evaluations`, `state.copy_slots`). Its snapshots are opaque but for the keys the refiner reads
     ("scheduled", "last_time", "waited", "peak"), and `patched` stands for `refine._patched`.
     Made by `make_list_scheduler`."""
 
@@ -1473,7 +1468,7 @@ class NativeListScheduler:
             np.asarray(policy.device_of if fixed else [], dtype=np.int64),
             np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
             placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),
-            bool(ListScheduler.once_in_now), _MAX_GAPS, _USUAL_LOOKS,
+            bool(ListScheduler.once_in_now),
         )
 
     @property

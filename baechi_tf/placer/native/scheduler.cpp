@@ -28,6 +28,10 @@
 #include <utility>
 #include <vector>
 
+#include "gaps.hpp"
+
+using baechi::GapTreap;
+
 namespace py = pybind11;
 
 namespace {
@@ -420,15 +424,14 @@ class Scheduler {
               I64Array device_of, I64Array twin_set_of, std::vector<std::vector<int>> untouched,
               std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
               I64Array initial_group_device,
-              double cutoff_us, bool queue_tails, bool once_in_now, int max_gaps, int usual_looks)
+              double cutoff_us, bool queue_tails, bool once_in_now)
         : T_(std::move(tables)), n_(T_->n), nd_(nd), group_of_(to_vector(group_of)),
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
           gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
           persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
           slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us), fixed_(fixed),
           device_of_(fixed ? to_vector(device_of) : std::vector<i64>()),
-          cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now),
-          max_gaps_(max_gaps), usual_looks_(usual_looks) {
+          cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now) {
         // SchedulerState.__init__
         tensor_consumers_left_ = T_->consumers;
         preds_left_ = T_->num_preds;
@@ -440,6 +443,7 @@ class Scheduler {
         last_op_.assign(nd_, -1);
         chan_start_.resize(nd_);
         chan_end_.resize(nd_);
+        pairs_of_.resize(nd_);
         chan_version_.assign(nd_, 0);
         ready_memo_.resize(n_);
         arrival_.resize(T_->num_tensors);
@@ -513,13 +517,13 @@ class Scheduler {
         std::vector<i64> device_of = std::move(device_of_);
         bool fixed = fixed_, queue_tails = queue_tails_, once = once_;
         double cutoff = cutoff_us_;
-        i64 evaluations = evaluations_, gap_looks = gap_looks_, copy_slots = copy_slots_;
+        i64 evaluations = evaluations_, copy_slots = copy_slots_;
         i64 next_tail_id = next_tail_id_;
         *this = snap;
         device_of_ = std::move(device_of);
         fixed_ = fixed, queue_tails_ = queue_tails, once_ = once;
         cutoff_us_ = cutoff;
-        evaluations_ = evaluations, gap_looks_ = gap_looks, copy_slots_ = copy_slots;
+        evaluations_ = evaluations, copy_slots_ = copy_slots;
         next_tail_id_ = std::max(next_tail_id, snap.next_tail_id_);
         for (auto& m : ready_memo_) m.clear();
         busy_.clear();
@@ -584,7 +588,6 @@ class Scheduler {
     i64 scheduled() const { return scheduled_; }
     int num_devices() const { return nd_; }
     i64 evaluations() const { return evaluations_; }
-    i64 gap_looks() const { return gap_looks_; }
     i64 copy_slots() const { return copy_slots_; }
     double last_time() const { return last_time_; }
     double cutoff_start() const { return cutoff_start_; }
@@ -649,7 +652,6 @@ class Scheduler {
     std::vector<i64> device_of_;
     double cutoff_us_;
     bool queue_tails_, once_;
-    int max_gaps_, usual_looks_;
 
     // ---------------------------------------------------------------- SchedulerState
     std::vector<i64> tensor_consumers_left_, preds_left_, group_device_;
@@ -659,6 +661,12 @@ class Scheduler {
     std::vector<double> device_free_;
     std::vector<i64> last_op_;
     std::vector<std::vector<double>> chan_start_, chan_end_;
+    // SchedulerState.pair_lists: the bookings of two channels together, as trees of gap widths,
+    // made when a copy between the two first looks for a slot; pair_index_ maps a * nd + b
+    // (a < b) to its tree, pairs_of_ a device to the trees it is in, in the order they were made.
+    std::vector<GapTreap> pair_trees_;
+    std::unordered_map<i64, int> pair_index_;
+    std::vector<std::vector<int>> pairs_of_;
     std::vector<i64> chan_version_;
     std::vector<std::vector<std::pair<int, Memo>>> ready_memo_;  // per op, (device, dry run)
     TailCopyPtr tail_copy_;
@@ -670,7 +678,7 @@ class Scheduler {
     std::vector<std::vector<int>> untouched_;
     std::vector<int> distinct_;
     std::vector<Transfer> transfers_;
-    i64 gap_looks_ = 0, copy_slots_ = 0;
+    i64 copy_slots_ = 0;
 
     // ---------------------------------------------------------------- ListScheduler
     std::vector<std::vector<Later>> later_;
@@ -761,50 +769,60 @@ class Scheduler {
     double slot(int a, int b, double t, double w, Extra& extra) {  // SchedulerState._slot
         if (w <= 0) return t;
         copy_slots_ += 1;
-        const std::vector<double>* starts_of[4];
-        const std::vector<double>* ends_of[4];
+        const GapTreap& both = pair(a, b);
+        const std::vector<double>* starts_of[2];
+        const std::vector<double>* ends_of[2];
         int nl = 0;
-        starts_of[nl] = &chan_start_[a], ends_of[nl++] = &chan_end_[a];
-        starts_of[nl] = &chan_start_[b], ends_of[nl++] = &chan_end_[b];
         for (int d : {a, b}) {
             Extra::Lists* lists = extra.find(d);
             if (lists != nullptr) starts_of[nl] = &lists->starts, ends_of[nl++] = &lists->ends;
         }
-        i64 looked = 0;
         while (true) {
             double t0 = t;
+            t = both.fit(t, w);  // the scan of the pair's list, in O(log n)
             for (int l = 0; l < nl; ++l) {
                 const auto& starts = *starts_of[l];
                 const auto& ends = *ends_of[l];
                 std::size_t n = ends.size();
                 if (n && ends[n - 1] > t) {
-                    std::size_t i = bisect_right(ends, t), first = i;
-                    std::size_t stop = i + max_gaps_;
+                    std::size_t i = bisect_right(ends, t);
                     while (i < n && starts[i] < t + w) {
                         t = ends[i];
                         i += 1;
-                        if (i == stop) {
-                            t = ends[n - 1];
-                            break;
-                        }
                     }
-                    looked += 1 + (i64)(i - first);
                 }
             }
-            if (t == t0) {
-                if (looked > usual_looks_) gap_looks_ += looked - usual_looks_;
-                return t;
-            }
+            if (t == t0 || nl == 0) return t;
         }
+    }
+
+    const GapTreap& pair(int a, int b) {  // SchedulerState._pair
+        if (a > b) std::swap(a, b);
+        const i64 key = (i64)a * nd_ + b;
+        auto found = pair_index_.find(key);
+        if (found != pair_index_.end()) return pair_trees_[found->second];
+        int id = (int)pair_trees_.size();
+        pair_trees_.emplace_back();
+        GapTreap& tree = pair_trees_.back();
+        tree.from_lists(chan_start_[a], chan_end_[a]);
+        for (std::size_t k = 0; k < chan_start_[b].size(); ++k) {
+            tree.close_in(chan_start_[b][k], chan_end_[b][k], min_transfer_us_);
+        }
+        pair_index_.emplace(key, id);
+        pairs_of_[a].push_back(id);
+        if (b != a) pairs_of_[b].push_back(id);
+        return tree;
     }
 
     void book(int dev, double s, double e) {  // SchedulerState._book
         chan_version_[dev] += 1;
+        for (int id : pairs_of_[dev]) pair_trees_[id].close_in(s, e, min_transfer_us_);
         auto& starts = chan_start_[dev];
         auto& ends = chan_end_[dev];
         std::size_t i = bisect_left(starts, s);
-        // Merge with neighbours closer than the shortest possible transfer. Python deletes the
-        // merged entries one by one; here [i, j) are the entries merged, replaced at once.
+        // _close_in: merge with neighbours closer than the shortest possible transfer. Python
+        // deletes the merged entries one by one; here [i, j) are the entries merged, replaced at
+        // once.
         double gap = min_transfer_us_;
         std::size_t j = i;
         if (i > 0 && ends[i - 1] + gap > s) {
@@ -1470,16 +1488,26 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 3;
+    m.attr("INTERFACE") = 4;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
+    // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
+    py::class_<GapTreap>(m, "GapTreap")
+        .def(py::init<>())
+        .def("close_in", &GapTreap::close_in)
+        .def("fit", &GapTreap::fit)
+        .def("lists", [](const GapTreap& tree) {
+            std::vector<double> starts, ends;
+            tree.to_lists(starts, ends);
+            return py::make_tuple(starts, ends);
+        });
     py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
         .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
-                      I64Array, double, bool, bool, int, int>())
+                      I64Array, double, bool, bool>())
         .def("run", &Scheduler::run, py::arg("max_steps"), py::arg("max_evaluations"),
              py::call_guard<py::gil_scoped_release>())
         .def("step", &Scheduler::step_one)
@@ -1494,7 +1522,6 @@ PYBIND11_MODULE(_native, m) {
         })
         .def_property_readonly("scheduled", &Scheduler::scheduled)
         .def_property_readonly("evaluations", &Scheduler::evaluations)
-        .def_property_readonly("gap_looks", &Scheduler::gap_looks)
         .def_property_readonly("copy_slots", &Scheduler::copy_slots)
         .def_property_readonly("last_time", &Scheduler::last_time)
         .def_property_readonly("cutoff_start", &Scheduler::cutoff_start)
