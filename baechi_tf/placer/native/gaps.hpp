@@ -108,6 +108,7 @@ class GapTreap {
     struct Node {
         double start, end;
         double gap;      // next start - end (inf for the last booking)
+        double next;     // the next booking's start (inf for the last)
         double max_gap;  // widest gap in the subtree
         double max_end;  // the subtree's last end (its rightmost node's end)
         std::uint32_t prio;
@@ -139,7 +140,7 @@ class GapTreap {
             n = static_cast<int>(node_.size());
             node_.push_back(Node{});
         }
-        node_[n] = Node{s, e, kInf, kInf, e, next_prio(), -1, -1};
+        node_[n] = Node{s, e, kInf, kInf, kInf, e, next_prio(), -1, -1};
         ++size_;
         return n;
     }
@@ -240,8 +241,10 @@ class GapTreap {
         }
         if (node_[n].right >= 0) succ = leftmost(node_[n].right);
         if (node_[n].left >= 0) pred = rightmost(node_[n].left);
+        node_[n].next = succ >= 0 ? node_[succ].start : kInf;
         node_[n].gap = succ >= 0 ? node_[succ].start - node_[n].end : kInf;
         if (pred >= 0) {
+            node_[pred].next = s;
             node_[pred].gap = s - node_[pred].end;
             refresh_path_to(pred);
         }
@@ -281,6 +284,7 @@ class GapTreap {
             cur = node_[cur].right;
         }
         for (std::size_t k = 0; k < order.size(); ++k) {
+            node_[order[k]].next = k + 1 < order.size() ? starts[k + 1] : kInf;
             node_[order[k]].gap = k + 1 < order.size() ? starts[k + 1] - ends[k] : kInf;
         }
         post_order_pull(root_);
@@ -318,23 +322,7 @@ class GapTreap {
 
     bool fits_after(int j, double w) const {  // the scan's own test at booking j
         const Node& x = node_[j];
-        if (x.gap == kInf) return true;  // the last booking: nothing after it
-        return !(successor_start(j) < x.end + w);  // the successor's start itself, not end + gap
-    }
-
-    double successor_start(int j) const {
-        // The successor's start: found from the root (O(log n)); called only on candidates.
-        int cur = root_, succ = -1;
-        const double s = node_[j].start;
-        while (cur >= 0) {
-            if (s < node_[cur].start) {
-                succ = cur;
-                cur = node_[cur].left;
-            } else {
-                cur = node_[cur].right;
-            }
-        }
-        return node_[succ].start;
+        return x.next == kInf || !(x.next < x.end + w);  // the last: nothing after it
     }
 
     // The first booking at or after i (in order) after which a w-long copy fits.
