@@ -230,6 +230,11 @@ flags.DEFINE_integer("placement_jobs", _DEFAULTS.placement_jobs,
 flags.DEFINE_float("placement_timeout_s", None,
                    "auto: wall-clock seconds after which no further placer starts and refinement "
                    "stops; the best placement by then is kept, with a warning. Default: no limit.")
+flags.DEFINE_integer("auto_work", None,
+                     "auto: units of scheduling work for all of it: half shared by its placers, "
+                     "each stopped past its share, the rest for refinement. The same units give "
+                     "the same placement on any machine. Default: each placer 40 units per op "
+                     "and edge plus 400,000.")
 flags.DEFINE_enum("engine", _DEFAULTS.engine, list(ENGINES),
                   "What runs the list scheduler of m-ETF, the simulator and auto's refinement: "
                   "'native', the compiled core, or 'python', the reference. The placement is the "
@@ -892,7 +897,7 @@ def _placement_options() -> PlacementOptions:
         memory_fraction=FLAGS.placer_memory_fraction,
         refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed,
         placement_jobs=FLAGS.placement_jobs, engine=FLAGS.engine,
-        placement_timeout_s=FLAGS.placement_timeout_s)
+        placement_timeout_s=FLAGS.placement_timeout_s, auto_work=FLAGS.auto_work)
     options.validate()
     return options
 

@@ -107,6 +107,17 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: no limit, so that the same inputs give the same placement on any machine)",
     )
     parser.add_argument(
+        "--auto_work",
+        type=int,
+        default=defaults.auto_work,
+        metavar="UNITS",
+        help="auto: units of scheduling work (a scheduling step or a dry run of an op on a device; "
+        "a copy 1.5) for all of auto: half shared equally by its placers, each stopped when its "
+        "runs would pass its share, the rest for refinement (at most what --refine_seconds buys). "
+        "The same units give the same placement on any machine (default: each placer 40 units "
+        "per op and edge plus 400,000, refinement --refine_seconds' own)",
+    )
+    parser.add_argument(
         "--engine",
         default=defaults.engine,
         choices=ENGINES,
@@ -166,6 +177,7 @@ def options_from_args(args: argparse.Namespace):
         placement_jobs=args.placement_jobs,
         engine=args.engine,
         placement_timeout_s=args.placement_timeout_s,
+        auto_work=args.auto_work,
     )
     options.validate()
     return options

@@ -327,6 +327,64 @@ def test_auto_past_its_time_limit_keeps_the_best_so_far_and_says_so(caplog):
             PlacementOptions(placement_timeout_s=bad).validate()
 
 
+def _capped_m_etf_work(name: str) -> int:
+    """m-ETF's work on a fan-out under engine `name`, checked to pass a cap of exactly that
+    work and to be stopped by one unit less."""
+    from baechi_tf.placer import engine
+    from baechi_tf.placer.m_etf import place_m_etf
+    from baechi_tf.placer.work import OverWorkCap, metered
+
+    graph = fan_out_graph(300)
+    cluster = graphs.cluster(4)
+    groups = Groups.singletons(graph)
+    with engine.selected(name):
+        with metered(float("inf")) as meter:
+            whole = place_m_etf(graph, cluster, groups)
+        assert meter.used > graph.num_ops  # steps, dry runs and copies
+        with metered(meter.used):
+            assert place_m_etf(graph, cluster, groups).same_as(whole)
+        with pytest.raises(OverWorkCap, match=f"more than {meter.used - 1:,} units of work"):
+            with metered(meter.used - 1):
+                place_m_etf(graph, cluster, groups)
+    return meter.used
+
+
+def test_a_work_cap_stops_a_run_exactly_when_its_whole_work_passes_it():
+    """The engines check the cap at different steps; what they stop, and the work they count,
+    must not differ."""
+    from baechi_tf.placer import engine
+
+    used = _capped_m_etf_work("python")
+    if not engine.native_available():
+        pytest.skip("the compiled core is not built (test_engines fails when a compiler is there)")
+    assert _capped_m_etf_work("native") == used
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_auto_work_bounds_the_placers_and_keeps_the_placement_the_same(jobs, caplog):
+    """Each placer after the first ones gets an equal share of half of --auto_work: one that
+    would pass it is stopped, in this process or a worker alike."""
+    graph = graphs.random_dag(5, 60, edge_prob=0.2)
+    cluster = graphs.cluster(3)
+    full = place(graph, cluster, PlacementOptions("auto", refine_seconds=0.2, placement_jobs=jobs))
+    assert full.candidates["m_etf"] is not None
+    with caplog.at_level("INFO", logger="baechi_tf.placer.auto"):
+        small = place(graph, cluster, PlacementOptions(
+            "auto", refine_seconds=0.2, placement_jobs=jobs, auto_work=2000
+        ))
+    # one device and the packing run whatever the cap (a placement is needed); m-ETF could not
+    assert small.candidates["single"] is not None and small.candidates["m_etf"] is None
+    assert "auto: m_etf stopped: its list-scheduler runs would take more than" in caplog.text
+    assert small.makespan_us >= full.makespan_us
+    again = place(graph, cluster, PlacementOptions(
+        "auto", refine_seconds=0.2, placement_jobs=3 - jobs, auto_work=2000
+    ))
+    assert again.placement.same_as(small.placement) and again.candidates == small.candidates
+    for bad in (0, -5, 1.5, True, "100"):
+        with pytest.raises(ConfigError, match=f"auto_work {bad!r} must be a whole number of units > 0"):
+            PlacementOptions(auto_work=bad).validate()
+
+
 def test_error_names_the_step():
     b = OpGraphBuilder()
     b.add_op("a", 1, [4], device="/device:GPU:9")

@@ -284,7 +284,7 @@ def test_copies_count_as_refinement_work(monkeypatch):
     import os
     import sys
 
-    import baechi_tf.placer.refine as refine_module
+    import baechi_tf.placer.work as work_module
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
     from layered import layered_graph
@@ -294,8 +294,8 @@ def test_copies_count_as_refinement_work(monkeypatch):
     groups = colocation_groups(graph)
     start = place_m_etf(graph, cluster, groups)
     tried = []
-    for per_copy in (refine_module._UNITS_PER_COPY, 0):  # counted, then not
-        monkeypatch.setattr(refine_module, "_UNITS_PER_COPY", per_copy)
+    for per_copy in (work_module.UNITS_PER_COPY, 0):  # counted, then not
+        monkeypatch.setattr(work_module, "UNITS_PER_COPY", per_copy)
         _, schedule, stats = refine(graph, cluster, groups, start, options=RefineOptions(seconds=0.5))
         assert schedule.makespan_us <= simulate(graph, cluster, start).makespan_us
         tried.append(stats.moves_tried + stats.windows_tried)

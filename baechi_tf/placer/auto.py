@@ -40,6 +40,7 @@ from baechi_tf.placer.refine import (
 )
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
+from baechi_tf.placer.work import OverWorkCap, metered
 from baechi_tf.progress import Progress
 
 __all__ = ["RUN_FIRST", "AutoOptions", "AutoResult", "Outcome", "judge_candidate", "place_auto"]
@@ -59,23 +60,28 @@ RUN_FIRST = ("single", "packed", "single+unfused", "packed+unfused", "packed+hos
 LONGEST_FIRST = ("layers",)
 
 # What became of a candidate: its simulated schedule, or the error that stopped it (a
-# `ScheduleCutOff`, or a `BaechiError` when it failed).
+# `ScheduleCutOff` or `OverWorkCap`, or a `BaechiError` when it failed).
 Outcome = Union[Schedule, Exception]
 Thunk = Callable[[float], Union[Placement, Schedule]]
 
 
-def judge_candidate(graph: OpGraph, cluster: Cluster, thunk: Thunk, cutoff: float) -> Outcome:
+def judge_candidate(
+    graph: OpGraph, cluster: Cluster, thunk: Thunk, cutoff: float, work_cap: float = math.inf
+) -> Outcome:
     """The placement `thunk` makes (given `_PLACER_SLACK` times `cutoff`), simulated on `graph`
-    and `cluster` up to `cutoff`; the `ScheduleCutOff` or `BaechiError` it raised instead."""
+    and `cluster` up to `cutoff`; the `ScheduleCutOff`, `OverWorkCap` (its list-scheduler runs,
+    the simulation's included, would take more than `work_cap` units) or `BaechiError` it raised
+    instead."""
     try:
-        made_by = thunk(_PLACER_SLACK * cutoff)
-        if isinstance(made_by, Schedule):
-            late = float(made_by.start_us.max(initial=0.0))
-            if late > cutoff:  # where `simulate` would have stopped
-                raise ScheduleCutOff(late, cutoff)
-            return made_by
-        return simulate(graph, cluster, made_by, cutoff_us=cutoff)
-    except (ScheduleCutOff, BaechiError) as e:
+        with metered(work_cap):
+            made_by = thunk(_PLACER_SLACK * cutoff)
+            if isinstance(made_by, Schedule):
+                late = float(made_by.start_us.max(initial=0.0))
+                if late > cutoff:  # where `simulate` would have stopped
+                    raise ScheduleCutOff(late, cutoff)
+                return made_by
+            return simulate(graph, cluster, made_by, cutoff_us=cutoff)
+    except (ScheduleCutOff, OverWorkCap, BaechiError) as e:
         return e
 
 
@@ -100,6 +106,11 @@ class AutoOptions:
     # Wall-clock seconds from the start of auto after which no placer starts and refinement
     # stops; the best placement found so far is returned, with a warning. None: no limit.
     timeout_s: Optional[float] = None
+    # Units of work (`work`) each placer after the first ones (`run_first`) may spend on its
+    # list-scheduler runs and its placement's simulation; one that would pass it is stopped.
+    candidate_work: float = math.inf
+    # Units of work refinement may spend at most (besides `refine.seconds`' own budget).
+    refine_work: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +173,7 @@ def place_auto(
     refines = (
         options.refine.seconds > 0
         and (cluster.num_devices if free_devices is None else free_devices) > 1
-        and simulation_work(graph) <= work_budget(options.refine.seconds)
+        and simulation_work(graph) <= min(work_budget(options.refine.seconds), options.refine_work)
     )
     reach = alternative_reach(graph, options.refine.seconds) if refines else 1.0
     placers = list(placers)  # and the fallbacks judged
@@ -170,6 +181,7 @@ def place_auto(
     made: list[tuple[int, Schedule]] = []  # every success
     candidates: dict[str, Optional[float]] = {name: None for name, _ in placers}
     errors: dict[int, BaechiError] = {}  # failures by index in placers
+    over_cap: list[int] = []  # stopped for the work cap, by index in placers
     first = [i for i, (name, _) in enumerate(placers) if name in run_first]
     rest = [i for i, (name, _) in enumerate(placers) if name not in run_first]
 
@@ -183,6 +195,10 @@ def place_auto(
             raise outcome  # the input is wrong for every placer alike
         if isinstance(outcome, ScheduleCutOff):
             log.info("auto: %s stopped: %s (the best so far ends at %.1f us)", name, outcome, best[1].makespan_us)
+            return
+        if isinstance(outcome, OverWorkCap):
+            log.info("auto: %s stopped: %s, its share of auto's budget (--auto_work)", name, outcome)
+            over_cap.append(i)
             return
         if isinstance(outcome, BaechiError):
             log.info("auto: %s failed: %s", name, outcome)
@@ -198,7 +214,9 @@ def place_auto(
 
         def here(i: int, cutoff: float) -> Outcome:
             bar.update(note=placers[i][0] + (f" (best {best[1].makespan_us:,.1f} us)" if best is not None else ""))
-            return judge_candidate(graph, cluster, placers[i][1], cutoff)
+            capped = i in rest  # the first ones and the fallbacks make a placement whatever it costs
+            cap = options.candidate_work if capped else math.inf
+            return judge_candidate(graph, cluster, placers[i][1], cutoff, cap)
 
         def one_by_one(indices: list[int]) -> None:
             for i in indices:
@@ -237,12 +255,20 @@ def place_auto(
                 candidates[name] = None
                 placers.append((name, thunk))
                 record(len(placers) - 1, here(len(placers) - 1, cutoff_now()))
+    if best is None and over_cap:  # a placement is needed: the first stopped one, whatever it costs
+        i = over_cap[0]
+        log.warning(
+            "auto: no placer made a placement within its share of the work budget; %s's is "
+            "made without one (raise --auto_work)", placers[i][0],
+        )
+        record(i, judge_candidate(graph, cluster, placers[i][1], math.inf))
     if best is None:
         raise errors[min(errors)]  # the first placer's, whatever ran first
     winner, schedule = placers[best[0]][0], best[1]
     placement = schedule.placement
     stats = None
-    if options.refine.seconds > 0 and simulation_work(graph) > work_budget(options.refine.seconds):
+    refine_units = min(work_budget(options.refine.seconds), options.refine_work)
+    if options.refine.seconds > 0 and simulation_work(graph) > refine_units:
         # Refinement starts with a full simulation; one that alone overruns the budget would
         # cost its time and change nothing.
         ops_per_second = graph.num_ops * work_budget(1.0) / simulation_work(graph)
@@ -264,8 +290,9 @@ def place_auto(
             placement, schedule, stats = refine(
                 graph, cluster, groups, placement, options=options.refine,
                 alternatives=others[:MAX_ALTERNATIVES], free_devices=free_devices, deadline=deadline,
+                work=options.refine_work,
             )
-            if time.perf_counter() >= deadline and stats.work < work_budget(options.refine.seconds):
+            if time.perf_counter() >= deadline and stats.work < refine_units:
                 late.append("the rest of refinement")
     if late:
         log.warning(

@@ -99,6 +99,7 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Placement, Schedule, Transfer
+from baechi_tf.placer.work import WorkMeter, current_meter, scheduler_work
 from baechi_tf.progress import Progress
 
 __all__ = [
@@ -1181,14 +1182,18 @@ class ListScheduler:
     def done(self) -> bool:
         return self.scheduled == self.graph.num_ops
 
-    def run(self, bar: Optional[Progress] = None) -> None:
-        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled.
-        `bar` is told of the ops scheduled now and then."""
+    def run(self, bar: Optional[Progress] = None, meter: Optional[WorkMeter] = None) -> None:
+        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled, and
+        `OverWorkCap` when `meter` sees its work pass the cap. `bar` is told of the ops scheduled
+        now and then."""
         steps = 0
         while self.step() is not None:
             steps += 1
-            if bar is not None and steps % _STEPS_PER_UPDATE == 0:
-                bar.update(self.scheduled)
+            if steps % _STEPS_PER_UPDATE == 0:
+                if bar is not None:
+                    bar.update(self.scheduled)
+                if meter is not None:
+                    meter.check(self.scheduled + scheduler_work(self))
         if not self.done:
             raise _stuck(self.graph, self.cluster, self.groups, self.state)
 
@@ -1285,14 +1290,22 @@ def run_list_scheduler(
     `initial_group_device` places groups up front (the simulator places all of them): their
     persistent memory is then held from the start. `persistent_headroom` is the share of each
     device that placing a group's persistent memory must leave free. `ScheduleCutOff` when an op
-    would start after `cutoff_us`.
+    would start after `cutoff_us`; `OverWorkCap` when the run takes the work of a `work.metered`
+    body past its cap.
     """
     scheduler = make_list_scheduler(
         graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
     )
     label = f"simulating {method}" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
-    with Progress(label, graph.num_ops, unit="ops") as bar:
-        scheduler.run(bar)
+    meter = current_meter()
+    try:
+        with Progress(label, graph.num_ops, unit="ops") as bar:
+            scheduler.run(bar, meter)
+    finally:
+        if meter is not None:  # a run stopped for the cap counts as the cap (`place_auto`)
+            meter.used += scheduler.scheduled + scheduler_work(scheduler)
+    if meter is not None:
+        meter.check(0)  # stopped exactly when its whole work passes the cap, whatever the engine
     return scheduler.schedule(method)
 
 
@@ -1504,16 +1517,18 @@ class NativeListScheduler:
             raise ScheduleCutOff(out[0], self.cutoff_us)
         return out
 
-    def run(self, bar: Optional[Progress] = None) -> None:
-        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled.
-        Returns to Python every `_NATIVE_STEPS` steps or `_NATIVE_EVALUATIONS` dry runs (`bar`,
-        Ctrl-C)."""
+    def run(self, bar: Optional[Progress] = None, meter: Optional[WorkMeter] = None) -> None:
+        """Runs to the end; raises `InfeasiblePlacementError` when ops are left unscheduled, and
+        `OverWorkCap` when `meter` sees its work pass the cap. Returns to Python every
+        `_NATIVE_STEPS` steps or `_NATIVE_EVALUATIONS` dry runs (`bar`, `meter`, Ctrl-C)."""
         while True:
             status, _ = self._run.run(_NATIVE_STEPS, _NATIVE_EVALUATIONS)
             if status == 2:
                 raise ScheduleCutOff(self._run.cutoff_start, self.cutoff_us)
             if bar is not None:
                 bar.update(self._run.scheduled)  # also at the end: a run may take a single chunk
+            if meter is not None and status != 1:
+                meter.check(self._run.scheduled + scheduler_work(self))
             if status == 1:
                 break
         if not self.done:

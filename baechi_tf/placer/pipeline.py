@@ -257,7 +257,11 @@ def _run_auto(
     from baechi_tf.placer.refine import RefineOptions
 
     thunks = auto_candidates(graph, cluster, groups, options, fused, host)
-    auto_options = AutoOptions(RefineOptions(options.refine_seconds, options.seed), options.placement_timeout_s)
+    candidate_work, refine_work = auto_work_caps(host.graph if host is not None else graph, options, len(thunks))
+    auto_options = AutoOptions(
+        RefineOptions(options.refine_seconds, options.seed), options.placement_timeout_s, candidate_work,
+        refine_work,
+    )
     # What a method alone falls back to when its placement and the packing do not fit: the fit
     # search, on the graph it placed (with fusion, the fused graph's, and the real graph's when the
     # expanded placement does not fit there). auto, without them, ended with a slower placement
@@ -309,6 +313,23 @@ def _run_auto(
             found = _fit_instead(graph, cluster, groups, "auto", e, options.seed, options, real())
     name = found.method.removeprefix("auto+")  # 'fit', or the other placer whose placement fits
     return place_auto(graph, cluster, groups, [(name, lambda cutoff: found)], options=auto_options)
+
+
+def auto_work_caps(graph: OpGraph, options: "PlacementOptions", count: int) -> tuple[float, float]:
+    """(units for each of auto's `count` candidates, units for its refinement): with
+    `options.auto_work`, half of it shared equally by the candidates and the rest, at most what
+    refine_seconds buys, for refinement; else 40 units per op and edge of `graph` plus 400,000
+    per candidate (m-ETF and its simulation on a 16k-op DenseNet121 of 320k edges: about 4.5
+    million), refinement its own budget. A worker process (`workers`) finds the same."""
+    if options.auto_work is None:
+        return float(_WORK_PER_OP_AND_EDGE * (graph.num_ops + graph.num_edges) + _WORK_PER_CANDIDATE), math.inf
+    share = options.auto_work // (2 * max(1, count))
+    return float(share), float(options.auto_work - share * count)
+
+
+# auto's default work cap of a candidate, per op and edge and in all (`auto_work_caps`).
+_WORK_PER_OP_AND_EDGE = 40
+_WORK_PER_CANDIDATE = 400_000
 
 
 def _fit_thunk(
@@ -449,6 +470,10 @@ class PlacementOptions:
     # auto: wall-clock seconds after which no placer starts and refinement stops, the best
     # placement so far kept (with a warning); None: no limit, the placement the same on any machine
     placement_timeout_s: Optional[float] = None
+    # auto: units of scheduling work (`work`) for all of it, half for its placers, each an equal
+    # share, the rest for refinement (at most what refine_seconds buys); the same placement on
+    # any machine. None: each placer 40 units per op and edge plus 400,000, and refinement its own
+    auto_work: Optional[int] = None
     # what runs the list scheduler: 'native' (the compiled core; the python engine, with one
     # warning, when it is not built) or 'python' (the reference); the placements are the same
     engine: str = "native"
@@ -511,6 +536,8 @@ class PlacementOptions:
             raise ConfigError(f"refine_seconds {self.refine_seconds!r} must be a finite number >= 0")
         if not (0 <= self.sct_threshold < 1):
             raise ConfigError(f"sct_threshold {self.sct_threshold!r} must be in [0, 1)")
+        if self.auto_work is not None and not (_whole(self.auto_work) and self.auto_work > 0):
+            raise ConfigError(f"auto_work {self.auto_work!r} must be a whole number of units > 0")
         jobs = self.placement_jobs
         if not _whole(jobs):
             raise ConfigError(

@@ -23,7 +23,7 @@ is a scheduling step or a dry run of an op on a device (each takes some microsec
 per step range from 2 to 8 with the graph, so steps alone would not track time); restarting the
 scheduler for a move costs `1 / _RESTART_SHARE` of a unit per op, window balancing
 `1 / _MOVES_PER_UNIT` per op move, and a copy given a slot on the channels (booked, or tried in a
-dry run) `_UNITS_PER_COPY`. A move whose re-simulation would take the work past the budget is dropped where it stands,
+dry run) `work.UNITS_PER_COPY`. A move whose re-simulation would take the work past the budget is dropped where it stands,
 not finished (on the 25,841 ops of `make demo` a move costs a fifth of a 3 s budget, and finishing
 the last one made it 5.2 s); the result of window balancing, a large step, is simulated to its
 end. A wall-clock stop at ten times the budget (plus 5 s) guards against much slower machines
@@ -58,6 +58,7 @@ from baechi_tf.placer.list_scheduler import (
 )
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
+from baechi_tf.placer.work import scheduler_work
 from baechi_tf.progress import Progress
 
 __all__ = [
@@ -72,11 +73,6 @@ _RESTART_SHARE = 8  # restarting the scheduler for a move costs a unit per this 
 _WORK_PER_OP = 4  # a full simulation's units per op, to foresee its cost (measured: 3 to 9)
 _SNAPSHOTS = 24  # snapshots per simulated schedule
 _DEVICES_PER_UNIT = 2  # a snapshot costs a unit of work per this many devices (measured on 200)
-# Units of work per copy given a slot on the channels (`SchedulerState.copy_slots`), booked or tried
-# in a dry run: on layered graphs, whose ops mostly read from other devices, a 3 s refinement made
-# 223k-276k of them and took 5.4-6.8 s; on the model profiles 11k-13k, and 2.6-3.4 s (measured:
-# a copy costs about as much as 1.5 units).
-_UNITS_PER_COPY = 1.5
 # Window balancing: op moves evaluated per unit of work (measured: 250k-450k op moves per second),
 # and the settings (overlap, number of windows) tried, best first on bench/quality.py.
 _MOVES_PER_UNIT = 3
@@ -271,7 +267,7 @@ class _Simulation:
 def _run_work(scheduler: ListScheduler) -> int:
     """The units of work of `scheduler`'s dry runs and copies so far: the same whichever engine
     runs it, so that a budget gives the same placement with either."""
-    return scheduler.evaluations + int(scheduler.state.copy_slots * _UNITS_PER_COPY)
+    return scheduler_work(scheduler)
 
 
 def _patched(snap: dict, move: Move, members, group_persistent, topo: list[int]) -> dict:
@@ -424,6 +420,7 @@ def refine(
     alternatives: Sequence[Schedule] = (),
     free_devices: Optional[int] = None,
     deadline: float = math.inf,
+    work: float = math.inf,
 ) -> tuple[Placement, Schedule, RefineStats]:
     """Improves `placement` by moving groups; never returns a worse one.
 
@@ -432,11 +429,12 @@ def refine(
     allows. Unpinned groups move only among the first `free_devices` devices (all by default;
     a host that runs only the ops pinned to it comes last). `deadline` (a `time.perf_counter`
     time) stops it earlier than its own wall-clock stop; the placement then depends on timing.
+    `work` caps its budget in units below what `options.seconds` buys.
     """
     t0 = time.perf_counter()
     sim = _Simulation(graph, cluster, groups, placement.device_of)
     initial = sim.schedule.makespan_us
-    budget = work_budget(options.seconds)
+    budget = int(min(work_budget(options.seconds), work))
     deadline = min(deadline, t0 + 10 * options.seconds + 5)
     rng = random.Random(options.seed)
     is_pinned = pinned_group_devices(graph, cluster, groups) >= 0

@@ -281,7 +281,7 @@ def _serve(context_path: str, level: int) -> None:
 
     from baechi_tf.placer import engine
     from baechi_tf.placer.auto import judge_candidate
-    from baechi_tf.placer.pipeline import auto_candidates
+    from baechi_tf.placer.pipeline import auto_candidates, auto_work_caps
 
     with open(context_path, "rb") as f:
         graph, cluster, groups, options, fused, host = pickle.load(f)
@@ -306,8 +306,9 @@ def _serve(context_path: str, level: int) -> None:
         try:
             if candidates is None:
                 candidates = dict(auto_candidates(graph, cluster, groups, options, fused, host))
+                cap, _ = auto_work_caps(judge[0], options, len(candidates))  # as the parent's
             with engine.selected(options.engine):
-                outcome = judge_candidate(*judge, candidates[name], cutoff)
+                outcome = judge_candidate(*judge, candidates[name], cutoff, cap)
             _write(out, ("done", index, outcome, records.records, time.perf_counter() - began))
         except Exception:  # a bug, or an outcome that does not pickle (`_write` pickles first)
             _write(out, ("failed", traceback.format_exc()))
