@@ -34,6 +34,10 @@ class GapTreap {
 
     // Books [s, e), merged with the bookings closer than `gap` (`_close_in`).
     void close_in(double s, double e, double gap) {
+        if (root_ >= 0 && node_[last_].start < s) {  // after every booking's start: the usual case
+            append(s, e, gap);
+            return;
+        }
         // pred: the last booking starting before s (bisect_left), merged when it ends within gap.
         int left, right;
         split_before(root_, s, left, right);  // left: starts < s; right: starts >= s
@@ -60,6 +64,7 @@ class GapTreap {
         int n = make(s, e);
         root_ = join(join(left, n), right);
         fix_gaps_around(n);
+        last_ = rightmost(root_);
     }
 
     // The scan of `_slot` on this list alone.
@@ -95,11 +100,12 @@ class GapTreap {
     void from_lists(const std::vector<double>& starts, const std::vector<double>& ends) {
         node_.clear();
         free_.clear();
-        root_ = -1;
+        root_ = last_ = -1;
         size_ = 0;
         for (std::size_t k = 0; k < starts.size(); ++k) {
             int n = make(starts[k], ends[k]);
             root_ = join(root_, n);
+            last_ = n;
         }
         refresh_all();
     }
@@ -120,9 +126,44 @@ class GapTreap {
     std::vector<Node> node_;
     std::vector<int> free_;
     int root_ = -1;
+    int last_ = -1;  // the last booking, when not empty
     int size_ = 0;
     double last_end_ = 0.0;
+    std::vector<int> spine_;  // scratch of `append`
     std::uint64_t rng_ = 0x9E3779B97F4A7C15ULL;  // deterministic priorities
+
+    // close_in for s after the last booking's start: merged into it, or a new last booking put
+    // on the right spine by its priority; no split, no join.
+    void append(double s, double e, double gap) {
+        Node& last = node_[last_];
+        spine_.clear();
+        for (int cur = root_; cur >= 0; cur = node_[cur].right) spine_.push_back(cur);
+        if (last.end + gap > s) {  // merged into the last booking: only ends change
+            last.end = std::max(e, last.end);
+        } else {
+            int n = make(s, e);
+            Node& prev = node_[last_];  // `make` may have moved the nodes
+            prev.next = s;
+            prev.gap = s - prev.end;
+            // The new node goes below the last spine node of higher priority, taking the rest of
+            // the spine as its left subtree.
+            std::size_t k = 0;
+            while (k < spine_.size() && node_[spine_[k]].prio > node_[n].prio) ++k;
+            node_[n].left = k < spine_.size() ? spine_[k] : -1;
+            if (k == 0) {
+                root_ = n;
+            } else {
+                node_[spine_[k - 1]].right = n;
+            }
+            // Below n, the old spine's tail holds the old last booking, whose gap changed.
+            for (std::size_t j = spine_.size(); j > k; --j) pull(spine_[j - 1]);
+            pull(n);
+            spine_.resize(k);
+            last_ = n;
+        }
+        for (auto it = spine_.rbegin(); it != spine_.rend(); ++it) pull(*it);
+        last_end_ = node_[root_].max_end;
+    }
 
     std::uint32_t next_prio() {
         rng_ ^= rng_ << 13;
@@ -152,14 +193,9 @@ class GapTreap {
 
     void release(int t) {  // a whole subtree
         if (t < 0) return;
-        std::vector<int> stack{t};
-        while (!stack.empty()) {
-            int n = stack.back();
-            stack.pop_back();
-            if (node_[n].left >= 0) stack.push_back(node_[n].left);
-            if (node_[n].right >= 0) stack.push_back(node_[n].right);
-            release_one(n);
-        }
+        if (node_[t].left >= 0) release(node_[t].left);
+        if (node_[t].right >= 0) release(node_[t].right);
+        release_one(t);
     }
 
     void pull(int n) {
@@ -253,16 +289,13 @@ class GapTreap {
     }
 
     // Recomputes the aggregates from `target` up to the root (by a walk down, then back up).
-    void refresh_path_to(int target) {
-        std::vector<int> path;
-        int cur = root_;
-        const double s = node_[target].start;
-        while (cur >= 0) {
-            path.push_back(cur);
-            if (cur == target) break;
-            cur = s < node_[cur].start ? node_[cur].left : node_[cur].right;
+    void refresh_path_to(int target) { refresh_from(root_, target); }
+
+    void refresh_from(int cur, int target) {  // recursion as deep as the treap: O(log n) expected
+        if (cur != target) {
+            refresh_from(node_[target].start < node_[cur].start ? node_[cur].left : node_[cur].right, target);
         }
-        for (auto it = path.rbegin(); it != path.rend(); ++it) pull(*it);
+        pull(cur);
     }
 
     void refresh_all() {
