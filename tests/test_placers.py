@@ -380,6 +380,12 @@ def test_auto_work_bounds_the_placers_and_keeps_the_placement_the_same(jobs, cap
         "auto", refine_seconds=0.2, placement_jobs=3 - jobs, auto_work=2000
     ))
     assert again.placement.same_as(small.placement) and again.candidates == small.candidates
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.auto"):
+        tiny = place(graph, cluster, PlacementOptions("auto", placement_jobs=jobs, auto_work=200))
+    assert tiny.refine_stats is None
+    assert "refinement skipped: one simulation of 60 ops takes more than the" in caplog.text
+    assert "left to it of --auto_work; raise --auto_work to refine" in caplog.text
     for bad in (0, -5, 1.5, True, "100"):
         with pytest.raises(ConfigError, match=f"auto_work {bad!r} must be a whole number of units > 0"):
             PlacementOptions(auto_work=bad).validate()

@@ -170,10 +170,11 @@ def place_auto(
     """
     deadline = math.inf if options.timeout_s is None else time.perf_counter() + options.timeout_s
     late: list[str] = []  # candidates not run for the time limit
+    refine_units = min(work_budget(options.refine.seconds), options.refine_work)
     refines = (
         options.refine.seconds > 0
         and (cluster.num_devices if free_devices is None else free_devices) > 1
-        and simulation_work(graph) <= min(work_budget(options.refine.seconds), options.refine_work)
+        and simulation_work(graph) <= refine_units
     )
     reach = alternative_reach(graph, options.refine.seconds) if refines else 1.0
     placers = list(placers)  # and the fallbacks judged
@@ -267,8 +268,12 @@ def place_auto(
     winner, schedule = placers[best[0]][0], best[1]
     placement = schedule.placement
     stats = None
-    refine_units = min(work_budget(options.refine.seconds), options.refine_work)
-    if options.refine.seconds > 0 and simulation_work(graph) > refine_units:
+    if options.refine.seconds > 0 and simulation_work(graph) > options.refine_work:
+        log.warning(
+            "refinement skipped: one simulation of %d ops takes more than the %d units of work "
+            "left to it of --auto_work; raise --auto_work to refine", graph.num_ops, int(options.refine_work),
+        )
+    elif options.refine.seconds > 0 and simulation_work(graph) > refine_units:
         # Refinement starts with a full simulation; one that alone overruns the budget would
         # cost its time and change nothing.
         ops_per_second = graph.num_ops * work_budget(1.0) / simulation_work(graph)
