@@ -11,7 +11,7 @@ $(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_t
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'
 	touch $(STAMP)
 
-# GNMT v2 placed by BaechiSession on four devices, at a size that takes about two minutes on a
+# GNMT v2 placed by BaechiSession on four devices, at a size that takes about a minute on a
 # 2-core machine without GPUs (examples/gnmt_v2.py without flags is the seed's size).
 demo: $(STAMP)
 	$(PY) examples/gnmt_v2.py --batch_size=128 --vocab_size=16000 --max_seq_length=32 \
