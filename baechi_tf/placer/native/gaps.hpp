@@ -79,20 +79,13 @@ class GapTreap {
 
     // The bookings in order, for snapshots and tests.
     void to_lists(std::vector<double>& starts, std::vector<double>& ends) const {
+        std::vector<int> order;
+        in_order(order);
         starts.clear();
         ends.clear();
-        std::vector<int> stack;
-        int cur = root_;
-        while (cur >= 0 || !stack.empty()) {
-            while (cur >= 0) {
-                stack.push_back(cur);
-                cur = node_[cur].left;
-            }
-            cur = stack.back();
-            stack.pop_back();
-            starts.push_back(node_[cur].start);
-            ends.push_back(node_[cur].end);
-            cur = node_[cur].right;
+        for (int n : order) {
+            starts.push_back(node_[n].start);
+            ends.push_back(node_[n].end);
         }
     }
 
@@ -298,12 +291,9 @@ class GapTreap {
         pull(cur);
     }
 
-    void refresh_all() {
-        std::vector<double> starts, ends;
-        to_lists(starts, ends);
-        // Gaps from the in-order lists, then aggregates bottom-up (post-order).
-        std::vector<int> order;
-        order.reserve(size_);
+    // The nodes in the order of their starts.
+    void in_order(std::vector<int>& order) const {
+        order.clear();
         std::vector<int> stack;
         int cur = root_;
         while (cur >= 0 || !stack.empty()) {
@@ -316,9 +306,15 @@ class GapTreap {
             order.push_back(cur);
             cur = node_[cur].right;
         }
+    }
+
+    void refresh_all() {  // gaps from the order, then aggregates bottom-up (post-order)
+        std::vector<int> order;
+        in_order(order);
         for (std::size_t k = 0; k < order.size(); ++k) {
-            node_[order[k]].next = k + 1 < order.size() ? starts[k + 1] : kInf;
-            node_[order[k]].gap = k + 1 < order.size() ? starts[k + 1] - ends[k] : kInf;
+            Node& x = node_[order[k]];
+            x.next = k + 1 < order.size() ? node_[order[k + 1]].start : kInf;
+            x.gap = k + 1 < order.size() ? x.next - x.end : kInf;
         }
         post_order_pull(root_);
         last_end_ = root_ >= 0 ? node_[root_].max_end : 0.0;
