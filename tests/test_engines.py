@@ -31,7 +31,7 @@ from baechi_tf.cluster import Cluster, CommCost, Device, GiB
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Groups, Placement, colocation_groups, engine, simulate
-from baechi_tf.placer import list_scheduler
+from baechi_tf.placer import list_scheduler, native_scheduler
 from baechi_tf.placer.list_scheduler import (
     EarliestStartPolicy,
     ScheduleCutOff,
@@ -133,17 +133,17 @@ def _outcome(run):
 def _counting_native():
     """Counts the compiled schedulers made meanwhile."""
     calls = []
-    init = list_scheduler.NativeListScheduler.__init__
+    init = native_scheduler.NativeListScheduler.__init__
 
     def counted(self, *args, **kwargs):
         calls.append(1)
         init(self, *args, **kwargs)
 
-    list_scheduler.NativeListScheduler.__init__ = counted
+    native_scheduler.NativeListScheduler.__init__ = counted
     try:
         yield calls
     finally:
-        list_scheduler.NativeListScheduler.__init__ = init
+        native_scheduler.NativeListScheduler.__init__ = init
 
 
 def _same(run, *, compiled: bool = True):
@@ -446,7 +446,8 @@ def test_native_snapshots_restore_into_a_new_scheduler():
     """As tests/test_list_scheduler.py does for the Python engine: a snapshot taken while tail
     queues are open, restored into the same scheduler and into a new one, ends as a run
     without snapshots does."""
-    from baechi_tf.placer.list_scheduler import FixedPolicy, NativeListScheduler, make_list_scheduler
+    from baechi_tf.placer.list_scheduler import FixedPolicy, make_list_scheduler
+    from baechi_tf.placer.native_scheduler import NativeListScheduler
 
     graph = colocated_updates_graph(301)
     groups = colocation_groups(graph)
@@ -481,9 +482,10 @@ def test_native_snapshots_restore_into_a_new_scheduler():
 @pytest.mark.parametrize("limit", ["steps", "evaluations"])
 def test_a_compiled_run_comes_back_to_python_in_chunks(limit, monkeypatch):
     """The progress bar is told, and Ctrl-C (a KeyboardInterrupt between chunks) stops the run."""
-    from baechi_tf.placer.list_scheduler import NativeListScheduler, make_list_scheduler
+    from baechi_tf.placer.list_scheduler import make_list_scheduler
+    from baechi_tf.placer.native_scheduler import NativeListScheduler
 
-    monkeypatch.setattr(list_scheduler, "_NATIVE_STEPS" if limit == "steps" else "_NATIVE_EVALUATIONS", 50)
+    monkeypatch.setattr(native_scheduler, "_NATIVE_STEPS" if limit == "steps" else "_NATIVE_EVALUATIONS", 50)
     graph = fan_out_graph(600)
 
     class Bar:

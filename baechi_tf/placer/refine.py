@@ -52,10 +52,10 @@ from baechi_tf.placer.list_scheduler import (
     FixedPolicy,
     GraphTables,
     ListScheduler,
-    NativeSnapshot,
     make_list_scheduler,
     pinned_group_devices,
 )
+from baechi_tf.placer.native_scheduler import NativeSnapshot
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.windows import balance_windows
 from baechi_tf.placer.work import scheduler_work
