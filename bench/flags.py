@@ -4,21 +4,30 @@ argparse's one line and exit status 2, not a traceback or a table of failed rows
 from __future__ import annotations
 
 import argparse
+from typing import Sequence
 
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["methods", "refine_seconds", "sizes"]
+__all__ = ["chosen", "methods", "refine_seconds", "sizes"]
+
+
+def chosen(
+    parser: argparse.ArgumentParser, text: str, flag: str, choices: Sequence[str], kind: str
+) -> list[str]:
+    """The names of a comma-separated value, in its order, each one of `choices` (`kind` names
+    them in the error: 'method', 'model')."""
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in choices]
+    if unknown or not names:
+        parser.error(f"{flag} {text!r}: unknown {kind}(s) {', '.join(unknown) or 'none given'}; "
+                     f"choose from {', '.join(choices)}")
+    return names
 
 
 def methods(parser: argparse.ArgumentParser, text: str, flag: str = "--methods") -> list[str]:
     """The placement methods of a comma-separated value, in its order."""
-    names = [m for m in text.split(",") if m]
-    unknown = [m for m in names if m not in PLACEMENT_METHODS]
-    if unknown or not names:
-        parser.error(f"{flag} {text!r}: unknown method(s) {', '.join(unknown) or 'none given'}; "
-                     f"choose from {', '.join(sorted(PLACEMENT_METHODS))}")
-    return names
+    return chosen(parser, text, flag, sorted(PLACEMENT_METHODS), "method")
 
 
 def sizes(parser: argparse.ArgumentParser, text: str, flag: str = "--sizes") -> list[int]:

@@ -43,6 +43,8 @@ sys.path.insert(0, ROOT)
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import flags  # noqa: E402  (bench/flags.py, beside this script; no TensorFlow)
+
 DEFAULT_OUT_DIR = os.path.join(ROOT, "bench", "out", "keras")
 NUM_DEVICES = 4
 # model -> the tf_keras.applications constructor's name
@@ -134,16 +136,6 @@ def build_and_profile(model: str, args: argparse.Namespace) -> dict:
             "profile_s": t2 - t1, "save_s": time.perf_counter() - t2}
 
 
-def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
-    """The models of a --models value, in its order; a parser error for one not in MODELS."""
-    names = [n for n in text.split(",") if n]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown or not names:
-        parser.error(f"--models {text!r}: unknown model(s) {', '.join(unknown) or 'none given'}; "
-                     f"choose from {', '.join(MODELS)}")
-    return names
-
-
 def _at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -173,7 +165,7 @@ def main() -> int:
     parser.add_argument("--traced_steps", type=_at_least(1), default=3,
                         help="traced steps; the profile takes their median (default: %(default)s)")
     args = parser.parse_args()
-    names = model_names(parser, args.models)
+    names = flags.chosen(parser, args.models, "--models", list(MODELS), "model")
     if importlib.util.find_spec("tf_keras") is None and set(names) & set(KERAS_MODELS):
         print(f"keras_graphs.py: error: tf_keras is not installed; install it next to TensorFlow with "
               f"'{INSTALL_HINT}' (--no-deps: it would otherwise pull another TensorFlow)", file=sys.stderr)
