@@ -558,3 +558,32 @@ def test_the_tree_of_gaps_answers_as_the_sorted_lists(bookings, queries, gap):
                 if w > 0:
                     t = starts[0]
                     assert tree.fit(t, w) == _scan(starts, ends, t, w), (t, w)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.tuples(_times, st.floats(0, 500, allow_nan=False)), max_size=60),
+    st.lists(st.tuples(_times, st.floats(0, 600, allow_nan=False)), min_size=1, max_size=20),
+    st.sampled_from([0.25, 1.5, 134.0]),
+)
+def test_a_dry_runs_merged_bookings_answer_as_its_copies_one_by_one(copies, queries, gap):
+    """`_tentative` merges a dry run's copies closer than the shortest transfer (`gap`), so that
+    hundreds of copies into one op are one booking: every slot of a copy at least `gap` long
+    must be the one the copies, kept one by one, give. Each copy is slotted as `_slot` slots it:
+    at the first fit from its producer's end."""
+    raw_starts, raw_ends = [], []
+    extra = {}
+    for t, extra_width in copies:
+        w = gap + extra_width
+        s = _scan(raw_starts, raw_ends, t, w)
+        assert _scan(*extra.get(0, ([], [])), t, w) == s
+        e = s + w
+        if e > s:
+            i = bisect.bisect_left(raw_starts, s)
+            raw_starts.insert(i, s)
+            raw_ends.insert(i, e)
+        list_scheduler._tentative(extra, (0, 1), s, e, gap)
+        for q, q_extra in queries:
+            assert _scan(*extra[0], q, gap + q_extra) == _scan(raw_starts, raw_ends, q, gap + q_extra)
+    if raw_starts:
+        assert extra[0] == extra[1] and len(extra[0][0]) <= len(raw_starts)

@@ -124,15 +124,17 @@ _INF = float("inf")
 _STEPS_PER_UPDATE = 64
 
 
-def _tentative(extra: dict, devices: tuple[int, int], s: float, e: float) -> None:
+def _tentative(extra: dict, devices: tuple[int, int], s: float, e: float, gap: float) -> None:
     """Books [s, e) in a dry run's `extra` (device -> (starts, ends)) on both devices, unless it
-    is empty (s + w == s: see `SchedulerState.ready_time`)."""
+    is empty (s + w == s: see `SchedulerState.ready_time`), merged as `_close_in` merges with the
+    bookings closer than `gap`, the shortest transfer. No transfer fits such a gap (for t >= e
+    and w >= gap, t + w >= e + gap > the next start), so `_slot` gives the same answers, and the
+    many copies into one op (an op with hundreds of control inputs) make one booking, not a list
+    that `_slot` walks copy by copy."""
     if e > s:
         for d in devices:
             starts, ends = extra.setdefault(d, ([], []))
-            i = bisect.bisect_left(starts, s)
-            starts.insert(i, s)
-            ends.insert(i, e)
+            _close_in(starts, ends, s, e, gap)
 
 
 def _close_in(starts: list[float], ends: list[float], s: float, e: float, gap: float) -> None:
@@ -514,7 +516,7 @@ class SchedulerState:
                 # nothing, and a zero-length booking inserted before another of the same start
                 # would leave `ends` unsorted for `_slot`'s bisect, which then missed bookings
                 # and let two transfers share a channel.
-                _tentative(extra, (pd, dev), s, arrived)
+                _tentative(extra, (pd, dev), s, arrived, self.min_transfer_us)
                 if commit:
                     self.arrival[(t, dev)] = arrived
                     copied = 1
@@ -591,7 +593,7 @@ class SchedulerState:
                 return None
             s = self._slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
             arrived = s + w
-            _tentative(extra, (a, dev), s, arrived)
+            _tentative(extra, (a, dev), s, arrived, self.min_transfer_us)
             done = max(done, arrived)
         return done
 

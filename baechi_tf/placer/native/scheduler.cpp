@@ -340,6 +340,35 @@ class OpList {
     std::vector<i64> list_;
 };
 
+// _close_in: books [s, e) in the sorted, disjoint bookings (starts, ends), merged with the
+// bookings closer than `gap` (the shortest transfer), a gap no transfer can take. Python deletes
+// the merged entries one by one; here [i, j) are the entries merged, replaced at once.
+void close_in(std::vector<double>& starts, std::vector<double>& ends, double s, double e, double gap) {
+    std::size_t i = bisect_left(starts, s);
+    std::size_t j = i;
+    if (i > 0 && ends[i - 1] + gap > s) {
+        i -= 1;
+        s = starts[i];
+        e = std::max(e, ends[i]);
+        j = i + 1;
+    }
+    while (j < starts.size() && starts[j] < e + gap) {
+        e = std::max(e, ends[j]);
+        ++j;
+    }
+    if (j == i) {
+        starts.insert(starts.begin() + i, s);
+        ends.insert(ends.begin() + i, e);
+    } else {
+        starts[i] = s;
+        ends[i] = e;
+        if (j > i + 1) {
+            starts.erase(starts.begin() + i + 1, starts.begin() + j);
+            ends.erase(ends.begin() + i + 1, ends.begin() + j);
+        }
+    }
+}
+
 // A dry run's tentative bookings per device (`extra` of `ready_time`), kept between runs so
 // that their lists are not allocated again.
 class Extra {
@@ -754,14 +783,12 @@ class Scheduler {
     }
 
     // ---------------------------------------------------------------- channels
-    static void tentative(Extra& extra, int a, int b, double s, double e) {  // _tentative
+    void tentative(Extra& extra, int a, int b, double s, double e) const {  // _tentative
         if (e > s) {
             for (int d : {a, b}) {
                 Extra::Lists* lists = extra.find(d);
                 if (lists == nullptr) lists = extra.add(d);
-                std::size_t i = bisect_left(lists->starts, s);
-                lists->starts.insert(lists->starts.begin() + i, s);
-                lists->ends.insert(lists->ends.begin() + i, e);
+                close_in(lists->starts, lists->ends, s, e, min_transfer_us_);
             }
         }
     }
@@ -817,35 +844,7 @@ class Scheduler {
     void book(int dev, double s, double e) {  // SchedulerState._book
         chan_version_[dev] += 1;
         for (int id : pairs_of_[dev]) pair_trees_[id].close_in(s, e, min_transfer_us_);
-        auto& starts = chan_start_[dev];
-        auto& ends = chan_end_[dev];
-        std::size_t i = bisect_left(starts, s);
-        // _close_in: merge with neighbours closer than the shortest possible transfer. Python
-        // deletes the merged entries one by one; here [i, j) are the entries merged, replaced at
-        // once.
-        double gap = min_transfer_us_;
-        std::size_t j = i;
-        if (i > 0 && ends[i - 1] + gap > s) {
-            i -= 1;
-            s = starts[i];
-            e = std::max(e, ends[i]);
-            j = i + 1;
-        }
-        while (j < starts.size() && starts[j] < e + gap) {
-            e = std::max(e, ends[j]);
-            ++j;
-        }
-        if (j == i) {
-            starts.insert(starts.begin() + i, s);
-            ends.insert(ends.begin() + i, e);
-        } else {
-            starts[i] = s;
-            ends[i] = e;
-            if (j > i + 1) {
-                starts.erase(starts.begin() + i + 1, starts.begin() + j);
-                ends.erase(ends.begin() + i + 1, ends.begin() + j);
-            }
-        }
+        close_in(chan_start_[dev], chan_end_[dev], s, e, min_transfer_us_);
     }
 
     std::optional<double> channel_tail(int a, int b) const {  // SchedulerState.channel_tail
