@@ -20,6 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 from baechi_tf import interrupts
+from baechi_tf._startup import collector_paused
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
 
@@ -268,7 +269,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.written = []  # outputs each command has written, whole, so far
     prog = f"baechi {args.command}"
     try:
-        with interrupts.recording():
+        with interrupts.recording(), collector_paused():
             return importlib.import_module(args._module).run(args)
     except BrokenPipeError:  # stdout's reader went away (`| head`); the outputs are written
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush

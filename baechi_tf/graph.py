@@ -23,7 +23,8 @@ import dataclasses
 import functools
 import heapq
 import math
-from typing import Iterable, Optional, Sequence
+import types
+from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -508,8 +509,10 @@ class OpGraphBuilder:
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._ops: list[tuple] = []
-        self._edges: list[tuple[int, int, int]] = []
-        self._edge_keys: set[tuple[int, int, int]] = set()
+        # The edges' columns, repeats included: `OpGraph.from_arrays` keeps first occurrences.
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._out: list[int] = []
 
     def add_op(
         self,
@@ -562,14 +565,30 @@ class OpGraphBuilder:
         self._add(self._id(src, src, dst), self._id(dst, src, dst), CONTROL)
 
     def _add(self, s: int, d: int, o: int) -> None:
-        key = (s, d, o)
-        if key not in self._edge_keys:
-            self._edge_keys.add(key)
-            self._edges.append(key)
+        self._src.append(s)
+        self._dst.append(d)
+        self._out.append(o)
+
+    @property
+    def ids(self) -> Mapping[str, int]:
+        """Op name -> id, of the ops added so far (read-only)."""
+        return types.MappingProxyType(self._ids)
+
+    def add_edges_by_id(self, src: Sequence[int], dst: Sequence[int], src_output: Sequence[int]) -> None:
+        """Adds edges given by op ids (`add_op`'s return values) and output slots (`CONTROL` for a
+        control edge), in order; a repeat is ignored. For importers of large graphs: ids and slots
+        are checked, with the ops' names in the message, when the graph is built."""
+        if not len(src) == len(dst) == len(src_output):
+            raise InvalidGraphError(
+                f"add_edges_by_id got {len(src)} sources, {len(dst)} destinations and "
+                f"{len(src_output)} output slots; give one of each per edge"
+            )
+        self._src.extend(src)
+        self._dst.extend(dst)
+        self._out.extend(src_output)
 
     def build(self) -> OpGraph:
         cols = list(zip(*self._ops)) if self._ops else [()] * 8
-        edges = list(zip(*self._edges)) if self._edges else [(), (), ()]
         return OpGraph.from_arrays(
             names=cols[0],
             compute_us=[float(x) for x in cols[1]],
@@ -578,8 +597,8 @@ class OpGraphBuilder:
             persistent_bytes=cols[4],
             pinned_device=cols[5],
             colocation=cols[6],
-            edge_src=edges[0],
-            edge_dst=edges[1],
-            edge_src_output=edges[2],
+            edge_src=self._src,
+            edge_dst=self._dst,
+            edge_src_output=self._out,
             op_types=cols[7],
         )

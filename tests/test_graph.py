@@ -41,6 +41,41 @@ def test_repeated_edge_is_kept_once():
     assert b.build().num_edges == 1
 
 
+def test_edges_by_id_keep_their_order_and_drop_repeats_as_by_name():
+    by_name, by_id = OpGraphBuilder(), OpGraphBuilder()
+    for b in (by_name, by_id):
+        b.add_op("a", 1, [4, 8])
+        b.add_op("b", 1)
+        b.add_op("c", 1)
+    for s, d, o in (("a", "c", 1), ("a", "b", 0), ("a", "c", 1), ("b", "c", CONTROL)):
+        (by_name.add_control_edge(s, d) if o == CONTROL else by_name.add_edge(s, d, o))
+    ids = by_id.ids
+    assert dict(ids) == {"a": 0, "b": 1, "c": 2}
+    by_id.add_edges_by_id([0, 0, 0, 1], [2, 1, 2, 2], [1, 0, 1, CONTROL])
+    one, two = by_name.build(), by_id.build()
+    assert one.edge_src.tolist() == two.edge_src.tolist() == [0, 0, 1]
+    assert one.edge_dst.tolist() == two.edge_dst.tolist() == [2, 1, 2]
+    assert one.edge_src_output.tolist() == two.edge_src_output.tolist() == [1, 0, CONTROL]
+    with pytest.raises(TypeError):
+        ids["d"] = 3  # the builder's own table is not exposed for writing
+
+
+def test_edges_by_id_are_checked_with_the_ops_names():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    b.add_op("b", 1)
+    with pytest.raises(InvalidGraphError, match="2 sources, 1 destinations"):
+        b.add_edges_by_id([0, 0], [1], [0, 0])
+    b.add_edges_by_id([0], [1], [3])
+    with pytest.raises(InvalidGraphError, match=r"reads output 3 of 'a', which has 1 output"):
+        b.build()
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    b.add_edges_by_id([0], [5], [0])
+    with pytest.raises(InvalidGraphError, match="destination op id 5"):
+        b.build()
+
+
 def test_arrays_are_read_only():
     g = graphs.chain()
     with pytest.raises(ValueError):

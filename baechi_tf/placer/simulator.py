@@ -32,7 +32,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph, csr
-from baechi_tf.placer.grouping import Groups, _UnionFind
+from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
     FixedPolicy,
     pinned_device_index,
@@ -168,20 +168,27 @@ def _keep_or_split_us(
     compute = graph.compute_us.astype(np.float64)
     n = graph.num_ops
     through = head[src] + compute[src] + comm + compute[dst] + tail[dst]
-    parts = _UnionFind(n + (groups.num_groups if groups is not None else 0))
-    for u, v in zip(src.tolist(), dst.tolist()):
-        parts.union(u, v)
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    # The parts: connected components of the pairs, and of each op with its group's node n + g.
+    ends_a, ends_b = [src], [dst]
     if groups is not None:
         through = through[groups.group_of[src] != groups.group_of[dst]]
-        for op, group in enumerate(groups.group_of.tolist()):  # a group's ops are in one part
-            parts.union(op, n + group)
+        ends_a.append(np.arange(n))  # a group's ops are in one part
+        ends_b.append(n + groups.group_of)
+    nodes = n + (groups.num_groups if groups is not None else 0)
+    a, b = np.concatenate(ends_a), np.concatenate(ends_b)
+    _, labels = connected_components(
+        coo_matrix((np.ones(a.size, dtype=np.int8), (a, b)), shape=(nodes, nodes)), directed=False
+    )
+    part = labels[:n]
     if pins is not None:
         kept = (pins[src] >= 0) & (pins[src] == pins[dst])
         if groups is not None:
             kept = kept[groups.group_of[src] != groups.group_of[dst]]
         through = through[~kept]
     split_us = float(through.min()) if through.size else math.inf
-    part = np.array([parts.find(op) for op in range(n)])
     if pins is not None:
         pinned = pins >= 0
         devices_per_part = np.unique(np.stack([part[pinned], pins[pinned]]), axis=1)[0]

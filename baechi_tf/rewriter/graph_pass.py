@@ -26,6 +26,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster, Device
 from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
+from baechi_tf._startup import collector_paused
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
@@ -366,32 +367,34 @@ def place_graph_def(
         host_device = default_host_device(cluster.devices[0].task)
     step = Steps()
 
-    imported = step(
-        "import",
-        lambda: import_graph_def(
-            graph_def,
-            profile,
-            cluster,
-            host_device=host_device,
-            device_aliases=device_aliases,
-            allow_profile_mismatch=allow_profile_mismatch,
-            ignore_user_devices=ignore_user_devices,
-            kernel_lookup=kernel_lookup,
-        ),
-    )
-    result = step("place", lambda: place_with_host(imported.graph, cluster, host_device, options))
-    if _nothing_to_place(imported.graph, imported.host_ops):
-        log.warning(
-            "every op is pinned to a device by the graph (%d ops: a graph placed before?), so "
-            "placement method %r placed none and the placement is the graph's own; to place them "
-            "again, %s",
-            imported.graph.num_ops, options.placement_method, unpin_hint,
+    # A large graph's import and placement make millions of objects that live on (`collector_paused`).
+    with collector_paused():
+        imported = step(
+            "import",
+            lambda: import_graph_def(
+                graph_def,
+                profile,
+                cluster,
+                host_device=host_device,
+                device_aliases=device_aliases,
+                allow_profile_mismatch=allow_profile_mismatch,
+                ignore_user_devices=ignore_user_devices,
+                kernel_lookup=kernel_lookup,
+            ),
         )
-        result = dataclasses.replace(result, placement=Placement(result.placement.device_of, _PINNED))
-    placed = step("apply", lambda: resolve_function_devices(
-        apply_placement(graph_def, result.op_to_device()), cluster, host_device=host_device,
-        device_aliases=device_aliases, ignore_user_devices=ignore_user_devices,
-    ))
+        result = step("place", lambda: place_with_host(imported.graph, cluster, host_device, options))
+        if _nothing_to_place(imported.graph, imported.host_ops):
+            log.warning(
+                "every op is pinned to a device by the graph (%d ops: a graph placed before?), so "
+                "placement method %r placed none and the placement is the graph's own; to place them "
+                "again, %s",
+                imported.graph.num_ops, options.placement_method, unpin_hint,
+            )
+            result = dataclasses.replace(result, placement=Placement(result.placement.device_of, _PINNED))
+        placed = step("apply", lambda: resolve_function_devices(
+            apply_placement(graph_def, result.op_to_device()), cluster, host_device=host_device,
+            device_aliases=device_aliases, ignore_user_devices=ignore_user_devices,
+        ))
     report = PlacementReport(
         result=result,
         coverage=imported.coverage,

@@ -518,23 +518,35 @@ def _op_costs(
 
 
 def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str]) -> None:
-    """Data edges, then control edges not parallel to a data edge; loops' back edges left out."""
+    """Data edges, then control edges not parallel to a data edge; loops' back edges left out.
+    One pass over the inputs, the edges handed to the builder at once (a graph may have hundreds
+    of thousands of control inputs)."""
+    ids = builder.ids
+    src_ids: list[int] = []
+    dst_ids: list[int] = []
+    slots: list[int] = []
     for node in graph_def.node:
-        data_srcs: set[str] = set()
+        dst = ids[node.name]
+        merge = node.op in _BACK_EDGE_DST
+        data_srcs: set[int] = set()
         for text in node.input:
-            src, port = _parse_input(text)
-            if src not in node_types:
+            name, port = _parse_input(text)
+            src = ids.get(name)
+            if src is None:
                 raise InvalidGraphError(
-                    f"op {node.name!r} reads {text!r}, but the graph has no op {src!r}: the "
+                    f"op {node.name!r} reads {text!r}, but the graph has no op {name!r}: the "
                     "GraphDef is incomplete"
                 )
-            if node_types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST:
+            if merge and node_types[name] in _BACK_EDGE_SRC:
                 continue  # a loop's back edge: left out of the DAG
             if port >= 0:
-                builder.add_edge(src, node.name, port)
                 data_srcs.add(src)
-            elif src not in data_srcs:
-                builder.add_control_edge(src, node.name)
+            elif src in data_srcs:
+                continue
+            src_ids.append(src)
+            dst_ids.append(dst)
+            slots.append(port)
+    builder.add_edges_by_id(src_ids, dst_ids, slots)
 
 
 def _needs_host(

@@ -1,0 +1,40 @@
+"""The start-up helpers of the command-line programs (`baechi_tf._startup`)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from baechi_tf._startup import collector_paused
+
+
+@pytest.fixture
+def collector_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_the_collector_is_paused_in_the_block_and_back_after_it(collector_on):
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # nested: the outer block's pause holds after the inner one
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_the_collector_comes_back_after_an_error(collector_on):
+    with pytest.raises(KeyError):
+        with collector_paused():
+            raise KeyError("x")
+    assert gc.isenabled()
+
+
+def test_a_collector_the_caller_paused_stays_paused(collector_on):
+    gc.disable()
+    with collector_paused():
+        pass
+    assert not gc.isenabled()
