@@ -1,5 +1,6 @@
 """Profiles: step stats -> CostProfile (real traces and hand-written ones), the file, coverage."""
 
+import dataclasses
 import os
 import pathlib
 import pickle
@@ -24,6 +25,7 @@ from baechi_tf.cost_model import (
     profile_to_bytes,
     save_profile,
 )
+from baechi_tf.cost_model.profiler import with_types_not_run
 from baechi_tf.errors import ProfileError
 from baechi_tf.proto import cost_profile_pb2
 from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
@@ -131,8 +133,10 @@ def test_fingerprint_ignores_devices_and_sees_structure(lstm):
 # ------------------------------------------------------------------ hand-written step stats
 
 
-def _node(name, us, outputs=(), temp=0, persistent=0, nanos=None):
+def _node(name, us, outputs=(), temp=0, persistent=0, nanos=None, op=""):
     ns = step_stats_pb2.NodeExecStats(node_name=name, op_end_rel_micros=us)
+    if op:
+        ns.timeline_label = f"{name} = {op}(x)"
     if nanos is not None:
         ns.op_end_rel_nanos = nanos
     for slot, nbytes in outputs:
@@ -192,6 +196,58 @@ def test_step_stats_rules():
     assert (coverage.num_graph_ops, coverage.num_profiled_ops) == (5, 3)
     assert coverage.estimated_ops == ("only_hw", "never")
     assert coverage.compute_share == pytest.approx(72 / 87)
+    # The rest of each step, by node type (no label here: 'unknown'), measured within the step.
+    assert profile.unmatched_compute_us == {"unknown": 15.0}
+    assert "0.015 ms of 0.1 ms: unknown 0.015 ms" == coverage.unmatched_by_type()
+
+
+def test_grappler_and_fused_nodes_count_for_the_ops_they_come_from():
+    graph = tf.compat.v1.GraphDef()
+    for name, op, inputs in [("x", "Placeholder", ()), ("w", "Const", ()), ("conv", "Conv2D", ("x", "w")),
+                             ("relu", "Relu", ("conv",)), ("shape", "Shape", ("relu",)), ("id", "Identity", ("relu",))]:
+        graph.node.add(name=name, op=op).input.extend(inputs)
+    ran = tf.compat.v1.GraphDef()
+    for name, op, inputs in [("w", "Const", ()), ("relu", "_FusedConv2D", ("_arg_x_0_0", "w"))]:
+        ran.node.add(name=name, op=op).input.extend(inputs)
+    stats = step_stats_pb2.StepStats()
+    stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:0").node_stats.extend([
+        _node("relu", 50, [(0, 64)], op="_FusedConv2D"),
+        _node("ConstantFolding/shape-folded-0", 2, [(0, 999)], op="Const"),  # Grappler's, of shape
+        _node("relu/_3", 4, op="_Send"), _node("_arg_x_0_0", 1, op="_Arg"), _node("elsewhere", 7, op="Exp"),
+    ])
+    profile = profile_from_step_stats([stats], graph, partition_graphs=[ran])
+    assert profile.ops["relu"].compute_us == 50 and profile.ops["relu"].output_bytes == (64,)
+    assert profile.ops["shape"].compute_us == 2 and profile.ops["shape"].output_bytes == ()  # not its outputs
+    assert profile.ops["conv"] == OpCost("conv", "Conv2D", 0.0, (), device=profile.ops["relu"].device,
+                                         fused_into="relu")
+    assert "x" not in profile.ops and "id" not in profile.ops  # fed; not run
+    assert profile.unmatched_compute_us == {"_Send": 4.0, "_Arg": 1.0, "Exp": 7.0}
+    assert profile_coverage(profile, graph).compute_share == pytest.approx(52 / 64)
+    # Saved and read back whole; a format-2 file knows nothing of the unmatched time.
+    again = profile_from_bytes(profile_to_bytes(profile))
+    assert dict(again.ops) == dict(profile.ops) and again.unmatched_compute_us == profile.unmatched_compute_us
+    pb = cost_profile_pb2.CostProfile.FromString(profile_to_bytes(profile))
+    pb.format_version = 2
+    del pb.unmatched[:]
+    old = profile_from_bytes(pb.SerializeToString())
+    assert old.unmatched_compute_us is None and profile_coverage(old, graph).unmatched_by_type() == ""
+    # Merged: the larger time of each type; unknown when either profile does not know it.
+    merged = merge_profiles(profile, dataclasses.replace(profile, unmatched_compute_us={"_Send": 9.0}))
+    assert merged.unmatched_compute_us == {"_Send": 9.0, "_Arg": 1.0, "Exp": 7.0}
+    assert merged.traced_compute_us == pytest.approx(merged.profiled_compute_us + 17.0)
+    assert merge_profiles(old, profile).unmatched_compute_us is None
+
+
+def test_types_grappler_removed_from_the_fetch_are_measured_as_not_run():
+    graph = tf.compat.v1.GraphDef()
+    for name, op in [("a", "MatMul"), ("b", "MatMul"), ("i", "Identity"), ("n", "NoOp"), ("out", "Exp")]:
+        graph.node.add(name=name, op=op)
+    profile = CostProfile({"a": OpCost("a", "MatMul", 5.0, (4,))}, "f", ())
+    got = with_types_not_run(profile, graph, {"a", "b", "i", "out"})
+    # b's type was measured: it keeps its type's time at import; n is not in the fetch.
+    assert sorted(got.ops) == ["a", "i", "out"]
+    assert got.ops["i"] == OpCost("i", "Identity", 0.0, (), num_steps=0)
+    assert with_types_not_run(profile, graph, None) is profile
 
 
 def test_nanoseconds_win_over_microseconds():
@@ -301,7 +357,7 @@ def test_missing_directory_and_future_format(tmp_path):
     with pytest.raises(ProfileError, match="format 9"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 1  # digests of types and inputs only: a profile to take again
-    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads format 2; profile the graph again"):
+    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2 and 3; profile the graph again"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 2
     pb.ops.add(name="a", compute_us=-1.0)

@@ -1,7 +1,9 @@
 """`CostProfile`: measured per-op costs of one graph, and its protobuf file.
 
 A profile holds, per op, the median compute time over the traced steps and the maxima of each
-output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; spec section 2.1). It
+output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; spec section 2.1); for
+an op that a fused node replaced, the op it ran as (``fused_into``); and the traced time that no
+op of the graph accounts for, by node type (``unmatched_compute_us``). It
 remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and
 attributes, so that the same model at another size does not match; device fields and TF's
 internal ``_`` attributes are left out, so that a placed copy of a graph matches its unplaced
@@ -50,7 +52,10 @@ __all__ = [
 _MAGIC = "baechi_tf.CostProfile"
 _END = "end"
 # 2: node digests cover attributes (shapes, values, dtypes), not only types and inputs.
-_FORMAT_VERSION = 2
+# 3: ops carry fused_into, and the profile the traced time no op accounts for (format 2 is read:
+#    nothing fused, unmatched time unknown).
+_FORMAT_VERSION = 3
+_READ_VERSIONS = (2, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,9 @@ class OpCost:
     persistent_bytes: int = 0  # max over steps of memory the op holds across steps
     device: str = ""  # device the op ran on while profiled
     num_steps: int = 1  # traced steps in which the op ran
+    # the op whose fused node replaced this one, and whose time includes its work ('' when the op
+    # ran as itself); such ops must share that op's device for the fusion to happen as profiled
+    fused_into: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +94,9 @@ class CostProfile:
     tf_version: str = ""
     num_traced_steps: int = 0
     traced_compute_us: float = 0.0  # median per step of all traced time, runtime nodes included
+    # traced time of one step that no op of the graph accounts for, by node type (median over
+    # steps); None when unknown (a profile of format 2)
+    unmatched_compute_us: Optional[Mapping[str, float]] = None
 
     @property
     def profiled_compute_us(self) -> float:
@@ -102,6 +113,8 @@ class Coverage:
     estimated_ops: tuple[str, ...]  # graph ops without one, whose costs were estimated
     profiled_compute_us: float  # traced compute time of the graph's profiled ops, one step
     traced_compute_us: float  # all traced compute time of one step
+    # the profile's `CostProfile.unmatched_compute_us` (None: unknown)
+    unmatched_compute_us: Optional[Mapping[str, float]] = None
 
     @property
     def op_share(self) -> float:
@@ -109,9 +122,15 @@ class Coverage:
 
     @property
     def compute_share(self) -> float:
-        """Share of the traced compute time that the graph's ops account for."""
+        """Share of the traced compute time that the graph's ops account for: all of it but the
+        unmatched time when the profile knows it (measured within each step), else the profiled
+        ops' time over the traced time (a median of sums against a sum of medians: on a busy
+        machine it strays by several percent either way)."""
         if self.traced_compute_us <= 0:
             return 1.0 if self.num_profiled_ops else 0.0
+        if self.unmatched_compute_us is not None:
+            unmatched = sum(self.unmatched_compute_us.values())
+            return min(1.0, max(0.0, 1.0 - unmatched / self.traced_compute_us))
         return min(1.0, self.profiled_compute_us / self.traced_compute_us)
 
     def describe(self) -> str:
@@ -120,6 +139,36 @@ class Coverage:
             f"({100 * self.op_share:.1f}%) and {100 * self.compute_share:.1f}% of the traced "
             f"compute time; {len(self.estimated_ops)} ops have estimated costs"
         )
+
+    def figures(self, default_compute_ops: int = 0) -> dict[str, Any]:
+        """The coverage as plain JSON values: num_graph_ops, num_profiled_ops, num_estimated_ops,
+        num_shape_estimated_ops (`default_compute_ops`: estimated from shapes, no op of their type
+        measured), compute_share, traced_compute_us, unmatched_compute_us (node type -> us of one
+        step; None when the profile does not know)."""
+        unmatched = self.unmatched_compute_us
+        return {
+            "num_graph_ops": self.num_graph_ops,
+            "num_profiled_ops": self.num_profiled_ops,
+            "num_estimated_ops": len(self.estimated_ops),
+            "num_shape_estimated_ops": int(default_compute_ops),
+            "compute_share": float(self.compute_share),
+            "traced_compute_us": float(self.traced_compute_us),
+            "unmatched_compute_us": None if unmatched is None else {k: float(unmatched[k]) for k in sorted(unmatched)},
+        }
+
+    def unmatched_by_type(self, limit: int = 5) -> str:
+        """The traced time no graph op accounts for, by node type, largest first (`limit`
+        types, the rest summed): ``"0.120 ms of 255.4 ms: Const 0.100 ms, _Recv 0.020 ms"``;
+        empty when unknown."""
+        if self.unmatched_compute_us is None:
+            return ""
+        ranked = sorted(self.unmatched_compute_us.items(), key=lambda kv: (-kv[1], kv[0]))
+        total = sum(us for _, us in ranked)
+        parts = [f"{t} {us / 1e3:.3f} ms" for t, us in ranked[:limit]]
+        if len(ranked) > limit:
+            parts.append(f"{len(ranked) - limit} more types {sum(us for _, us in ranked[limit:]) / 1e3:.3f} ms")
+        head = f"{total / 1e3:.3f} ms of {self.traced_compute_us / 1e3:.1f} ms"
+        return f"{head}: {', '.join(parts)}" if parts else head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,24 +273,35 @@ def profile_coverage(profile: CostProfile, graph_def) -> Coverage:
         estimated_ops=tuple(n for n in names if n not in profile.ops),
         profiled_compute_us=float(sum(profile.ops[n].compute_us for n in measured)),
         traced_compute_us=profile.traced_compute_us,
+        unmatched_compute_us=profile.unmatched_compute_us,
     )
 
 
 def merge_profiles(old: CostProfile, new: CostProfile) -> CostProfile:
     """`new`, plus the ops only `old` measured (for a graph profiled fetch by fetch).
 
-    Ops both measured take `new`'s costs; the graph identity is `new`'s. The traced time is the
-    larger of the two runtime overheads plus the merged ops' compute.
+    Ops both measured take `new`'s costs; the graph identity is `new`'s. The unmatched time of
+    each node type is the larger of the two (unknown when either is); the traced time is the
+    merged ops' compute plus the unmatched time, or plus the larger of the two runtime overheads
+    when it is unknown.
     """
     ops = dict(old.ops)
     ops.update(new.ops)
+    if old.unmatched_compute_us is not None and new.unmatched_compute_us is not None:
+        unmatched = _merged_unmatched(old.unmatched_compute_us, new.unmatched_compute_us)
+        merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=unmatched)
+        return dataclasses.replace(merged, traced_compute_us=merged.profiled_compute_us + sum(unmatched.values()))
     overhead = max(
         old.traced_compute_us - old.profiled_compute_us,
         new.traced_compute_us - new.profiled_compute_us,
         0.0,
     )
-    merged = dataclasses.replace(new, ops=ops)
+    merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=None)
     return dataclasses.replace(merged, traced_compute_us=merged.profiled_compute_us + overhead)
+
+
+def _merged_unmatched(old: Mapping[str, float], new: Mapping[str, float]) -> dict[str, float]:
+    return {t: max(old.get(t, 0.0), new.get(t, 0.0)) for t in sorted(set(old) | set(new))}
 
 
 def median(values: Sequence[float]) -> float:
@@ -281,7 +341,10 @@ def profile_to_bytes(profile: CostProfile) -> bytes:
             temp_bytes=c.temp_bytes,
             persistent_bytes=c.persistent_bytes,
             num_steps=c.num_steps,
+            fused_into=c.fused_into,
         )
+    for node_type, us in sorted((profile.unmatched_compute_us or {}).items()):
+        pb.unmatched.add(node_type=node_type, compute_us=us)
     return pb.SerializeToString(deterministic=True)
 
 
@@ -308,10 +371,10 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
         raise _not_a_profile(source, f"its bytes do not parse: {e}") from None
     if pb.magic != _MAGIC:
         raise _not_a_profile(source, "it lacks the CostProfile marker")
-    if pb.format_version != _FORMAT_VERSION:
+    if pb.format_version not in _READ_VERSIONS:
         raise ProfileError(
-            f"{source} has profile format {pb.format_version}, this baechi_tf reads format "
-            f"{_FORMAT_VERSION}; profile the graph again"
+            f"{source} has profile format {pb.format_version}, this baechi_tf reads formats "
+            f"{' and '.join(map(str, _READ_VERSIONS))}; profile the graph again"
         )
     if pb.end_marker != _END:
         raise ProfileError(
@@ -337,6 +400,7 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
             persistent_bytes=int(c.persistent_bytes),
             device=c.device,
             num_steps=int(c.num_steps),
+            fused_into=c.fused_into,
         )
     return CostProfile(
         ops=ops,
@@ -347,6 +411,9 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
         tf_version=pb.tf_version,
         num_traced_steps=int(pb.num_traced_steps),
         traced_compute_us=float(pb.traced_compute_us),
+        unmatched_compute_us=(
+            {u.node_type: float(u.compute_us) for u in pb.unmatched} if pb.format_version >= 3 else None
+        ),
     )
 
 

@@ -8,20 +8,30 @@ original Baechi does (spec section 2.1, after TF's ``BuildCostModel``):
   kernel times of an op (named ``op:kernel``) are added up and replace the op's host-side time.
   Entries whose last part is ``device:TYPE:N`` are the executors' stats. Other entries (single
   streams, memcpy) are ignored.
-* Nodes TF adds at run time are skipped: ``_SOURCE``, names ending in ``/_<digits>`` (send/recv and
-  partition copies) and any other node that is not in the graph (``_arg_*``, ``_retval_*``). Their
-  time still counts in the step's traced time, so that the coverage can say what share of the
-  traced time the graph's ops account for.
+* Traced nodes are mapped to the graph's ops (`baechi_tf.cost_model.executed`): a node named
+  after an op is that op (a fused node too: the remapper's ``_FusedConv2D`` under the name of the
+  Relu it ends with, oneDNN's ``_MklNative*`` kernels); a node Grappler made of an op
+  (``ConstantFolding/<op>-...``, ``<op>-0-Transpose...-LayoutOptimizer``) adds its time to that
+  op. Runtime nodes (copies between devices, ``_Arg``, ``_Retval``, ``_SOURCE``), ops of function
+  bodies traced inside their call, and nodes nothing names are unmatched: their time counts in
+  the step's traced time and, by node type, in ``unmatched_compute_us``, so that the coverage says
+  what share of each step the graph's ops account for.
+* Given the steps' partition graphs, the ops a fused node replaced (`executed.fused_ops`) are in
+  the profile with no time of their own and ``fused_into`` the op the fused node ran as: its time
+  is theirs, and the placement keeps them on its device.
 * Per op and step: the op's time (summed when it runs several times, as inside a loop), each
   output's bytes (the larger of the allocated bytes and the bytes its shape and type describe; a
   tensor that aliases a variable allocates nothing but still costs its size to send), temporary and
   persistent memory. Over steps: the median time, the max of every memory figure.
 
-The session runs the graph as given: profile with `profiling_config` (Grappler off, classic graph
-optimizer at L0) so that the traced node names are the graph's own. Profiling runs the fetch, so
-it changes variables when the fetch trains: use a session you can spare.
+Profile with the optimizer settings the placed graph runs with (`BaechiSession` does: Grappler on
+but for what would move ops, `baechi_tf.rewriter.devices.placed_graph_config`), so that the fused
+and rewritten nodes are those the placed graph runs; `profiling_config` runs the graph as written
+(Grappler off). Profiling runs the fetch, so it changes variables when the fetch trains: use a
+session you can spare.
 
-Time: O(traced nodes) per step; memory O(ops).
+Time: O(traced nodes x name length) per step, plus O(nodes + inputs) for the fused ops; memory
+O(ops).
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ import dataclasses
 
 import logging
 import re
-from typing import Any, Optional, Sequence
+from typing import Any, Collection, Optional, Sequence
 
 from baechi_tf import interrupts
 from baechi_tf.progress import Progress
@@ -41,19 +51,21 @@ from baechi_tf.cost_model.profile import (
     graph_nodes,
     median,
 )
+from baechi_tf.cost_model.executed import fused_ops, node_type, source_op
 from baechi_tf.errors import ConfigError, ProfileError, first_line
 
 __all__ = [
     "ProfilingCutShort",
+    "fetch_closure",
     "fit_outputs_to_graph",
     "profile_fetch",
     "profile_from_step_stats",
     "profiling_config",
+    "with_types_not_run",
 ]
 
 log = logging.getLogger(__name__)
 
-_RUNTIME_NODE = re.compile(r".+/_\d+$")
 _EXECUTOR = re.compile(r"^device:[A-Za-z_]+:\d+$")
 
 
@@ -108,9 +120,12 @@ class _Acc:
 
 
 def profile_from_step_stats(
-    step_stats_list: Sequence[Any], graph_def: Any, *, tf_version: str = ""
+    step_stats_list: Sequence[Any], graph_def: Any, *, tf_version: str = "", partition_graphs: Sequence[Any] = ()
 ) -> CostProfile:
-    """Combines the ``StepStats`` of several traced steps of `graph_def` into a profile."""
+    """Combines the ``StepStats`` of several traced steps of `graph_def` into a profile.
+
+    `partition_graphs`: the ``RunMetadata.partition_graphs`` of one of the steps, from which the
+    ops fused nodes replaced are found (none without them)."""
     if not step_stats_list:
         raise ProfileError("no traced step to build a profile from; trace at least one step")
     names = {n.name: n.op for n in graph_def.node}
@@ -121,6 +136,8 @@ def profile_from_step_stats(
     shadowed = _function_body_names(graph_def) & names.keys() if calls else set()
     acc: dict[str, _Acc] = {}
     step_totals: list[float] = []
+    step_unmatched: list[dict[str, float]] = []
+    sources = _SourceCache(names)
     for step_stats in step_stats_list:
         kernel_us: dict[str, float] = {}
         executors = []
@@ -133,6 +150,7 @@ def profile_from_step_stats(
             elif _EXECUTOR.match(last):
                 executors.append(dev)
         step_time: dict[str, float] = {}
+        unmatched: dict[str, float] = {}
         total = 0.0
         for dev in executors:
             call_spans = [_span_us(ns) for ns in dev.node_stats if ns.node_name in calls] if shadowed else []
@@ -140,14 +158,17 @@ def profile_from_step_stats(
                 name = ns.node_name
                 us = kernel_us.get(name, _op_us(ns))
                 total += us
-                if name == "_SOURCE" or _RUNTIME_NODE.match(name) or name not in names:
+                op = sources.op_of(ns)
+                if op is None or (name in shadowed and _within(_span_us(ns), call_spans)):
+                    kind = node_type(ns)
+                    unmatched[kind] = unmatched.get(kind, 0.0) + us
                     continue
-                if name in shadowed and _within(_span_us(ns), call_spans):
-                    continue
-                a = acc.get(name)
+                a = acc.get(op)
                 if a is None:
-                    a = acc[name] = _Acc(dev.device)
-                step_time[name] = step_time.get(name, 0.0) + us
+                    a = acc[op] = _Acc(dev.device)
+                step_time[op] = step_time.get(op, 0.0) + us
+                if op != name:  # a node Grappler made of the op: its time, not its outputs
+                    continue
                 for out in ns.output:
                     desc = out.tensor_description
                     nbytes = max(
@@ -162,6 +183,7 @@ def profile_from_step_stats(
         for name, us in step_time.items():
             acc[name].times.append(us)
         step_totals.append(total)
+        step_unmatched.append(unmatched)
     ops = {}
     for name, a in acc.items():
         width = max(a.outputs) + 1 if a.outputs else 0
@@ -176,13 +198,54 @@ def profile_from_step_stats(
             num_steps=len(a.times),
         )
     return CostProfile(
-        ops=ops,
+        ops=_with_fused_ops(ops, names, fused_ops(graph_def, partition_graphs) if partition_graphs else {}),
         graph_fingerprint=graph_fingerprint(graph_def),
         graph_nodes=graph_nodes(graph_def),
         tf_version=tf_version,
         num_traced_steps=len(step_stats_list),
         traced_compute_us=median(step_totals),
+        unmatched_compute_us=_median_by_type(step_unmatched),
     )
+
+
+class _SourceCache:
+    """The graph op each traced node name maps to (`executed.source_op`), looked up once."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+        self.found: dict[str, Optional[str]] = {}
+
+    def op_of(self, ns: Any) -> Optional[str]:
+        name = ns.node_name
+        if name in self.names:
+            return name
+        if name not in self.found:
+            self.found[name] = source_op(name, self.names, node_type(ns))
+        return self.found[name]
+
+
+def _median_by_type(steps: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Node type -> the median over `steps` of its unmatched time (0 in a step without it)."""
+    kinds = sorted({k for step in steps for k in step})
+    return {k: median([step.get(k, 0.0) for step in steps]) for k in kinds}
+
+
+def _with_fused_ops(ops: dict[str, OpCost], names: dict[str, str], fused: dict[str, str]) -> dict[str, OpCost]:
+    """`ops` with the ops fused nodes replaced: each in the profile with ``fused_into`` the op
+    whose node ran (its own time, 0 unless Grappler's nodes made of it ran, and its outputs
+    none: the fused node never wrote them), on that op's device and steps."""
+    out = dict(ops)
+    for name, host in sorted(fused.items()):
+        into = ops.get(host)
+        if into is None or name not in names:
+            continue
+        own = ops.get(name)
+        if own is not None:
+            out[name] = dataclasses.replace(own, fused_into=host)
+        else:
+            out[name] = OpCost(name=name, op_type=names[name], compute_us=0.0, output_bytes=(),
+                               device=into.device, num_steps=into.num_steps, fused_into=host)
+    return out
 
 
 def _calls_function(node: Any) -> bool:
@@ -263,13 +326,18 @@ def profile_fetch(
         graph_def = session.graph.as_graph_def()
     warmup = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=timeout_ms)
+    first_traced = tf.compat.v1.RunOptions()
+    first_traced.CopyFrom(options)
+    first_traced.output_partition_graphs = True  # what ran, for the ops fused nodes replaced
     traces = []
+    partitions: list[Any] = []
     with Progress("profiling", warmup_steps + traced_steps, unit="steps", tick=True) as bar:
         for step in range(warmup_steps + traced_steps):
             traced = step >= warmup_steps
             metadata = tf.compat.v1.RunMetadata() if traced else None
             try:
-                session.run(fetches, feed_dict=feed_dict, options=options if traced else warmup,
+                session.run(fetches, feed_dict=feed_dict,
+                            options=(first_traced if not traces else options) if traced else warmup,
                             run_metadata=metadata)
             except tf.errors.OpError as e:
                 ran_out = isinstance(e, tf.errors.OutOfRangeError)
@@ -290,10 +358,13 @@ def profile_fetch(
             interrupts.check()
             if traced:
                 traces.append(metadata.step_stats)
+                partitions = partitions or list(metadata.partition_graphs)
             bar.update(advance=1, note="traced" if traced else "warm-up")
     profile = fit_outputs_to_graph(
-        profile_from_step_stats(traces, graph_def, tf_version=tf.__version__), session.graph
+        profile_from_step_stats(traces, graph_def, tf_version=tf.__version__, partition_graphs=partitions),
+        session.graph,
     )
+    profile = with_types_not_run(profile, graph_def, _fetch_closure(session.graph, fetches, feed_dict))
     log.info(
         "profiled %d ops over %d traced steps (%.0f us traced per step)",
         len(profile.ops),
@@ -301,6 +372,54 @@ def profile_fetch(
         profile.traced_compute_us,
     )
     return profile
+
+
+def with_types_not_run(profile: CostProfile, graph_def: Any, closure: Optional[set[str]]) -> CostProfile:
+    """`profile` plus an entry of no time, run in no traced step (``num_steps=0``), for each op
+    of `closure` (the ops the profiled fetch runs; None: unknown, nothing added) that did not run
+    and whose type no profiled op has: Grappler removed every op of that type from the fetch
+    (the dependency optimizer's ``Identity`` and ``NoOp`` nodes, on one device). Those types
+    then have a measurement, zero, rather than a guess from shapes. Ops of a measured type that
+    did not run are left out: the importer gives them their type's time, as a placement across
+    devices may run them (a duplicate merged on one device runs on each of two)."""
+    if not closure:
+        return profile
+    measured = {c.op_type for c in profile.ops.values() if c.num_steps}
+    ops = dict(profile.ops)
+    for node in graph_def.node:
+        if node.name in closure and node.name not in ops and node.op not in measured:
+            ops[node.name] = OpCost(name=node.name, op_type=node.op, compute_us=0.0, output_bytes=(), num_steps=0)
+    return dataclasses.replace(profile, ops=ops)
+
+
+def fetch_closure(graph: Any, fetches: Any, fed: Collection[str] = ()) -> set[str]:
+    """Names of the ops of `graph` that a run of `fetches` (names, tensors or operations, nested
+    as ``Session.run`` takes them) executes: their inputs and control inputs, the graph cut at
+    the tensors named in `fed`. ``KeyError`` or ``ValueError`` for a fetch not in `graph`."""
+    import tensorflow as tf
+
+    stack = []
+    for fetch in tf.nest.flatten(fetches):
+        element = graph.as_graph_element(fetch)
+        stack.append(element if isinstance(element, tf.Operation) else element.op)
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs if t.name not in fed)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def _fetch_closure(graph: Any, fetches: Any, feed_dict: Optional[dict]) -> Optional[set[str]]:
+    """`fetch_closure` of a `profile_fetch` run; None when a fetch or feed is not of `graph`."""
+    try:
+        fed = {graph.as_graph_element(k).name for k in (feed_dict or {})}
+        return fetch_closure(graph, fetches, fed)
+    except (TypeError, ValueError, KeyError):
+        return None
 
 
 def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:

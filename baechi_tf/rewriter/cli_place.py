@@ -216,6 +216,7 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
         return any(d.node_stats for d in metadata.step_stats.dev_stats)
 
     steps = []
+    partitions: list[Any] = []  # those of the first file that has them: the ops fused nodes replaced
     for path, data in zip(paths, contents):
         try:
             metadata = tf.compat.v1.RunMetadata.FromString(data)
@@ -233,10 +234,12 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
                 "SerializeToString() or in text format"
             )
         steps.append(metadata.step_stats)
+        partitions = partitions or list(metadata.partition_graphs)
     # As profile_fetch does: oneDNN's training MaxPool traces a workspace output it does not
     # declare, which the import took for a profile of another graph ('profile this graph again').
     profile = fit_outputs_to_graph(
-        profile_from_step_stats(steps, graph_def, tf_version=tf.__version__), graph_def
+        profile_from_step_stats(steps, graph_def, tf_version=tf.__version__, partition_graphs=partitions),
+        graph_def,
     )
     if not profile.ops:
         raise ProfileError(

@@ -478,6 +478,7 @@ def import_graph_def(
         estimated_ops=tuple(estimated),
         profiled_compute_us=profiled_us,
         traced_compute_us=profile.traced_compute_us,
+        unmatched_compute_us=profile.unmatched_compute_us,
     )
     log.info("%s", coverage.describe())
     return ImportResult(

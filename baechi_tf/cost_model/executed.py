@@ -1,0 +1,201 @@
+"""What a traced step ran, named by the ops of the graph it was asked to run.
+
+TensorFlow does not run a graph as written. Grappler folds constants into new ``Const`` nodes
+(``ConstantFolding/<op>-matshapes-1``), rewrites ops under new names
+(``<scope>/ArithmeticOptimizer/<Stage>_<op>``, ``<op>-0-TransposeNHWCToNCHW-LayoutOptimizer``,
+``swap_out_<op>_0``, ``Recomputed/<op>``), and its remapper fuses chains of ops into one node
+(``_FusedConv2D`` for Conv2D + BiasAdd + Relu) that takes the name of one of them, the others
+vanishing. oneDNN renames kernels (``_MklNativeConv2D``) and fuses within a device too. The
+executor adds runtime nodes: copies between devices (``_Send``/``_Recv``, named ``<op>/_12``),
+arguments and results (``_Arg``, ``_Retval``), constants replicated where they are read
+(``<op>/replicate/_3``) and groups of control edges (``GroupCrossDeviceControlEdges_0/...``).
+
+* `source_op` names the graph op a traced node comes from (None for a runtime node or a node
+  nothing names);
+* `fused_ops` reads a step's partition graphs (``RunOptions.output_partition_graphs``) and says
+  which graph ops each fused node replaced;
+* `where_ops_ran` says on which devices each graph op ran in a traced step, fused ops on the
+  device of the node they ran in.
+
+No TensorFlow import: graphs and step stats are read through their protobuf fields. Time
+O(traced nodes x name length) for `source_op` over a step, O(nodes + inputs) for `fused_ops`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Collection, Iterable, Mapping, Optional
+
+__all__ = [
+    "RUNTIME_TYPES",
+    "fused_ops",
+    "is_runtime",
+    "node_type",
+    "source_op",
+    "where_ops_ran",
+]
+
+RUNTIME_TYPES = frozenset({
+    "_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
+})
+"""Node types of the executor's own: copies between devices, a step's arguments and results."""
+
+# Names the executor gives its nodes: '<op>/_12' (copies, control-edge helpers, replicated
+# constants '<op>/replicate/_3'), '<op>_S12' (a distributed session's control-edge helpers),
+# '_SOURCE', '_SINK', and the groups of control edges.
+_RUNTIME_NAME = re.compile(r"(.+/_\d+|.+_S\d+|_SOURCE|_SINK|GroupCrossDeviceControlEdges_\d+/.*)\Z")
+# Path components Grappler's optimizers put in the names of the nodes they add.
+_MARKERS = frozenset({
+    "ArithmeticOptimizer", "ConstantFolding", "ConstantFoldingCtrl", "DependencyOptimizer",
+    "LoopOptimizer", "MemoryOptimizer", "Recomputed", "ScopedAllocator", "Remapper",
+})
+# LayoutOptimizer's suffixes: '<op>-0-TransposeNHWCToNCHW-LayoutOptimizer', '<op>-0-0-...'.
+_LAYOUT_SUFFIX = re.compile(r"(-\d+)+-[A-Za-z0-9]+-LayoutOptimizer\Z")
+_SWAP_PREFIX = re.compile(r"swap_(?:in|out)_")
+_SEPARATORS = "/-_:"
+# Ops that never run inside a fused node: what a step is fed, and variables.
+_NOT_FUSED = frozenset({
+    "Placeholder", "PlaceholderV2", "PlaceholderWithDefault", "VarHandleOp", "VariableV2", "Variable",
+})
+
+
+def is_runtime(name: str, node_type: str = "") -> bool:
+    """Whether a traced node that is not an op of the graph is the executor's own (a copy, an
+    argument, a group of control edges), not one Grappler made of an op."""
+    return node_type in RUNTIME_TYPES or bool(_RUNTIME_NAME.match(name)) or name.startswith(("_arg_", "_retval_"))
+
+
+def source_op(name: str, graph_names: Collection[str], node_type: str = "") -> Optional[str]:
+    """The op of `graph_names` that the traced node `name` (of op type `node_type`) ran, or was
+    made from by Grappler (see the module docstring); None when no op is named in it. A runtime
+    node is not mapped (`is_runtime`). Where a name holds several ops' names, the longest one
+    that the node's name starts with is taken."""
+    if name in graph_names:
+        return name
+    if is_runtime(name, node_type):
+        return None
+    text = _LAYOUT_SUFFIX.sub("", _SWAP_PREFIX.sub("", name, count=1))
+    parts = text.split("/")
+    kept = [p for p in parts if p not in _MARKERS]
+    stripped = len(kept) < len(parts)
+    text = "/".join(kept)
+    if text in graph_names:
+        return text
+    scope, _, last = text.rpartition("/")
+    if stripped and "_" in last:  # '<scope>/ArithmeticOptimizer/<Stage>_<op's last part>'
+        pieces = last.split("_")
+        for i in range(1, len(pieces)):
+            candidate = f"{scope}/{'_'.join(pieces[i:])}" if scope else "_".join(pieces[i:])
+            if candidate in graph_names:
+                return candidate
+    for i in range(len(text) - 1, 0, -1):  # ConstantFolding's '<op>-matshapes-1', '<op>_recip'
+        if text[i] in _SEPARATORS and text[:i] in graph_names:
+            return text[:i]
+    return None
+
+
+def node_type(node_stats: Any) -> str:
+    """The op type of a traced node, from its timeline label (``name = Type(inputs)``)."""
+    label = node_stats.timeline_label
+    _, _, call = label.partition(" = ")
+    found = call.split("(", 1)[0].strip() if call else ""
+    return found or "unknown"
+
+
+def _input_op(text: str) -> str:
+    return text[1:] if text.startswith("^") else text.split(":", 1)[0]
+
+
+def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]:
+    """Graph op -> the graph op whose name the fused node that replaced it ran under.
+
+    A fused node runs under the name of one of the ops it replaces, as another op type (the
+    remapper's ``relu`` as ``_FusedConv2D``, oneDNN's ``BiasAdd`` as ``_MklNativeConv2DWithBias``);
+    the ops it replaced did not run. They are the ops that fed it, up the graph, which did not
+    run and whose outputs only it (or another of them) read among the nodes that ran (not
+    placeholders nor variables: a fed placeholder runs as the step's argument). An op
+    replaced by an ``Identity`` of another fused node (the remapper's activation after a
+    ``_FusedBatchNormEx`` named after the batch norm) belongs to that node. Folded constants
+    (an op that ran as ``Const``) replace no op here: the subgraph they fold does not run,
+    wherever it is placed.
+
+    `partition_graphs`: ``RunMetadata.partition_graphs`` of a step of `graph_def`. Deterministic;
+    O(nodes + inputs) time.
+    """
+    ran: dict[str, Any] = {}
+    for partition in partition_graphs:
+        for node in partition.node:
+            ran[node.name] = node
+    nodes = {n.name: n for n in graph_def.node}
+    readers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for text in node.input:
+            if not text.startswith("^"):
+                readers.setdefault(_input_op(text), []).append(node.name)
+    out: dict[str, str] = {}
+    for name in sorted(ran):
+        node, executed = nodes.get(name), ran[name]
+        if node is None or executed.op == node.op or executed.op == "Const":
+            continue
+        if executed.op == "Identity" and executed.input:
+            host = _input_op(executed.input[0])
+            if host in nodes and host in ran and "Fused" in ran[host].op and ran[host].op != nodes[host].op:
+                out.setdefault(name, host)
+            continue
+        for op in _replaced(name, nodes, ran, readers):
+            out.setdefault(op, name)
+    return out
+
+
+def _replaced(root: str, nodes: Mapping[str, Any], ran: Mapping[str, Any], readers: Mapping[str, list[str]]) -> list[str]:
+    """The ops the fused node `root` replaced (`fused_ops`), in graph order."""
+    found: set[str] = set()
+    stack = [_input_op(t) for t in nodes[root].input if not t.startswith("^")]
+    while stack:
+        op = stack.pop()
+        if op in found or op in ran or op not in nodes or nodes[op].op in _NOT_FUSED:
+            continue
+        found.add(op)
+        stack.extend(_input_op(t) for t in nodes[op].input if not t.startswith("^"))
+    changed = True
+    while changed:  # an op read by a node that ran (but the root) was not replaced by the root
+        changed = False
+        for op in sorted(found):
+            if any(r != root and r in ran for r in readers.get(op, ())):
+                found.discard(op)
+                changed = True
+    reached: set[str] = set()
+    stack = [_input_op(t) for t in nodes[root].input if not t.startswith("^")]
+    while stack:  # those still joined to the root through replaced ops
+        op = stack.pop()
+        if op in found and op not in reached:
+            reached.add(op)
+            stack.extend(_input_op(t) for t in nodes[op].input if not t.startswith("^"))
+    return [n for n in nodes if n in reached]
+
+
+def where_ops_ran(step_stats: Any, graph_def: Any, partition_graphs: Iterable[Any] = ()) -> dict[str, set[str]]:
+    """Graph op -> the devices of the executors that ran it in a traced step.
+
+    An op runs where a node mapped to it by `source_op` ran (Grappler's nodes made from it
+    too); an op a fused node replaced (`fused_ops`, from `partition_graphs` of the same step)
+    where that node ran. Runtime nodes (`is_runtime`) are no op's. Only executor entries are read
+    (a GPU's ``stream:*`` and ``memcpy`` entries repeat them).
+    """
+    names = {n.name for n in graph_def.node}
+    out: dict[str, set[str]] = {}
+    cache: dict[str, Optional[str]] = {}
+    for dev in step_stats.dev_stats:
+        last = dev.device.rsplit("/", 1)[-1]
+        if not last.startswith("device:") or last.count(":") != 2:
+            continue
+        for ns in dev.node_stats:
+            if ns.node_name not in cache:
+                cache[ns.node_name] = source_op(ns.node_name, names, node_type(ns))
+            op = cache[ns.node_name]
+            if op is not None:
+                out.setdefault(op, set()).add(dev.device)
+    for op, host in fused_ops(graph_def, partition_graphs).items():
+        if host in out:
+            out.setdefault(op, set()).update(out[host])
+    return out
