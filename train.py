@@ -638,7 +638,7 @@ def _devices() -> tuple[Any, Any, str]:
         config=base,
     )
     if remote is not None:
-        return remote.devices, remote_session_config(session_config(remote.devices, base)), remote.target
+        return remote.devices, remote_session_config(session_config(remote.devices, base, grappler=False)), remote.target
     if inter is not None:  # it was dropped without a word
         print("train: --inter_host_comm_cost_coeffs is not used: every device is on this host (give "
               "--cluster_spec, or TF_CONFIG, to run across hosts)", file=sys.stderr, flush=True)
@@ -649,7 +649,9 @@ def _devices() -> tuple[Any, Any, str]:
         comm=comm,
         config=base,
     )
-    return setup, session_config(setup, base), ""
+    # Grappler off: --costgen profiles under the expert layout, whose devices split ops that the
+    # remapper would fuse into one node on one of them.
+    return setup, session_config(setup, base, grappler=False), ""
 
 
 def _check_data_format(config: TrainConfig, setup: Any, target: str) -> None:

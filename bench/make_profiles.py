@@ -54,7 +54,7 @@ def make_profile(name: str, hparams, optimizer: str) -> dict:
     built = build_graph(TrainConfig(name, hparams, optimizer=optimizer, colocate_grads_with_ops=True))
     layout = built.spec.expert_placement(setup.cluster.names, built.graph_def)
     run = import_placed(built, apply_placement(built.graph_def, layout))
-    with tf.compat.v1.Session(graph=run.graph, config=session_config(setup)) as sess:
+    with tf.compat.v1.Session(graph=run.graph, config=session_config(setup, grappler=False)) as sess:
         sess.run(run.init)
         profile = profile_fetch(sess, run.target, run.feeds, warmup_steps=2, traced_steps=5,
                                 graph_def=built.graph_def)

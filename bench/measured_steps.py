@@ -53,7 +53,7 @@ def measure(name: str, methods: list[str], rounds: int, steps: int, seed: int) -
     """One row per method: simulated and measured step of model `name`."""
     hparams, optimizer = MODELS[name]
     setup = standin_cluster(NUM_DEVICES, prefix="/job:localhost/replica:0/task:0")
-    config = session_config(setup)
+    config = session_config(setup, grappler=False)  # the graph as written, as it was profiled
     built = build_graph(TrainConfig(name, hparams, optimizer=optimizer, colocate_grads_with_ops=True))
     expert = built.spec.expert_placement(setup.cluster.names, built.graph_def)
     run = import_placed(built, apply_placement(built.graph_def, expert))

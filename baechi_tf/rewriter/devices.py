@@ -10,7 +10,11 @@ only the ops that must run there (pinned to the CPU by the user, or without a ke
 devices' type), exactly as on a machine with GPUs. A pin to ``/gpu:i`` in the graph means the
 stand-in of GPU i.
 
-Everything but `session_devices` and `session_config` is pure (no TensorFlow import).
+Placed sessions run with TensorFlow's optimizations, but for those that move ops off the devices
+a placement gave them (`placed_graph_config` says which, and why).
+
+Everything but `session_devices`, `session_config` and `placed_graph_config` is pure (no
+TensorFlow import).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "host_device",
     "host_memory_bytes",
     "memory_share",
+    "placed_graph_config",
     "resolve_memory",
     "session_config",
     "session_devices",
@@ -172,11 +177,11 @@ def session_devices(
     )
 
 
-def session_config(setup: DeviceSetup, base: Any = None, *, grappler: bool = False) -> Any:
+def session_config(setup: DeviceSetup, base: Any = None, *, grappler: bool = True, remapping: bool = True) -> Any:
     """A ``ConfigProto`` for a session that has `setup`'s devices, built on `base` (copied).
 
-    Unless `grappler`, Grappler and the classic graph optimizer are turned off, so the placed
-    graph runs as placed and its op names stay those of the graph.
+    With `grappler`, TF optimizes the graph as `placed_graph_config` says (`remapping` passed on);
+    without, Grappler and the classic graph optimizer are off, and the graph runs as written.
     """
     import tensorflow as tf
 
@@ -187,9 +192,59 @@ def session_config(setup: DeviceSetup, base: Any = None, *, grappler: bool = Fal
         config.CopyFrom(base)
     if setup.num_cpus:
         config.device_count["CPU"] = max(setup.num_cpus, config.device_count.get("CPU", 0))
-    if not grappler:
-        config = profiling_config(config)
-    return config
+    return placed_graph_config(config, remapping=remapping) if grappler else profiling_config(config)
+
+
+def placed_graph_config(config: Any = None, *, remapping: bool = True) -> Any:
+    """A copy of `config` (a ``ConfigProto``) with which TF optimizes a placed graph and keeps
+    every op on its device: Grappler and the classic graph optimizer as `config` sets them, but
+    these of Grappler's optimizers, turned off by name, whatever `config` says:
+
+    * ``pin_to_host_optimization``: moves ops whose inputs and outputs are small int32, int64 or
+      float tensors (64 elements at most: shapes, sizes, counters) from a GPU to the host CPU
+      (``pin_to_host_optimizer.cc``, ``TryFindHostDevice``). TF runs it only when a config
+      turns it on.
+    * ``auto_parallel``: replicates the graph over the devices along the batch, whatever they
+      were placed on. Off unless a config enables it.
+    * ``remapping``, when `remapping` is False: the remapper fuses chains of ops (Conv2D or
+      MatMul + BiasAdd + activation, FusedBatchNorm + activation, Sigmoid + Mul, ...) into one
+      node, named after the last op, on the first op's device, without asking whether they share
+      one (``remapper.cc``: the fused node takes ``contraction.device()``). Seen here: Conv2D on
+      CPU:1, BiasAdd on CPU:2 and Relu on CPU:3 ran as one node 'Relu' on CPU:1. A profile taken
+      with it on says which ops it fused (``OpCost.fused_into``) and placements keep those on one
+      device, so BaechiSession turns it off only for a placement that still splits one.
+
+    Kept, as they leave each op where it was placed:
+
+    * ``layout_optimizer``: on GPUs it converts convolutions to NCHW, its Transpose and
+      DataFormat nodes on the device of the op they serve; without GPUs (CPU stand-ins, whose
+      TF kernels need NHWC) it changes nothing unless ``cpu_layout_conversion`` asks.
+    * ``arithmetic_optimization`` and ``common_subgraph_elimination``: merge nodes of one device
+      only (``UniqueNodes::SameNode`` compares devices; AddOpsRewrite, HoistCommonFactor and the
+      dedup were checked here with the ops on three devices).
+    * ``constant_folding``: a folded constant takes the device of the op it replaces.
+    * ``function_optimization``: an inlined function's nodes take the device of its call
+      (checked here); ``memory_optimization``: its swap and recompute nodes take the device of the
+      op they serve; the dependency, loop and shape optimizers, ``implementation_selector``,
+      ``scoped_allocator_optimization`` (collectives only) and ``debug_stripper`` set no devices.
+    * The classic graph optimizer (``OptimizerOptions``: common subexpressions, constant folding,
+      inlining) and oneDNN's rewrites run on each device's part of the graph after it is split
+      between devices: no op can change device there.
+    """
+    import tensorflow as tf
+
+    out = tf.compat.v1.ConfigProto()
+    if config is not None:
+        out.CopyFrom(config)
+    rewrite = out.graph_options.rewrite_options
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    rewrite.pin_to_host_optimization = off
+    rewrite.auto_parallel.enable = False
+    if not remapping:
+        rewrite.remapping = off
+    return out
 
 
 _MEMORY_UNITS = {

@@ -26,7 +26,9 @@ One op per node, in node order, with:
   pinned there, and one named by a node taking a resource handle argument goes with the handle's
   maker (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader
   (`_enter_readers`), and on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool``
-  (`_pool_grad_forward`).
+  (`_pool_grad_forward`). An op that a fused node replaced while profiling goes with the op the
+  node ran as (``OpCost.fused_into``: Grappler's remapper fuses ops of different devices into
+  one node on one of them), unless the user pinned the two to different devices.
 * **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
   ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
   GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
@@ -444,6 +446,7 @@ def import_graph_def(
             for v in (node.attr["_class"].list.s if "_class" in node.attr else ())
         ]
         colocation = [c[len("loc:@") :] for c in colocation if c.startswith("loc:@")]
+        fused = _fused_colocation(node.name, cost, user_pins)
         builder.add_op(
             node.name,
             compute_us=float(compute),
@@ -456,7 +459,8 @@ def import_graph_def(
             + (tuple(from_handle[:1]) if node.op in _ITERATORS else ())
             + enter_readers.get(node.name, ())
             + tuple(inlined.get(node.name, ()))
-            + _pool_grad_forward(node, target_types),
+            + _pool_grad_forward(node, target_types)
+            + fused,
             op_type=node.op,
         )
 
@@ -704,6 +708,17 @@ def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
     if "data_format" not in node.attr or node.attr["data_format"].s != b"NCHW":
         return ()
     return (_parse_input(node.input[1])[0],)
+
+
+def _fused_colocation(name: str, cost: Optional[OpCost], user_pins: Mapping[str, tuple]) -> tuple[str, ...]:
+    """The op whose fused node replaced op `name` while profiling (``cost.fused_into``), as a
+    colocation name; none when the user pinned the two ops to different devices (the session
+    then runs without the fusion) or the op is not in the graph."""
+    into = cost.fused_into if cost is not None else ""
+    if not into or into not in user_pins:
+        return ()
+    mine, theirs = user_pins[name][0], user_pins[into][0]
+    return () if mine is not None and theirs is not None and mine != theirs else (into,)
 
 
 # Ops TF's placer does not put with their resource inputs: those of its

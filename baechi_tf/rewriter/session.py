@@ -33,9 +33,14 @@ master is then the target) they come from the cluster instead
 (`baechi_tf.rewriter.distributed.discover_devices`, within `connect_timeout_s`): the devices of
 every task, `num_devices` being then a number per task (None: all); transfers between tasks cost
 `inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
-sessions whose state is isolated from each other's. Unless `grappler=True`, Grappler and the
-classic graph optimizer are off in the sessions this class makes, so ops run where they were
-placed and keep their names. Ops the graph pins (``tf.device``) stay there; a pin to a device that
+sessions whose state is isolated from each other's. The placed graph runs with TensorFlow's
+optimizations (Grappler, the classic graph optimizer), but for those of Grappler's optimizers that
+would move ops off their devices (`baechi_tf.rewriter.devices.placed_graph_config`), and the
+profile is taken with the same settings, so that it measures the fused and rewritten nodes that
+will run; ops a fused node replaces are placed with it. A placement that still splits such ops
+(pins) runs without the remapper's fusions. ``grappler=False`` turns Grappler and the classic
+optimizer off in every session this class makes: the graph runs as written, its ops under their
+own names. Ops the graph pins (``tf.device``) stay there; a pin to a device that
 is not among them is an error unless ``ignore_user_devices=True``, which places those ops like the
 others (code written for more GPUs than the machine has), or the config allows soft placement
 (``allow_soft_placement=True``: a Session of it runs those ops elsewhere too).
@@ -389,8 +394,8 @@ def _session_class_for(user_graph: Any) -> type:
                 message = error_interpolation.interpolate_graph(e.message, user_graph)
                 if "only supports NHWC tensor format" in message:
                     message += (
-                        "\nGrappler's layout rewrite may cause this: BaechiSession turns Grappler "
-                        "off unless grappler=True"
+                        "\nGrappler's layout rewrite may cause this: try BaechiSession(..., "
+                        "grappler=False), which runs the graph as written"
                     )
                 raise type(e)(op.node_def, op, message)
 
@@ -454,7 +459,7 @@ class BaechiSession:
         warmup_steps: int = 2,
         profile_steps: int = 5,
         cost_path: Optional[str] = None,
-        grappler: bool = False,
+        grappler: bool = True,
         report_dir: Optional[str] = None,
         ignore_user_devices: bool = False,
     ) -> None:
@@ -558,12 +563,16 @@ class BaechiSession:
                 comm=comm,
                 config=config,
             )
+        # The profile is taken with the optimizations the placed graph runs with.
         self._run_config = session_config(self._setup, config, grappler=grappler)
-        profile_config = session_config(self._setup, config, grappler=False)
+        profile_config = session_config(self._setup, config, grappler=grappler)
         profile_config.allow_soft_placement = True
+        # For a placement that splits ops the remapper fused while profiling (`_split_fusion`).
+        self._unfused_config = session_config(self._setup, config, grappler=grappler, remapping=False)
         if remote:  # profiling and placed sessions must not share variables on the servers
             self._run_config = remote_session_config(self._run_config)
             profile_config = remote_session_config(profile_config)
+            self._unfused_config = remote_session_config(self._unfused_config)
         self._profile_config = profile_config
         self._target = target
         self._warmup_steps = warmup_steps
@@ -1228,21 +1237,9 @@ class BaechiSession:
 
     def _closure(self, fetch_names: tuple[str, ...], feeds: dict[str, Any]) -> set[str]:
         """Names of the ops a run of the fetches executes (fed tensors cut the graph)."""
-        import tensorflow as tf
+        from baechi_tf.cost_model.profiler import fetch_closure
 
-        stack = []
-        for name in fetch_names:
-            element = self._graph.as_graph_element(name)
-            stack.append(element if isinstance(element, tf.Operation) else element.op)
-        seen: set[str] = set()
-        while stack:
-            op = stack.pop()
-            if op.name in seen:
-                continue
-            seen.add(op.name)
-            stack.extend(t.op for t in op.inputs if t.name not in feeds)
-            stack.extend(op.control_inputs)
-        return seen
+        return fetch_closure(self._graph, list(fetch_names), feeds)
 
     def _read_values(self, strict: bool = True) -> dict[str, Any]:
         """The variables and tables to write into a new session, and where the iterators that
@@ -1371,7 +1368,15 @@ class BaechiSession:
                     "session (their seed2 changed): they do not start their sequences again",
                     reseeded,
                 )
-        placed = _Placed(placed_def, self._run_config, self._target, self._session_class)
+        split = _split_fusion(self._profile, report.op_to_device)
+        if split is not None:
+            log.warning(
+                "the placement puts %r apart from %r, which the remapper fused it into while "
+                "profiling: the placed graph runs without the remapper's fusions, which would run "
+                "them on one device", *split,
+            )
+        run_config = self._run_config if split is None else self._unfused_config
+        placed = _Placed(placed_def, run_config, self._target, self._session_class)
         try:
             if old is not None:
                 self._drain(old)
@@ -1399,6 +1404,16 @@ class BaechiSession:
             len(report.devices_used),
             report.coverage.describe(),
         )
+
+
+def _split_fusion(profile: CostProfile, op_to_device: dict[str, str]) -> Optional[tuple[str, str]]:
+    """(op, the op it was fused into) of an op of `profile` that a fused node replaced and that
+    the placement `op_to_device` puts on another device than that op, or None (the first by name)."""
+    for name in sorted(profile.ops):
+        into = profile.ops[name].fused_into
+        if into and name in op_to_device and into in op_to_device and op_to_device[name] != op_to_device[into]:
+            return name, into
+    return None
 
 
 def _check_arguments(
