@@ -22,8 +22,10 @@
 * ``graph.pbtxt`` and ``events.out.tfevents.baechi``: with `graph_def`, the placed graph as text
   and as an events file for TensorBoard's graph view (``tensorboard --logdir report_dir``,
   colour by device).
-* ``summary.json``: the figures of the placement (see `summary`) and ``files``, the names of the
-  report's files.
+* ``summary.json``: the figures of the placement (see `summary`), ``files``, the names of the
+  report's files, and ``profile``, the coverage of the profile it was placed by
+  (`baechi_tf.cost_model.Coverage.figures`: the traced time no op accounts for, by node type,
+  among them), when given.
 
 Written before the placed graph runs (so that a run that fails, out of memory, or is stopped
 still leaves them), the trace gets TF's timeline afterwards (`add_tf_timeline`).
@@ -91,12 +93,14 @@ def write_reports(
     *,
     graph_def: Any = None,
     tf_step_stats: Any = None,
+    profile: Optional[dict[str, Any]] = None,
 ) -> dict[str, str]:
     """Writes the reports of `result` (a `PlacementResult`) into `report_dir`, creating it.
 
     `graph_def`: the placed GraphDef, for TensorBoard. `tf_step_stats`: a TF ``StepStats``
     message (or its serialized bytes) of a real run of the same step, shown next to the
-    simulated one in the trace. Returns what was written: key -> path.
+    simulated one in the trace. `profile`: the figures of the profile's coverage, written into
+    ``summary.json`` as ``profile``. Returns what was written: key -> path.
 
     All or nothing: the files are made in a temporary folder (in `report_dir` when it exists,
     else beside it) and moved in when every one is done, so an error or Ctrl-C while they are made
@@ -109,7 +113,8 @@ def write_reports(
     critical = schedule.critical_chain(graph, cluster)
     given = report_dir
     try:
-        return _write_reports(result, os.path.abspath(report_dir), memory, critical, graph_def, tf_step_stats)
+        return _write_reports(result, os.path.abspath(report_dir), memory, critical, graph_def, tf_step_stats,
+                              profile)
     except OSError as e:  # a full disk: one line naming the folder, not a traceback
         raise output_error(e, given) from e
 
@@ -124,7 +129,7 @@ def add_tf_timeline(result: Any, report_dir: str, tf_step_stats: Any) -> str:
     return path
 
 
-def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stats) -> dict[str, str]:
+def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stats, profile) -> dict[str, str]:
     if os.path.isdir(report_dir):  # needs only report_dir writable (its parent may not be)
         staging = tempfile.mkdtemp(prefix=".tmp-reports-", dir=report_dir)
     else:
@@ -132,7 +137,7 @@ def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stat
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".tmp-", suffix="-" + os.path.basename(report_dir), dir=parent)
     try:
-        paths = _write_into(staging, result, memory, critical, graph_def, tf_step_stats)
+        paths = _write_into(staging, result, memory, critical, graph_def, tf_step_stats, profile)
         earlier = report_files(report_dir)
         os.makedirs(report_dir, exist_ok=True)
         for key, name in paths.items():
@@ -150,7 +155,7 @@ def _write_reports(result, report_dir, memory, critical, graph_def, tf_step_stat
 
 def _write_into(
     folder: str, result: Any, memory: Any, critical: tuple[list[int], list[Transfer]], graph_def: Any,
-    tf_step_stats: Any,
+    tf_step_stats: Any, profile: Optional[dict[str, Any]] = None,
 ) -> dict[str, str]:
     """Writes the reports into `folder`; key -> file name. `critical`: `Schedule.critical_chain`."""
     paths: dict[str, str] = {}
@@ -175,6 +180,8 @@ def _write_into(
         put("graph_pbtxt", "graph.pbtxt", text_format.MessageToString(graph_def))
         put("graph_events", "events.out.tfevents.baechi", _graph_events(graph_def))
     figures = summary(result, critical[0])
+    if profile is not None:
+        figures["profile"] = profile
     figures["files"] = sorted([*paths.values(), "summary.json"])
     put("summary", "summary.json", json.dumps(figures, indent=1, sort_keys=True) + "\n")
     return paths

@@ -321,6 +321,10 @@ def test_report_dir(files, tmp_path, capsys):
 
     summary = json.loads((reports / "summary.json").read_text())
     assert summary["makespan_us"] > 0 and summary["lower_bound_us"] > 0
+    # The profile's coverage: the traced time no op accounts for, by node type (_Arg, _Retval...).
+    profile = summary["profile"]
+    assert profile["num_graph_ops"] == len(lstm.graph_def.node) and 0.9 < profile["compute_share"] <= 1
+    assert profile["unmatched_compute_us"] and all(us >= 0 for us in profile["unmatched_compute_us"].values())
 
 
 def test_outputs_and_flags_that_would_cost_the_work_are_refused_first(files, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """GraphDef + CostProfile + Cluster -> OpGraph: costs, estimates, edges, colocation, pins, kernels."""
 
 import dataclasses
+import statistics
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from baechi_tf.placer.grouping import colocation_groups
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import gpu_cluster, standin_cluster
 from baechi_tf.rewriter.graph_pass import place_graph_def
-from baechi_tf.rewriter.importer import DEFAULT_COMPUTE_US, import_graph_def
+from baechi_tf.rewriter.importer import import_graph_def
 from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
 
 TASK = "/job:localhost/replica:0/task:0"
@@ -57,14 +58,23 @@ def test_ops_costs_and_estimates(lstm, imported):
     init = graph.op_id("lstm0/kernel/Initializer/random_uniform/RandomUniform")
     assert "lstm0/kernel/Initializer/random_uniform/RandomUniform" in imported.coverage.estimated_ops
     assert graph.output_bytes[init] == (kernel_bytes,)
-    # Unprofiled ops of a profiled type take that type's median; of an unseen type, the default.
+    # Unprofiled ops of a profiled type take that type's median; of an unseen type, an estimate
+    # from their shapes (`estimate.fit_shape_cost` over the profiled ops): larger for more bytes.
     profiled_types = {c.op_type for c in lstm.profile.ops.values()}
+    unseen = {}
     for name in imported.coverage.estimated_ops:
         op = graph.op_id(name)
         if graph.op_types[op] not in profiled_types:
             assert name in imported.default_compute_ops
-            assert graph.compute_us[op] == DEFAULT_COMPUTE_US
+            unseen[name] = graph.compute_us[op]
+        else:
+            median = statistics.median(
+                c.compute_us for c in lstm.profile.ops.values() if c.op_type == graph.op_types[op])
+            assert graph.compute_us[op] == median
     assert "RandomUniform" not in profiled_types
+    big = unseen["lstm1/kernel/Initializer/random_uniform/RandomUniform"]  # 32 x 64 floats
+    small = unseen["out/w/Initializer/random_uniform/RandomUniform"]  # 16 x 3
+    assert big > small > 0
     assert len(imported.coverage.estimated_ops) == len(graph.names) - len(lstm.profile.ops)
     assert imported.host_ops == () and imported.host_device is None and imported.mismatch is None
 

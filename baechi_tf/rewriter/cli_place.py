@@ -341,7 +341,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report_dir:
         from baechi_tf.reports import write_reports
 
-        write_reports(report.result, args.report_dir, graph_def=placed)
+        write_reports(report.result, args.report_dir, graph_def=placed,
+                      profile=report.coverage.figures(len(report.default_compute_ops)))
         args.written.append(args.report_dir)
     print(report.summary())
     if remote is not None:

@@ -54,7 +54,7 @@ class PlacementReport:
 
     result: PlacementResult  # graph, cluster (with the host when used), placement, schedule
     coverage: Coverage  # how much of the graph the profile measured
-    default_compute_ops: tuple[str, ...]  # unprofiled ops with no same-type estimate
+    default_compute_ops: tuple[str, ...]  # unprofiled ops with no same-type estimate: from shapes
     host_ops: tuple[str, ...]  # ops kept on the host CPU for lack of a kernel
     host_device: Optional[str]  # the host CPU when it runs some ops, else None
     mismatch: Optional[ProfileMismatch]  # what did not match, when a mismatch was allowed
@@ -87,10 +87,13 @@ class PlacementReport:
         from baechi_tf.report import summary_table
 
         lines = [summary_table(self.result), "", self.coverage.describe()]
+        unmatched = self.coverage.unmatched_by_type()
+        if unmatched:
+            lines.append(f"traced time no op accounts for: {unmatched}")
         if self.default_compute_ops:
             lines.append(
                 f"{len(self.default_compute_ops)} unprofiled ops of types never profiled were "
-                "given 1 us each"
+                "estimated from their shapes (bytes, FLOPs)"
             )
         if self.mismatch is not None:
             lines.append(f"profile mismatch (allowed): {self.mismatch.describe()}")

@@ -7,8 +7,10 @@ One op per node, in node order, with:
   variable's buffer is allocated by the op that assigns it, so the handle op's trace shows none).
   Ops the profile lacks get estimates and are listed in the coverage: output bytes from static
   shapes and types (unknown dimensions count as 1), variables their size as persistent memory,
-  compute time the median of the profiled ops of the same type, or `DEFAULT_COMPUTE_US` when no op
-  of that type was profiled (those ops are listed apart).
+  compute time the median of the profiled ops of the same type or, when no op of that type was
+  profiled (those ops are listed apart), an estimate from the bytes it reads and writes and the
+  operations it computes, by coefficients fitted to the profiled ops
+  (`baechi_tf.cost_model.estimate`).
 * **Edges**: one data edge per (producer output, consumer), carrying the producer's output bytes;
   one control edge per control input, unless a data edge already links the two ops.
   ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
@@ -54,6 +56,7 @@ import statistics
 from typing import Any, Callable, Mapping, Optional
 
 from baechi_tf.cluster import Cluster, Device
+from baechi_tf.cost_model.estimate import ShapeCost, fit_shape_cost, op_flops
 from baechi_tf.cost_model.profile import (
     CostProfile,
     Coverage,
@@ -65,7 +68,6 @@ from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
 from baechi_tf.graph import OpGraph, OpGraphBuilder
 
 __all__ = [
-    "DEFAULT_COMPUTE_US",
     "ImportResult",
     "VARIABLE_OP_TYPES",
     "has_registered_kernel",
@@ -76,7 +78,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_COMPUTE_US = 1.0
 """Compute time of an unprofiled op when no op of its type was profiled (reported)."""
 
 VARIABLE_OP_TYPES = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
@@ -92,7 +93,7 @@ class ImportResult:
 
     graph: OpGraph
     coverage: Coverage
-    default_compute_ops: tuple[str, ...]  # unprofiled ops given DEFAULT_COMPUTE_US
+    default_compute_ops: tuple[str, ...]  # unprofiled ops of unprofiled types: estimated from shapes
     host_ops: tuple[str, ...]  # ops pinned to the host CPU: no kernel for the cluster's type
     host_device: Optional[str]  # name of the host CPU when some op is pinned there
     mismatch: Optional[ProfileMismatch]  # set when the profile was of another graph (allowed)
@@ -389,6 +390,7 @@ def import_graph_def(
     for c in usable.values():
         by_type.setdefault(c.op_type, []).append(c.compute_us)
     type_median = {t: statistics.median(v) for t, v in by_type.items()}
+    shape_cost = _shape_cost(graph_def, tfg, usable, type_median)
 
     builder = OpGraphBuilder()
     default_ops: list[str] = []
@@ -422,7 +424,7 @@ def import_graph_def(
         if cost is not None and cost.op_type and cost.op_type != node.op:
             cost = None  # same name, another op: only possible with an allowed mismatch
         out_bytes, compute, temp, persistent = _op_costs(
-            node.name, node.op, op, cost, type_median, allow_profile_mismatch
+            node.name, node.op, op, cost, type_median, shape_cost, allow_profile_mismatch
         )
         if cost is not None:
             profiled_us += compute
@@ -502,6 +504,7 @@ def _op_costs(
     op: Any,
     cost: Optional[OpCost],
     type_median: Mapping[str, float],
+    shape_cost: Optional[ShapeCost],
     allow_profile_mismatch: bool,
 ) -> tuple[list[int], float, int, int]:
     """(output bytes, compute us, temporary bytes, persistent bytes) of one op."""
@@ -509,7 +512,9 @@ def _op_costs(
     static = [_static_bytes(t) for t in outputs]
     var_bytes = _variable_bytes(op) if op_type in VARIABLE_OP_TYPES else 0
     if cost is None:
-        return static, type_median.get(op_type, DEFAULT_COMPUTE_US), 0, var_bytes
+        if op_type in type_median:
+            return static, type_median[op_type], 0, var_bytes
+        return static, shape_cost.estimate_us(*_bytes_and_flops(op)), 0, var_bytes
     if len(cost.output_bytes) > len(outputs) and not allow_profile_mismatch:
         raise ProfileError(
             f"the profile gives op {name!r} {len(cost.output_bytes)} outputs but the graph's op "
@@ -520,6 +525,40 @@ def _op_costs(
         for i in range(len(outputs))
     ]
     return out_bytes, cost.compute_us, cost.temp_bytes, max(cost.persistent_bytes, var_bytes)
+
+
+_MAX_FIT_SAMPLES = 2000
+
+
+def _shape_cost(
+    graph_def: Any, tfg: Any, usable: Mapping[str, OpCost], type_median: Mapping[str, float]
+) -> Optional[ShapeCost]:
+    """The `ShapeCost` fitted to the profiled ops (at most `_MAX_FIT_SAMPLES`, evenly by name),
+    when some op of the graph is of a type none of them is; else None (not needed)."""
+    if all(n.name in usable or n.op in type_median for n in graph_def.node):
+        return None
+    names = sorted(n for n, c in usable.items() if c.compute_us > 0 and not c.fused_into)
+    step = max(1, len(names) // _MAX_FIT_SAMPLES)
+    samples = []
+    for name in names[::step]:
+        try:
+            op = tfg.get_operation_by_name(name)
+        except KeyError:
+            continue
+        samples.append((*_bytes_and_flops(op), usable[name].compute_us))
+    columns = list(zip(*samples)) if samples else ([], [], [])
+    return fit_shape_cost(*columns)
+
+
+def _shape(tensor: Any) -> Optional[list]:
+    return tensor.shape.as_list() if tensor.shape.rank is not None else None
+
+
+def _bytes_and_flops(op: Any) -> tuple[float, float]:
+    """Bytes an op reads and writes (static shapes) and its floating-point operations."""
+    nbytes = sum(_static_bytes(t) for t in op.inputs) + sum(_static_bytes(t) for t in op.outputs)
+    flops = op_flops(op.type, [_shape(t) for t in op.inputs], [_shape(t) for t in op.outputs])
+    return float(nbytes), flops
 
 
 def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str]) -> None:

@@ -739,6 +739,7 @@ class BaechiSession:
                 write_reports(
                     report.result, self._report_dir, graph_def=placed.graph_def,
                     tf_step_stats=run_metadata.step_stats if ran and run_metadata is not None else None,
+                    profile=report.coverage.figures(len(report.default_compute_ops)),
                 )
 
     def make_callable(self, fetches: Any, feed_list: Any = None, accept_options: bool = False) -> Any:
