@@ -1,8 +1,10 @@
 """Cost model: profiles measured from traced steps, their file, and their coverage of a graph.
 
 `profile_fetch` (TensorFlow) measures; `save_profile` / `load_profile` write and read the
-protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph. Importing
-this package does not import TensorFlow.
+protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph.
+`baechi_tf.cost_model.executed` names the graph ops that a traced step's nodes come from
+(Grappler's, fused and runtime nodes), `baechi_tf.cost_model.estimate` times ops of unmeasured
+types from their shapes. Importing this package does not import TensorFlow.
 """
 
 from baechi_tf.cost_model.profile import (

@@ -7,8 +7,10 @@ TensorFlow does not run a graph as written. Grappler folds constants into new ``
 (``_FusedConv2D`` for Conv2D + BiasAdd + Relu) that takes the name of one of them, the others
 vanishing. oneDNN renames kernels (``_MklNativeConv2D``) and fuses within a device too. The
 executor adds runtime nodes: copies between devices (``_Send``/``_Recv``, named ``<op>/_12``),
-arguments and results (``_Arg``, ``_Retval``), constants replicated where they are read
-(``<op>/replicate/_3``) and groups of control edges (``GroupCrossDeviceControlEdges_0/...``).
+arguments and results (``_Arg``, ``_Retval``) and constants replicated where they are read
+(``<op>/replicate/_3``); Grappler's dependency optimizer gathers control edges from one device
+in a NoOp there (``GroupCrossDeviceControlEdges_0/<op>``). These do no op's work: they are
+"runtime" nodes here.
 
 * `source_op` names the graph op a traced node comes from (None for a runtime node or a node
   nothing names);
@@ -42,7 +44,7 @@ RUNTIME_TYPES = frozenset({
 
 # Names the executor gives its nodes: '<op>/_12' (copies, control-edge helpers, replicated
 # constants '<op>/replicate/_3'), '<op>_S12' (a distributed session's control-edge helpers),
-# '_SOURCE', '_SINK', and the groups of control edges.
+# '_SOURCE', '_SINK'; and the dependency optimizer's NoOps that group control edges.
 _RUNTIME_NAME = re.compile(r"(.+/_\d+|.+_S\d+|_SOURCE|_SINK|GroupCrossDeviceControlEdges_\d+/.*)\Z")
 # Path components Grappler's optimizers put in the names of the nodes they add.
 _MARKERS = frozenset({
@@ -60,8 +62,9 @@ _NOT_FUSED = frozenset({
 
 
 def is_runtime(name: str, node_type: str = "") -> bool:
-    """Whether a traced node that is not an op of the graph is the executor's own (a copy, an
-    argument, a group of control edges), not one Grappler made of an op."""
+    """Whether a traced node that is not an op of the graph does no op's work: the executor's
+    own (a copy, an argument) or a NoOp grouping control edges, not a node Grappler made of an
+    op."""
     return node_type in RUNTIME_TYPES or bool(_RUNTIME_NAME.match(name)) or name.startswith(("_arg_", "_retval_"))
 
 
@@ -157,13 +160,8 @@ def _replaced(root: str, nodes: Mapping[str, Any], ran: Mapping[str, Any], reade
             continue
         found.add(op)
         stack.extend(_input_op(t) for t in nodes[op].input if not t.startswith("^"))
-    changed = True
-    while changed:  # an op read by a node that ran (but the root) was not replaced by the root
-        changed = False
-        for op in sorted(found):
-            if any(r != root and r in ran for r in readers.get(op, ())):
-                found.discard(op)
-                changed = True
+    # An op read by a node that ran (but the root) was not replaced by the root.
+    found = {op for op in found if not any(r != root and r in ran for r in readers.get(op, ()))}
     reached: set[str] = set()
     stack = [_input_op(t) for t in nodes[root].input if not t.startswith("^")]
     while stack:  # those still joined to the root through replaced ops

@@ -225,8 +225,11 @@ def placed_graph_config(config: Any = None, *, remapping: bool = True) -> Any:
     * ``constant_folding``: a folded constant takes the device of the op it replaces.
     * ``function_optimization``: an inlined function's nodes take the device of its call
       (checked here); ``memory_optimization``: its swap and recompute nodes take the device of the
-      op they serve; the dependency, loop and shape optimizers, ``implementation_selector``,
-      ``scoped_allocator_optimization`` (collectives only) and ``debug_stripper`` set no devices.
+      op they serve; ``dependency_optimization`` removes Identity and NoOp nodes, and gathers the
+      control edges that leave one device in a NoOp on that device
+      (``GroupCrossDeviceControlEdges_0/<op>``: no work, moved from no op); the loop and shape
+      optimizers, ``implementation_selector``, ``scoped_allocator_optimization`` (collectives
+      only) and ``debug_stripper`` move no op.
     * The classic graph optimizer (``OptimizerOptions``: common subexpressions, constant folding,
       inlining) and oneDNN's rewrites run on each device's part of the graph after it is split
       between devices: no op can change device there.
