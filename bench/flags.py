@@ -9,7 +9,22 @@ from typing import Sequence
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["chosen", "methods", "refine_seconds", "sizes"]
+__all__ = ["at_least", "chosen", "methods", "refine_seconds", "sizes"]
+
+
+def at_least(minimum: int):
+    """An argparse ``type``: a whole number of at least `minimum`, else argparse's one-line error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {minimum}")
+        return value
+
+    return parse
 
 
 def chosen(

@@ -34,6 +34,7 @@ import importlib.util
 import os
 import sys
 import time
+from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,6 +50,8 @@ DEFAULT_OUT_DIR = os.path.join(ROOT, "bench", "out", "keras")
 NUM_DEVICES = 4
 # model -> the tf_keras.applications constructor's name
 KERAS_MODELS = {"densenet121": "DenseNet121", "resnet50": "ResNet50", "mobilenetv2": "MobileNetV2"}
+# the models `build` makes: those, and others that benches use (bench/run_overhead.py)
+APPLICATIONS = {**KERAS_MODELS, "nasnetmobile": "NASNetMobile"}
 # and GNMT v2 of baechi_tf.models (plain tf.compat.v1 ops, not Keras), for the same benches
 MODELS = [*KERAS_MODELS, "gnmt_v2"]
 DEFAULT_MODELS = "densenet121,resnet50,gnmt_v2"  # what bench/placement_speed.py reads
@@ -65,23 +68,40 @@ def profile_path(out_dir: str, model: str) -> str:
     return os.path.join(out_dir, f"{model}.profile")
 
 
-def build_gnmt():
-    """(graph, train_op, init_op, feeds) of one Adam step of GNMT v2 at the seed's size, its
-    gradients colocated with their ops, as examples/gnmt_v2.py builds it."""
+def start_tensorflow(script: str, names: Sequence[str]) -> bool:
+    """Imports TensorFlow quietly (its logger at ERROR) and says True; False, after one line on
+    stderr naming `script`, when `names` hold a Keras model and tf_keras is not installed."""
+    if importlib.util.find_spec("tf_keras") is None and set(names) & set(APPLICATIONS):
+        print(f"{script}: error: tf_keras is not installed; install it next to TensorFlow with "
+              f"'{INSTALL_HINT}' (--no-deps: it would otherwise pull another TensorFlow)", file=sys.stderr)
+        return False
+    from baechi_tf._startup import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    return True
+
+
+def build_gnmt(hparams=None):
+    """(graph, loss, train_op, init_op, feeds) of one Adam step of GNMT v2 (`hparams`, default:
+    the seed's size), its gradients colocated with their ops, as examples/gnmt_v2.py builds it."""
     import tensorflow as tf
 
     from baechi_tf.models import GNMTHParams, build_model
 
     tf1 = tf.compat.v1
-    spec = build_model("gnmt_v2", GNMTHParams(num_gpus=NUM_DEVICES))
+    spec = build_model("gnmt_v2", hparams or GNMTHParams(num_gpus=NUM_DEVICES))
     with spec.graph.as_default():
         train_op = tf1.train.AdamOptimizer(0.001).minimize(spec.loss, colocate_gradients_with_ops=True)
         init = tf1.global_variables_initializer()
-    return spec.graph, train_op, init, spec.feeds
+    return spec.graph, spec.loss, train_op, init, spec.feeds
 
 
 def build(model: str, batch_size: int, image_size: int, num_classes: int):
-    """(graph, train_op, init_op, feeds) of one Momentum training step of Keras model `model`."""
+    """(graph, loss, train_op, init_op, feeds) of one Momentum training step of Keras model
+    `model` (a key of `APPLICATIONS`)."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -92,7 +112,7 @@ def build(model: str, batch_size: int, image_size: int, num_classes: int):
         tf1.set_random_seed(1)
         images = tf1.placeholder(tf.float32, (batch_size, image_size, image_size, 3), name="images")
         labels = tf1.placeholder(tf.int32, (batch_size,), name="labels")
-        net = getattr(tf_keras.applications, KERAS_MODELS[model])(
+        net = getattr(tf_keras.applications, APPLICATIONS[model])(
             weights=None, input_shape=(image_size, image_size, 3), classes=num_classes
         )
         probabilities = net(images, training=True)  # the applications end in a softmax
@@ -106,7 +126,7 @@ def build(model: str, batch_size: int, image_size: int, num_classes: int):
         images: rng.standard_normal(images.shape.as_list()).astype(np.float32),
         labels: rng.integers(0, num_classes, batch_size).astype(np.int32),
     }
-    return graph, train_op, init, feeds
+    return graph, loss, train_op, init, feeds
 
 
 def build_and_profile(model: str, args: argparse.Namespace) -> dict:
@@ -119,13 +139,13 @@ def build_and_profile(model: str, args: argparse.Namespace) -> dict:
 
     t0 = time.perf_counter()
     if model == "gnmt_v2":
-        graph, train_op, init, feeds = build_gnmt()
+        graph, _, train_op, init, feeds = build_gnmt()
     else:
-        graph, train_op, init, feeds = build(model, args.batch_size, args.image_size, args.num_classes)
+        graph, _, train_op, init, feeds = build(model, args.batch_size, args.image_size, args.num_classes)
     graph_def = graph.as_graph_def()
     t1 = time.perf_counter()
     setup = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK)
-    with tf.compat.v1.Session(graph=graph, config=session_config(setup)) as sess:
+    with tf.compat.v1.Session(graph=graph, config=session_config(setup, grappler=False)) as sess:
         sess.run(init)
         profile = profile_fetch(sess, train_op, feeds, warmup_steps=args.warmup_steps,
                                 traced_steps=args.traced_steps, graph_def=graph_def)
@@ -136,18 +156,6 @@ def build_and_profile(model: str, args: argparse.Namespace) -> dict:
             "profile_s": t2 - t1, "save_s": time.perf_counter() - t2}
 
 
-def _at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {minimum}")
-        return value
-    return parse
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=DEFAULT_MODELS,
@@ -155,27 +163,19 @@ def main() -> int:
     parser.add_argument("--out_dir", default=DEFAULT_OUT_DIR,
                         help="folder of the <model>.pb and <model>.profile files, made when missing "
                         "(default: bench/out/keras, git-ignored)")
-    parser.add_argument("--batch_size", type=_at_least(1), default=8, help="images per step (default: %(default)s)")
-    parser.add_argument("--image_size", type=_at_least(32), default=64,
+    parser.add_argument("--batch_size", type=flags.at_least(1), default=8, help="images per step (default: %(default)s)")
+    parser.add_argument("--image_size", type=flags.at_least(32), default=64,
                         help="height and width of the images, 32 or more (default: %(default)s)")
-    parser.add_argument("--num_classes", type=_at_least(2), default=1000,
+    parser.add_argument("--num_classes", type=flags.at_least(2), default=1000,
                         help="classes of the last layer (default: %(default)s)")
-    parser.add_argument("--warmup_steps", type=_at_least(0), default=1,
+    parser.add_argument("--warmup_steps", type=flags.at_least(0), default=1,
                         help="untraced steps before the traced ones (default: %(default)s)")
-    parser.add_argument("--traced_steps", type=_at_least(1), default=3,
+    parser.add_argument("--traced_steps", type=flags.at_least(1), default=3,
                         help="traced steps; the profile takes their median (default: %(default)s)")
     args = parser.parse_args()
     names = flags.chosen(parser, args.models, "--models", list(MODELS), "model")
-    if importlib.util.find_spec("tf_keras") is None and set(names) & set(KERAS_MODELS):
-        print(f"keras_graphs.py: error: tf_keras is not installed; install it next to TensorFlow with "
-              f"'{INSTALL_HINT}' (--no-deps: it would otherwise pull another TensorFlow)", file=sys.stderr)
+    if not start_tensorflow("keras_graphs.py", names):
         return 1
-    from baechi_tf._startup import import_tensorflow_quietly
-
-    import_tensorflow_quietly()
-    import tensorflow as tf
-
-    tf.get_logger().setLevel("ERROR")
     os.makedirs(args.out_dir, exist_ok=True)
     print(f"{'model':<12} {'ops':>7} {'profiled':>8} {'build s':>8} {'profile s':>9}", flush=True)
     for name in names:

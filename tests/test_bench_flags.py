@@ -32,7 +32,7 @@ def unexplained_flags(help_text):
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "keras_graphs.py", "lp_scaling.py", "make_profiles.py",
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
-                                    "scale.py", "tight_memory.py"])
+                                    "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
     # --sizes, --methods, --refine_seconds, --ops, --out_dir, ... were listed without a word.
     done = bench(script, "--help")
@@ -82,6 +82,9 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("keras_graphs.py", ["--models", "densenet"],
      "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, gnmt_v2"),
     ("placement_speed.py", ["--repeats", "0"], "argument --repeats: '0': give a whole number of at least 1"),
+    ("run_overhead.py", ["--models", "nasnet"],
+     "--models 'nasnet': unknown model(s) nasnet; choose from resnet50, densenet121, nasnetmobile, gnmt_v2"),
+    ("run_overhead.py", ["--rounds", "0"], "argument --rounds: '0': give a whole number of at least 1"),
     ("placement_speed.py", ["--scale", "2"], "argument --scale: '2': give a number in (0, 1]"),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(script, args, message):
