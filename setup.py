@@ -40,5 +40,5 @@ setup(
         # Only to regenerate baechi_tf/proto/*_pb2.py (committed); its protoc matches protobuf 7.x.
         "proto": ["grpcio-tools==1.85.1"],
     },
-    entry_points={"console_scripts": ["baechi=baechi_tf.cli:main"]},
+    entry_points={"console_scripts": ["baechi=baechi_tf.cli:console_main"]},
 )

@@ -20,7 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 from baechi_tf import interrupts
-from baechi_tf._startup import collector_paused
+from baechi_tf._startup import collector_paused, exit_now
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
 
@@ -279,5 +279,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return interrupts.exit_status(e, interrupted=f"{prog}: interrupted{written}", failed=f"{prog}: error: ")
 
 
+def console_main() -> None:
+    """The ``baechi`` program: `main`, whose outputs are written and closed when it returns, then
+    `exit_now` (no second of TensorFlow's teardown after the work is done)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
