@@ -587,3 +587,76 @@ def test_a_dry_runs_merged_bookings_answer_as_its_copies_one_by_one(copies, quer
             assert _scan(*extra[0], q, gap + q_extra) == _scan(raw_starts, raw_ends, q, gap + q_extra)
     if raw_starts:
         assert extra[0] == extra[1] and len(extra[0][0]) <= len(raw_starts)
+
+
+# ---------------------------------------------------------------- window balancing
+
+
+def _windows_outcomes(graph, cluster, device_of, seed):
+    """`balance_windows` from the simulation of `device_of`, under several settings: windows,
+    overlap, pinned groups, a move limit, the host left out; (placement, moves) of each."""
+    from baechi_tf.placer.windows import balance_windows
+
+    groups = colocation_groups(graph)
+    schedule = simulate(graph, cluster, Placement(np.asarray(device_of, dtype=np.int32), "given"))
+    rng = random.Random(seed)
+    pinned = [rng.random() < 0.2 for _ in range(groups.num_groups)]
+    out = []
+    for num_windows, overlap, max_moves, free in (
+        (1, False, None, None), (5, True, None, None), (16, False, 40, None),
+        (3, False, None, max(1, cluster.num_devices - 1)),
+    ):
+        placed, moves = balance_windows(
+            graph, cluster, groups, schedule, num_windows, pinned=pinned, overlap=overlap,
+            seed=seed, max_moves=max_moves, free_devices=free,
+        )
+        out.append((placed.tolist(), placed.dtype, moves))
+    return out
+
+
+def _same_windows(graph, cluster, device_of, seed):
+    with engine.selected("python"):
+        python = _windows_outcomes(graph, cluster, device_of, seed)
+    with engine.selected("native"):
+        compiled = _windows_outcomes(graph, cluster, device_of, seed)
+    assert compiled == python
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(_cases())
+@native
+def test_window_balancing_makes_the_same_moves(case):
+    graph, cluster, seed = case
+    try:
+        device_of = _spread(graph, cluster, seed)
+        simulate(graph, cluster, Placement(np.asarray(device_of, dtype=np.int32), "given"))
+    except (ValueError, InfeasiblePlacementError):  # not a placement the simulator runs
+        return
+    _same_windows(graph, cluster, device_of, seed)
+
+
+@pytest.mark.parametrize("name, graph, cluster", cases(), ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_window_balancing_of_the_quality_graphs_makes_the_same_moves(name, graph, cluster):
+    metf = run_with_headroom(graph, cluster, colocation_groups(graph), EarliestStartPolicy, method="m_etf")
+    _same_windows(graph, cluster, metf.placement.device_of.tolist(), 7)
+
+
+@native
+def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
+    """The compiled search is the one that runs (not a silent fallback), and a byte count beyond
+    its int64 sends the search back to Python, with the same answer."""
+    from baechi_tf.placer import windows
+
+    graph, cluster = graphs.random_dag(3, 40, edge_prob=0.15), graphs.cluster(4)
+    device_of = _spread(graph, cluster, 3)
+    calls = []
+    real = windows._native_balance
+    monkeypatch.setattr(windows, "_native_balance", lambda *a: calls.append(1) or real(*a))
+    with engine.selected("native"):
+        expected = _windows_outcomes(graph, cluster, device_of, 3)
+    assert len(calls) == 4
+    monkeypatch.setattr(windows, "_INT64_LIMIT", 1)
+    with engine.selected("native"):
+        assert _windows_outcomes(graph, cluster, device_of, 3) == expected
+    assert len(calls) == 4

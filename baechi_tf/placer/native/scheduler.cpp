@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "gaps.hpp"
+#include "windows.hpp"
 
 using baechi::GapTreap;
 
@@ -1481,17 +1482,53 @@ py::array_t<T> as_array(const std::vector<T>& v) {
     return py::array_t<T>(v.size(), v.data());
 }
 
+// windows.balance_windows on the compiled engine (`native/windows.hpp`): the arguments are
+// `_native_windows`' arrays; returns (device of each op, op moves evaluated).
+using I32Array = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
+
+py::tuple balance_windows(int num_devices, int num_windows, bool overlap, F64Array compute,
+                          I32Array device_of, I32Array window, F64Array slope, F64Array intercept,
+                          I64Array tbytes, I32Array tsrc, I64Array ins_ptr, I32Array ins,
+                          I64Array outs_ptr, I32Array outs, I64Array cons_ptr, I32Array cons,
+                          I64Array members_ptr, I32Array members, I64Array group_persistent,
+                          I64Array on_device, I64Array room, I32Array orders, i64 passes,
+                          i64 num_movable, int targets, i64 per_move, i64 max_moves,
+                          double min_pass_gain) {
+    baechi::WindowProblem p{num_devices, num_windows, overlap, compute.data(), window.data(),
+                            slope.data(), intercept.data(), tbytes.data(), tsrc.data(),
+                            (i64)compute.size(), (i64)tsrc.size(),
+                            {ins_ptr.data(), ins.data()}, {outs_ptr.data(), outs.data()},
+                            {cons_ptr.data(), cons.data()}};
+    std::vector<int> dev(device_of.data(), device_of.data() + device_of.size());
+    baechi::WindowSearch search{{members_ptr.data(), members.data()}, group_persistent.data(),
+                                std::vector<i64>(on_device.data(), on_device.data() + on_device.size()),
+                                room.data(), orders.data(), passes, num_movable, targets, per_move,
+                                max_moves, min_pass_gain};
+    i64 evaluated;
+    std::vector<int> placed;
+    {
+        py::gil_scoped_release released;
+        baechi::WindowLoads loads(p, std::move(dev));
+        evaluated = baechi::balance(loads, search);
+        placed = loads.devices();
+    }
+    py::array_t<std::int32_t> out((py::ssize_t)placed.size());
+    std::copy(placed.begin(), placed.end(), out.mutable_data());
+    return py::make_tuple(out, evaluated);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 4;
+    m.attr("INTERFACE") = 5;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
+    m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
         .def(py::init<>())
