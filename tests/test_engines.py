@@ -3,7 +3,8 @@
 Every comparison runs one schedule on each engine: the simulator (`simulate`, FixedPolicy) and
 m-ETF (`run_with_headroom`, EarliestStartPolicy, twins weighed once), and asserts the same
 placement, the same start and end of every op bit for bit, the same transfers, peak memory and
-order, or the same error (type and message) when memory runs out or the cutoff is passed. Graphs:
+order, and the same units of work (`work`), or the same error (type and message) when memory
+runs out or the cutoff is passed. Graphs:
 hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins, groups, free and
 dear links, hosts and unequal memories that make sets of twins), every graph of tests/graphs.py,
 the graphs of bench/quality_graphs.py and the queueing graphs of bench/layered.py.
@@ -39,6 +40,7 @@ from baechi_tf.placer.list_scheduler import (
     _close_in,
     run_with_headroom,
 )
+from baechi_tf.placer.work import metered
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from layered import (  # noqa: E402
@@ -111,11 +113,13 @@ def _hex(x: float) -> str:
 
 
 def _outcome(run):
-    """What a schedule is, bit for bit, or the error's type and message."""
-    try:
-        s = run()
-    except (InfeasiblePlacementError, ScheduleCutOff) as e:
-        return type(e).__name__, str(e)
+    """What a schedule is, bit for bit, or the error's type and message; and the units of work
+    of the runs made (`work.metered`), last."""
+    with metered(math.inf) as meter:
+        try:
+            s = run()
+        except (InfeasiblePlacementError, ScheduleCutOff) as e:
+            return type(e).__name__, str(e), meter.used
     return (
         s.placement.device_of.tolist(),
         s.placement.method,
@@ -126,6 +130,7 @@ def _outcome(run):
         [(type(p).__name__, p) for p in s.peak_memory_bytes],
         s.order.tolist(),
         s.start_us.dtype, s.end_us.dtype, s.order.dtype, s.placement.device_of.dtype,
+        meter.used,
     )
 
 

@@ -1190,7 +1190,12 @@ class ListScheduler:
                 if meter is not None:
                     meter.check(self.scheduled + scheduler_work(self))
         if not self.done:
-            raise _stuck(self.graph, self.cluster, self.groups, self.state)
+            slots = self.state.copy_slots
+            error = _stuck(self.graph, self.cluster, self.groups, self.state)
+            # Its dry runs make the message, not the schedule: no work (`work`), as in the
+            # compiled engine, whose message reads the bytes alone.
+            self.state.copy_slots = slots
+            raise error
 
     def schedule(self, method: str) -> Schedule:
         state = self.state
