@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test bench bench-optimality clean
 
 $(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
+		baechi_tf/placer/native/pieces.hpp baechi_tf/placer/native/sct_policy.hpp \
 		baechi_tf/placer/native/windows.hpp
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'

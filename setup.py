@@ -9,7 +9,12 @@ from setuptools import find_packages, setup
 native = Pybind11Extension(
     "baechi_tf.placer._native",
     ["baechi_tf/placer/native/scheduler.cpp"],
-    depends=["baechi_tf/placer/native/gaps.hpp", "baechi_tf/placer/native/windows.hpp"],
+    depends=[
+        "baechi_tf/placer/native/gaps.hpp",
+        "baechi_tf/placer/native/pieces.hpp",
+        "baechi_tf/placer/native/sct_policy.hpp",
+        "baechi_tf/placer/native/windows.hpp",
+    ],
     cxx_std=17,
     extra_compile_args=["-O2", "-ffp-contract=off"],
 )

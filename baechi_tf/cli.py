@@ -122,7 +122,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         default=defaults.engine,
         choices=ENGINES,
-        help="what runs the list scheduler that m-ETF, the simulator and auto's refinement share: "
+        help="what runs the list scheduler that m-ETF, m-SCT, the simulator and auto's refinement share: "
         "'native', the compiled core, or 'python', the reference it is tested against; the "
         "placement is the same either way (default: %(default)s; 'python', with a warning, when "
         "the core was not built)",
