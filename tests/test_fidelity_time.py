@@ -111,6 +111,14 @@ def test_figures_per_graph_and_against_the_targets():
     assert "Spearman per graph: g 0.500 (target >= 0.9) NOT met" in summary.getvalue()
     no_auto = ft.print_graph(rows[:1] + rows[2:], io.StringIO())
     assert no_auto["auto_ok"] is None
+    # auto chose single's placement: the two rows are one candidate, their steps pooled.
+    same = [_row("single", 10.0, [10.0, 10.2]), _row("auto", 10.0, [10.9, 11.0]),
+            _row("halves", 20.0, [10.7, 10.8])]
+    same[1].same_as = "single"
+    out = io.StringIO()
+    pooled = ft.print_graph(same, out)
+    assert pooled["auto_ratio"] == pytest.approx(1.0) and pooled["auto_ok"] is True
+    assert "auto (auto, = single) 10.55 ms, fastest single 10.55 ms: x1.000 ok" in out.getvalue()
 
 
 def test_cpu_meter_gives_a_share_of_the_cores():
