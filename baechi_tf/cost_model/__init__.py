@@ -1,8 +1,9 @@
 """Cost model: profiles measured from traced steps, their file, and their coverage of a graph.
 
 `profile_fetch` (TensorFlow) measures; `save_profile` / `load_profile` write and read the
-protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph. Importing
-this package does not import TensorFlow.
+protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph;
+`measured_memory` (TensorFlow, imported from its module) rebuilds the memory each device held
+in a traced step. Importing this package does not import TensorFlow.
 """
 
 from baechi_tf.cost_model.profile import (
