@@ -82,13 +82,13 @@ class Row:
     measured_persistent_bytes: int  # variables and constants
     measured_step_bytes: int  # the records' peak
     replaced_bytes: int  # records left at the step's end (variables' new buffers)
-    # The same schedule's peak with some blocks of memory counted otherwise (`_variants`):
-    # (None when the placement ran with Grappler, whose nodes are not the graph's)
+    # The same schedule's peak with some blocks of memory counted otherwise (`_variants`), the
+    # largest over the traced steps (None when the placement ran with Grappler, whose nodes
+    # are not the graph's):
     sim_ran_bytes: Optional[int]  # without the blocks of ops the step never ran
     sim_alias_bytes: Optional[int]  # and an output that is a view of another buffer counted with that buffer
     sim_standin_bytes: Optional[int]  # and a copy received from another stand-in counted on the sender
-    replay_bytes: Optional[int]  # those rules with each op at its measured start and end (the
-    # largest over the traced steps), not the simulated
+    replay_bytes: Optional[int]  # those rules with each op at its measured start and end
 
     @property
     def ratio(self) -> float:
@@ -213,8 +213,11 @@ def measure_graph(
         if grappler:  # the traced nodes are Grappler's, not the graph's: no breakdown
             variants, replay = [[None] * result.cluster.num_devices] * 3, [None] * result.cluster.num_devices
         else:
-            variants = _variants(result, stats[0])
-            replay = [max(p) for p in zip(*(_variants(_replayed(result, step), step)[-1] for step in stats))]
+            # Per device the largest over the traced steps, as the measured peak is: whether an op
+            # works in place of its input depends on the order of the step.
+            per_step = [_variants(result, step) + _variants(_replayed(result, step), step)[-1:] for step in stats]
+            variants = [[max(p) for p in zip(*(v[k] for v in per_step))] for k in range(4)]
+            replay = variants.pop()
         for d, dev in enumerate(result.cluster.devices):
             ops = int((device_of == d).sum())
             key = _local(dev.name)
@@ -272,6 +275,7 @@ def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
     both = sum(LOW <= x <= HIGH for x, _ in ratios)
     under = min(ratios, key=lambda xr: xr[0])
     over = max(ratios, key=lambda xr: xr[0])
+    held = [xr for xr in ratios if xr[1].measured_bytes >= MiB]
 
     def where(xr) -> str:
         x, r = xr
@@ -286,7 +290,8 @@ def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
         f"both (the target, [1.0, 1.25]):   {both}/{n} devices ({100 * both / n:.0f}%)",
         f"worst under-prediction: {where(under)}",
         f"worst over-prediction:  {where(over)}",
-    ]
+    ] + ([f"worst over-prediction where at least 1 MiB was measured: {where(max(held, key=lambda xr: xr[0]))}"]
+         if held and len(held) < n else [])
 
 
 VARIANTS = (
@@ -468,6 +473,14 @@ def _explain(result, ran_def, stats, measured, out) -> None:
               + ", ".join(f"{k} {v / MiB:.2f}" for k, v in top), file=out)
 
 
+def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
+    print()
+    print("\n".join(summary(rows)))
+    for field, what in VARIANTS if not grappler else ():
+        print(f"\n{what}:")
+        print("\n".join("  " + line for line in summary(rows, field)[1:]))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     models = list(fidelity_graphs.FIDELITY_GRAPHS)
@@ -492,6 +505,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="run the placements with Grappler on (profiled without, as BaechiSession "
                         "does); no breakdown then")
     parser.add_argument("--json", help="write every row to this file")
+    parser.add_argument("--summary_of", metavar="FILE",
+                        help="print the summary figures of the rows a --json run wrote, and run nothing")
     args = parser.parse_args(argv)
     if args.quick:
         names, methods, tight_methods = list(QUICK_MODELS), list(QUICK_METHODS), ["m_etf"]
@@ -506,6 +521,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.traced_steps < 1:
         parser.error(f"--traced_steps={args.traced_steps}: give at least 1")
 
+    if args.summary_of:
+        with open(args.summary_of) as f:
+            rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.load(f)]
+        _print_summary(rows, grappler=rows[0].sim_ran_bytes is None if rows else False)
+        return 0
     import_tensorflow_quietly()
     import tensorflow as tf
 
@@ -522,11 +542,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
                               traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
                               grappler=args.grappler)
-    print()
-    print("\n".join(summary(rows)))
-    for field, what in VARIANTS if not args.grappler else ():
-        print(f"\n{what}:")
-        print("\n".join("  " + line for line in summary(rows, field)[1:]))
+    _print_summary(rows, args.grappler)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], f, indent=1)
