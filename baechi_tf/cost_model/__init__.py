@@ -1,8 +1,9 @@
 """Cost model: profiles measured from traced steps, their file, and their coverage of a graph.
 
 `profile_fetch` (TensorFlow) measures; `save_profile` / `load_profile` write and read the
-protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph. Importing
-this package does not import TensorFlow.
+protobuf file; `profile_coverage`, `compare_to_graph` and `unrun_ops` relate a profile to a
+graph; `measured_memory` (TensorFlow, imported from its module) rebuilds the memory each device
+held in a traced step. Importing this package does not import TensorFlow.
 """
 
 from baechi_tf.cost_model.profile import (
@@ -20,6 +21,7 @@ from baechi_tf.cost_model.profile import (
     profile_from_bytes,
     profile_to_bytes,
     save_profile,
+    unrun_ops,
 )
 from baechi_tf.cost_model.profiler import profile_fetch, profile_from_step_stats, profiling_config
 
@@ -41,4 +43,5 @@ __all__ = [
     "profile_to_bytes",
     "profiling_config",
     "save_profile",
+    "unrun_ops",
 ]

@@ -5,13 +5,17 @@ One op per node, in node order, with:
 * **Costs** from the profile: compute time, bytes of each output slot, temporary and persistent
   memory. Variables always hold at least their own size as persistent memory (a resource
   variable's buffer is allocated by the op that assigns it, so the handle op's trace shows none).
-  Ops the profile lacks get estimates and are listed in the coverage: output bytes from static
-  shapes and types (unknown dimensions count as 1), variables their size as persistent memory,
-  compute time the median of the profiled ops of the same type, or `DEFAULT_COMPUTE_US` when no op
-  of that type was profiled (those ops are listed apart).
+  Ops that no step of the profiled fetches runs (`baechi_tf.cost_model.profile.unrun_ops`: the
+  initializers, a Keras model's construction graph...) cost nothing: no time, no bytes but a
+  variable's own size; TF allocates nothing for them in those steps. Other ops the profile lacks
+  get estimates and are listed in the coverage: output bytes from static shapes and types
+  (unknown dimensions count as 1), variables their size as persistent memory, compute time the
+  median of the profiled ops of the same type, or `DEFAULT_COMPUTE_US` when no op of that type was
+  profiled (those ops are listed apart).
 * **Edges**: one data edge per (producer output, consumer), carrying the producer's output bytes;
   one control edge per control input, unless a data edge already links the two ops.
-  ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
+  ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG, and so are
+  the edges of ops that no profiled step runs: no tensor or message goes to them in a step.
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
   placer adds: an op taking a resource handle or a reference from another op (as its input is
   declared: not one reading the value through a reference) runs on that op's device (a handle
@@ -58,6 +62,7 @@ from baechi_tf.cost_model.profile import (
     OpCost,
     ProfileMismatch,
     compare_to_graph,
+    unrun_ops,
 )
 from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
 from baechi_tf.graph import OpGraph, OpGraphBuilder
@@ -387,6 +392,7 @@ def import_graph_def(
     for c in usable.values():
         by_type.setdefault(c.op_type, []).append(c.compute_us)
     type_median = {t: statistics.median(v) for t, v in by_type.items()}
+    unrun = unrun_ops(profile, graph_def)
 
     builder = OpGraphBuilder()
     default_ops: list[str] = []
@@ -422,7 +428,9 @@ def import_graph_def(
         out_bytes, compute, temp, persistent = _op_costs(
             node.name, node.op, op, cost, type_median, allow_profile_mismatch
         )
-        if cost is not None:
+        if node.name in unrun:
+            out_bytes, compute, temp = [0] * len(out_bytes), 0.0, 0
+        elif cost is not None:
             profiled_us += compute
         else:
             estimated.append(node.name)
@@ -460,12 +468,18 @@ def import_graph_def(
             op_type=node.op,
         )
 
-    _add_edges(builder, graph_def, node_types)
+    _add_edges(builder, graph_def, node_types, unrun)
     graph = builder.build()
     if resolver.ignored:
         notes.append(
             f"{len(resolver.ignored)} ops named devices outside the cluster and were placed "
             f"freely (first: {resolver.ignored[0]!r})"
+        )
+    if unrun:
+        first = next(n for n in names if n in unrun)
+        notes.append(
+            f"{len(unrun)} ops ran in no traced step (first: {first!r}): no step of the profiled "
+            "fetches runs them, so they are placed at no cost"
         )
     if host_ops:
         notes.append(
@@ -474,10 +488,11 @@ def import_graph_def(
         )
     coverage = Coverage(
         num_graph_ops=len(names),
-        num_profiled_ops=len(names) - len(estimated),
+        num_profiled_ops=len(names) - len(estimated) - len(unrun),
         estimated_ops=tuple(estimated),
         profiled_compute_us=profiled_us,
         traced_compute_us=profile.traced_compute_us,
+        unrun_ops=tuple(n for n in names if n in unrun),
     )
     log.info("%s", coverage.describe())
     return ImportResult(
@@ -517,10 +532,12 @@ def _op_costs(
     return out_bytes, cost.compute_us, cost.temp_bytes, max(cost.persistent_bytes, var_bytes)
 
 
-def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str]) -> None:
-    """Data edges, then control edges not parallel to a data edge; loops' back edges left out.
-    One pass over the inputs, the edges handed to the builder at once (a graph may have hundreds
-    of thousands of control inputs)."""
+def _add_edges(
+    builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str], unrun: frozenset[str]
+) -> None:
+    """Data edges, then control edges not parallel to a data edge; loops' back edges and the
+    edges of `unrun` ops left out. One pass over the inputs, the edges handed to the builder at
+    once (a graph may have hundreds of thousands of control inputs)."""
     ids = builder.ids
     src_ids: list[int] = []
     dst_ids: list[int] = []
@@ -539,6 +556,8 @@ def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str,
                 )
             if merge and node_types[name] in _BACK_EDGE_SRC:
                 continue  # a loop's back edge: left out of the DAG
+            if node.name in unrun or name in unrun:
+                continue  # no step sends it anything
             if port >= 0:
                 data_srcs.add(src)
             elif src in data_srcs:
