@@ -30,7 +30,7 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
+@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
                                     "lp_scaling.py", "make_profiles.py",
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "scale.py", "tight_memory.py"])
