@@ -41,7 +41,15 @@ setup(
     ],
     extras_require={
         "mosek": ["Mosek==11.2.7"],
-        "test": ["pytest==9.2.0", "hypothesis==6.170.17"],
+        # The docs tools are here too: tests/test_docs.py builds the site with --strict.
+        "test": [
+            "pytest==9.2.0",
+            "hypothesis==6.170.17",
+            "mkdocs==1.6.1",
+            "mkdocs-material==9.8.2",
+            "mkdocstrings[python]==1.0.8",
+            "mkdocstrings-python==2.0.11",
+        ],
         # Only to regenerate baechi_tf/proto/*_pb2.py (committed); its protoc matches protobuf 7.x.
         "proto": ["grpcio-tools==1.85.1"],
     },

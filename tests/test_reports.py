@@ -751,7 +751,7 @@ def test_the_readme_lists_every_figure_of_summary_json(fork_join_reports):
     _, _, paths = fork_join_reports
     with open(paths["summary"]) as f:
         figures = json.load(f)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "reports.md"), encoding="utf-8") as f:  # once the README
         readme = f.read()
     start = readme.index("`summary.json` (of `--report_dir`) holds")
     paragraph = readme[start : readme.index("\n\n", start)]
