@@ -186,7 +186,7 @@ def options_from_args(args: argparse.Namespace):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``place-json``."""
-    parser.add_argument("graph", metavar="GRAPH.json", help="op graph, devices and costs (schema in the README)")
+    parser.add_argument("graph", metavar="GRAPH.json", help="op graph, devices and costs (schema in docs/json.md)")
     add_placement_arguments(parser)
     parser.add_argument(
         "--out", metavar="P.json", help="write the placement and its figures here as JSON"
