@@ -731,7 +731,7 @@ def _windows_outcomes(graph, cluster, device_of, seed):
     pinned = [rng.random() < 0.2 for _ in range(groups.num_groups)]
     out = []
     for num_windows, overlap, max_moves, free in (
-        (1, False, None, None), (5, True, None, None), (16, False, 40, None),
+        (1, False, None, None), (5, True, None, None), (16, False, 40, None), (2, False, -3, None),
         (3, False, None, max(1, cluster.num_devices - 1)),
     ):
         placed, moves = balance_windows(
@@ -783,8 +783,8 @@ def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
     monkeypatch.setattr(windows, "_native_balance", lambda *a: calls.append(1) or real(*a))
     with engine.selected("native"):
         expected = _windows_outcomes(graph, cluster, device_of, 3)
-    assert len(calls) == 4
+    assert len(calls) == 5
     monkeypatch.setattr(windows, "_INT64_LIMIT", 1)
     with engine.selected("native"):
         assert _windows_outcomes(graph, cluster, device_of, 3) == expected
-    assert len(calls) == 4
+    assert len(calls) == 5

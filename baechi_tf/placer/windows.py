@@ -313,6 +313,6 @@ def _native_balance(module, graph, cluster, groups, device_of, window, num_windo
         np.asarray(search.room, dtype=i64),
         np.asarray(search.orders, dtype=np.int32).reshape(-1), len(search.orders),
         len(search.orders[0]) if search.orders else 0, search.targets, search.per_move,
-        -1 if search.max_moves is None else search.max_moves, search.min_pass_gain,
+        -1 if search.max_moves is None else max(search.max_moves, 0), search.min_pass_gain,  # -1: none
     )
     return placed, int(evaluated)
