@@ -4,9 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-optimality clean
+.PHONY: demo test docs bench bench-optimality clean
 
-$(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp
+$(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
+		baechi_tf/placer/native/pieces.hpp baechi_tf/placer/native/sct_policy.hpp \
+		baechi_tf/placer/native/windows.hpp
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'
 	touch $(STAMP)
@@ -19,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The documentation site, into site/ (tests/test_docs.py builds it too, with --strict).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) bench/placement_scaling.py
@@ -34,4 +40,4 @@ bench-optimality: $(CP_VENV)/.installed
 	$(CP_VENV)/bin/python bench/optimality.py
 
 clean:
-	rm -rf $(VENV) $(CP_VENV) build *.egg-info
+	rm -rf $(VENV) $(CP_VENV) build site *.egg-info

@@ -9,7 +9,12 @@ from setuptools import find_packages, setup
 native = Pybind11Extension(
     "baechi_tf.placer._native",
     ["baechi_tf/placer/native/scheduler.cpp"],
-    depends=["baechi_tf/placer/native/gaps.hpp"],
+    depends=[
+        "baechi_tf/placer/native/gaps.hpp",
+        "baechi_tf/placer/native/pieces.hpp",
+        "baechi_tf/placer/native/sct_policy.hpp",
+        "baechi_tf/placer/native/windows.hpp",
+    ],
     cxx_std=17,
     extra_compile_args=["-O2", "-ffp-contract=off"],
 )
@@ -36,9 +41,17 @@ setup(
     ],
     extras_require={
         "mosek": ["Mosek==11.2.7"],
-        "test": ["pytest==9.2.0", "hypothesis==6.170.17"],
+        # The docs tools are here too: tests/test_docs.py builds the site with --strict.
+        "test": [
+            "pytest==9.2.0",
+            "hypothesis==6.170.17",
+            "mkdocs==1.6.1",
+            "mkdocs-material==9.8.2",
+            "mkdocstrings[python]==1.0.8",
+            "mkdocstrings-python==2.0.11",
+        ],
         # Only to regenerate baechi_tf/proto/*_pb2.py (committed); its protoc matches protobuf 7.x.
         "proto": ["grpcio-tools==1.85.1"],
     },
-    entry_points={"console_scripts": ["baechi=baechi_tf.cli:main"]},
+    entry_points={"console_scripts": ["baechi=baechi_tf.cli:console_main"]},
 )

@@ -1,5 +1,3 @@
-import sys
+from baechi_tf.cli import console_main
 
-from baechi_tf.cli import main
-
-sys.exit(main())
+console_main()

@@ -6,17 +6,18 @@ anything of the package.)"""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
 import signal
 import sys
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 from baechi_tf import interrupts
 from baechi_tf.errors import ConfigError
 
-__all__ = ["collector_paused", "flag_parser", "import_tensorflow_quietly", "native_stderr_quiet", "run_main"]
+__all__ = ["collector_paused", "exit_now", "flag_parser", "import_tensorflow_quietly", "native_stderr_quiet", "run_main"]
 
 
 def run_main(
@@ -88,6 +89,21 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def exit_now(status: int) -> NoReturn:
+    """Ends a finished command's process with `status`: the atexit handlers run (logging's flush,
+    the stop of local workers) and stdout and stderr are flushed, but Python's finalisation is
+    skipped. Once TensorFlow is imported, that finalisation (its modules and objects torn down
+    one by one) takes about a second and does nothing a command that has closed its files needs.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be written
+            pass
+    os._exit(status)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import sys
 from typing import Optional, Sequence
 
 from baechi_tf import interrupts
-from baechi_tf._startup import collector_paused
+from baechi_tf._startup import collector_paused, exit_now
 
 __all__ = ["main", "add_placement_arguments", "options_from_args"]
 
@@ -122,7 +122,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         default=defaults.engine,
         choices=ENGINES,
-        help="what runs the list scheduler that m-ETF, the simulator and auto's refinement share: "
+        help="what runs the list scheduler that m-ETF, m-SCT, the simulator and auto's refinement share: "
         "'native', the compiled core, or 'python', the reference it is tested against; the "
         "placement is the same either way (default: %(default)s; 'python', with a warning, when "
         "the core was not built)",
@@ -186,7 +186,7 @@ def options_from_args(args: argparse.Namespace):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``place-json``."""
-    parser.add_argument("graph", metavar="GRAPH.json", help="op graph, devices and costs (schema in the README)")
+    parser.add_argument("graph", metavar="GRAPH.json", help="op graph, devices and costs (schema in docs/json.md)")
     add_placement_arguments(parser)
     parser.add_argument(
         "--out", metavar="P.json", help="write the placement and its figures here as JSON"
@@ -279,5 +279,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return interrupts.exit_status(e, interrupted=f"{prog}: interrupted{written}", failed=f"{prog}: error: ")
 
 
+def console_main() -> None:
+    """The ``baechi`` program: `main`, whose outputs are written and closed when it returns, then
+    `exit_now` (no second of TensorFlow's teardown after the work is done)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -176,13 +176,24 @@ class OpGraph:
 
     @functools.cached_property
     def _tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        key_to_id: dict[tuple[int, int], int] = {}
-        edge_tensor = np.empty(self.num_edges, dtype=np.int32)
-        for e, (s, o) in enumerate(zip(self.edge_src.tolist(), self.edge_src_output.tolist())):
-            edge_tensor[e] = key_to_id.setdefault((s, o), len(key_to_id))
-        keys = np.array(list(key_to_id), dtype=np.int64).reshape(-1, 2)
-        return _frozen(edge_tensor), _frozen(keys[:, 0].astype(np.int32)), _frozen(
-            keys[:, 1].astype(np.int32)
+        """(edge -> tensor, tensor -> src, tensor -> output slot): a tensor per distinct (src,
+        output slot), numbered in the order of their first edges."""
+        src = self.edge_src.astype(np.int64)
+        out = self.edge_src_output.astype(np.int64)
+        if src.size == 0:
+            empty = np.zeros(0, dtype=np.int32)
+            return _frozen(empty), _frozen(empty.copy()), _frozen(empty.copy())
+        low = int(out.min())
+        key = src * (int(out.max()) - low + 1) + (out - low)
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        by_first = np.argsort(first, kind="stable")  # tensor ids in order of first appearance
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(by_first.size)
+        firsts = first[by_first]
+        return (
+            _frozen(rank[inverse.reshape(-1)].astype(np.int32)),
+            _frozen(self.edge_src[firsts].astype(np.int32)),
+            _frozen(self.edge_src_output[firsts].astype(np.int32)),
         )
 
     @property

@@ -30,7 +30,8 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "host_pins.py", "keras_graphs.py", "lp_scaling.py", "make_profiles.py",
+@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
+                                    "lp_scaling.py", "make_profiles.py",
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
@@ -86,6 +87,12 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
      "--models 'nasnet': unknown model(s) nasnet; choose from resnet50, densenet121, nasnetmobile, gnmt_v2"),
     ("run_overhead.py", ["--rounds", "0"], "argument --rounds: '0': give a whole number of at least 1"),
     ("placement_speed.py", ["--scale", "2"], "argument --scale: '2': give a number in (0, 1]"),
+    ("fidelity_memory.py", ["--models", "resnet"],
+     "--models 'resnet': unknown model(s) resnet; choose from gnmt_v2, inception_v3, transformer, resnet50, "
+     "mobilenetv2, rnn"),
+    ("fidelity_memory.py", ["--tight", "0"], "--tight=0.0: give a number above 0"),
+    ("fidelity_memory.py", ["--tight_methods", "m_etff"],
+     f"--tight_methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(script, args, message):
     done = bench(script, *args)

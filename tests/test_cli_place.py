@@ -504,6 +504,12 @@ def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsy
         f"the traces hold 1 of the graph's {len(lstm.graph_def.node)} ops: are they traces of this "
         "graph? The ops they lack are placed by estimated costs"
     ]
+    # And estimated they are: such traces do not say which ops a step of this graph leaves out.
+    from baechi_tf.cost_model import unrun_ops
+    from baechi_tf.rewriter.cli_place import profile_from_run_metadata
+
+    profile = profile_from_run_metadata([str(other)], [other.read_bytes()], lstm.graph_def)
+    assert profile.num_traced_steps == 0 and unrun_ops(profile, lstm.graph_def) == frozenset()
     out.unlink()
     capsys.readouterr()
     # A missing file, before TensorFlow is needed; and a profile and traces at once.

@@ -20,10 +20,13 @@ from baechi_tf.cost_model import (
     load_profile,
     merge_profiles,
     profile_coverage,
+    profile_fetch,
     profile_from_bytes,
     profile_from_step_stats,
     profile_to_bytes,
+    profiling_config,
     save_profile,
+    unrun_ops,
 )
 from baechi_tf.cost_model.profiler import with_types_not_run
 from baechi_tf.errors import ProfileError
@@ -73,11 +76,55 @@ def test_real_profile_coverage(lstm):
     coverage = profile_coverage(lstm.profile, lstm.graph_def)
     assert coverage.num_graph_ops == len(lstm.graph_def.node)
     assert coverage.num_profiled_ops == len(lstm.profile.ops)
-    assert set(coverage.estimated_ops) == {n.name for n in lstm.graph_def.node} - set(lstm.profile.ops)
+    # The ops the fetch did not run cost nothing, but for the fed placeholders.
+    assert set(coverage.estimated_ops) == {"inputs", "targets"}
+    assert set(coverage.unrun_ops) == {n.name for n in lstm.graph_def.node} - set(lstm.profile.ops) - {"inputs", "targets"}
     assert 0.5 < coverage.op_share < 1
     # Runtime nodes (_arg_, _retval_, _SOURCE) are the only traced time outside the graph's ops.
     assert 0.9 < coverage.compute_share <= 1
-    assert "ops have estimated costs" in coverage.describe()
+    assert "2 ops have estimated costs" in coverage.describe()
+    assert f"{len(coverage.unrun_ops)} ops ran in no traced step and cost nothing" in coverage.describe()
+
+
+def test_ops_no_traced_step_ran_are_unrun(lstm):
+    unrun = unrun_ops(lstm.profile, lstm.graph_def)
+    assert {"init", "lstm0/kernel/Initializer/random_uniform/RandomUniform", "lstm0/kernel/Assign"} <= unrun
+    assert not unrun & set(lstm.profile.ops)
+    # Merged with a fetch placed without a traced step, what runs is not known any more.
+    untraced = CostProfile({}, lstm.profile.graph_fingerprint, lstm.profile.graph_nodes)
+    for merged in (merge_profiles(lstm.profile, untraced), merge_profiles(untraced, lstm.profile)):
+        assert merged.num_traced_steps == 0
+        assert unrun_ops(merged, lstm.graph_def) == frozenset()
+    # A node that is not the profiled graph's (changed inputs) is not known either.
+    changed = tf.compat.v1.GraphDef()
+    changed.CopyFrom(lstm.graph_def)
+    node = next(n for n in changed.node if n.name == "init")
+    node.input.append("^inputs")
+    assert unrun_ops(lstm.profile, changed) == unrun - {"init"}
+
+
+def test_ops_that_may_run_in_another_step_are_not_unrun():
+    #   x --> Switch(p) --false--> neg --> Merge --> out
+    #               \---true---> sq  --/
+    #   fed --> twice --> used              unused (reads x)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4], name="x")
+        p = tf.compat.v1.placeholder(tf.bool, [], name="p")
+        false, true = tf.raw_ops.Switch(data=x, pred=p, name="switch")
+        merged = tf.raw_ops.Merge(inputs=[tf.negative(false, name="neg"), tf.square(true, name="sq")], name="merge")
+        out = tf.identity(merged.output, name="out")
+        fed = tf.multiply(x, 3.0, name="fed")
+        used = tf.add(fed, 1.0, name="used")
+        tf.multiply(x, 5.0, name="unused")
+    with tf.compat.v1.Session(graph=g, config=profiling_config()) as sess:
+        profile = profile_fetch(sess, [out, used], {x: np.ones(4, np.float32), p: True, fed: np.ones(4, np.float32)},
+                                warmup_steps=0, traced_steps=1)
+    assert "sq" in profile.ops and "neg" not in profile.ops and "fed" not in profile.ops
+    unrun = unrun_ops(profile, g.as_graph_def())
+    # The branch not taken, a fed op (its readers ran) and the placeholders may run in another
+    # step; the ops that nothing the fetch runs reads are part of none (the fed op's input too).
+    assert unrun == {"unused", "unused/y", "fed/y"}
 
 
 def test_what_profiling_may_write_over(lstm, tmp_path):
@@ -194,7 +241,7 @@ def test_step_stats_rules():
     assert profile.traced_compute_us == 5 + 20 + 10 + 9 + 1 + 42
     coverage = profile_coverage(profile, GRAPH)
     assert (coverage.num_graph_ops, coverage.num_profiled_ops) == (5, 3)
-    assert coverage.estimated_ops == ("only_hw", "never")
+    assert coverage.unrun_ops == ("only_hw", "never") and coverage.estimated_ops == ()
     assert coverage.compute_share == pytest.approx(72 / 87)
     # The rest of each step, by node type (no label here: 'unknown'), measured within the step.
     assert profile.unmatched_compute_us == {"unknown": 15.0}
@@ -274,6 +321,7 @@ def test_merge_keeps_old_ops_and_takes_new_costs():
     merged = merge_profiles(old, new)
     assert merged.ops["a"].compute_us == 99.0 and "b" in merged.ops and "g" in merged.ops
     assert merged.graph_fingerprint == "f"
+    assert merged.num_traced_steps == 0  # new's fetch was placed without a traced step
     overhead = old.traced_compute_us - old.profiled_compute_us
     assert merged.traced_compute_us == pytest.approx(merged.profiled_compute_us + overhead)
 

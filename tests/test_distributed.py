@@ -288,6 +288,12 @@ def test_a_port_that_is_no_tensorflow_server_fails_within_the_timeout():
          "task worker:3 is not in the cluster spec"),
         ([], {"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 2}},
          "task ps:2 is not in the cluster spec"),
+        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--cpu_cores=first"], None,
+         "--cpu_cores='first': give core numbers such as '0', '0,2' or '0-3'"),
+        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--cpu_cores=4000"], None,
+         "--cpu_cores='4000': cannot run on those cores"),
+        (['--cluster_spec={"worker": ["127.0.0.1:1"]}', "--inter_op_threads=-1"], None,
+         "--inter_op_threads and --intra_op_threads: give 0 (TensorFlow chooses) or more"),
     ],
 )
 def test_a_worker_with_a_bad_task_says_so(args, tf_config, match):
@@ -390,6 +396,74 @@ def test_training_across_two_workers_equals_one_process_and_stops_them():
     moved = {n: (ran[n], report.op_to_device[n]) for n in placed if ran[n] != {report.op_to_device[n]}}
     assert not moved
     assert {d.split("/device:")[0] for n in placed for d in ran[n]} == {W0, W1}
+
+
+def _threads_cores(pid: int) -> set:
+    """The core sets of every thread of process `pid`."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return out
+
+
+def test_workers_pinned_to_cores_run_one_op_at_a_time_on_their_cpu0():
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = [cores[0], cores[-1]]  # two cores when the machine has them
+    with start_local_workers(2, 0, cpu_cores=pinned, inter_op_threads=1,
+                             intra_op_threads=1) as workers:
+        # Every thread of each task, TF's and gRPC's, started after the pin: all on its core.
+        for pid, core in zip(workers.pids, pinned):
+            assert _threads_cores(pid) == {frozenset([core])}
+        d0, d1 = (f"{t}/device:CPU:0" for t in (W0, W1))
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [256, 256], name="x")
+            with tf.device(d0):  # two independent chains on one task
+                left, right = x, x
+                for i in range(4):
+                    left = tf.matmul(left, x, name=f"left{i}") * 0.01
+                    right = tf.matmul(right, x, name=f"right{i}") * 0.01
+            with tf.device(d1):
+                total = tf.add(tf.reduce_sum(left), tf.reduce_sum(right), name="total")
+        value = np.full([256, 256], 0.01, np.float32)
+        metadata = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(workers.target, graph=graph,
+                                  config=remote_session_config(profiling_config())) as sess:
+            listed = {d.name for d in sess.list_devices()}
+            got = sess.run(total, {x: value}, run_metadata=metadata, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+    assert wait_gone(workers.pids) == []
+    assert listed == {d0, d1}  # num_devices_per_worker=0: TF's own devices, CPU:0 alone
+    chain = value
+    for _ in range(4):
+        chain = chain @ value * 0.01
+    np.testing.assert_allclose(got, 2 * chain.sum(), rtol=1e-4)
+    # One inter-op thread and one intra-op thread: the task's ops never overlap in time.
+    spans = sorted(
+        (ns.all_start_nanos, ns.all_start_nanos + ns.all_end_rel_nanos)
+        for dev in metadata.step_stats.dev_stats if dev.device == d0
+        for ns in dev.node_stats if ns.node_name.startswith(("left", "right"))
+    )
+    assert len(spans) == 8
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cpu_cores": [0]}, "cpu_cores gives 1 entry for 2 workers"),
+        ({"cpu_cores": [[], [0]]}, r"cpu_cores\[0\]=\[\]: give cores this process may run on"),
+        ({"cpu_cores": [0, 4000]}, r"cpu_cores\[1\]=\[4000\]"),
+        ({"intra_op_threads": -1}, "intra_op_threads=-1; give a whole number of threads"),
+        ({"num_devices_per_worker": -1}, "num_devices_per_worker=-1; give 0"),
+    ],
+)
+def test_bad_pins_and_pools_are_refused_before_any_worker_starts(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        start_local_workers(2, **{"num_devices_per_worker": 0, **kwargs})
 
 
 def test_an_error_inside_stops_the_workers():

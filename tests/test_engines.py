@@ -1,12 +1,15 @@
 """The compiled scheduling engine gives exactly the Python engine's schedules (`engine`).
 
-Every comparison runs one schedule on each engine: the simulator (`simulate`, FixedPolicy) and
-m-ETF (`run_with_headroom`, EarliestStartPolicy, twins weighed once), and asserts the same
-placement, the same start and end of every op bit for bit, the same transfers, peak memory and
-order, or the same error (type and message) when memory runs out or the cutoff is passed. Graphs:
-hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins, groups, free and
-dear links, hosts and unequal memories that make sets of twins), every graph of tests/graphs.py,
-the graphs of bench/quality_graphs.py and the queueing graphs of bench/layered.py.
+Every comparison runs one schedule on each engine: the simulator (`simulate`, FixedPolicy),
+m-ETF (`run_with_headroom`, EarliestStartPolicy, twins weighed once) and m-SCT
+(`run_with_headroom`, FavouriteChildPolicy, with the LP's favourite children and with children
+drawn at random among each op's successors), and asserts the same placement, the same start and
+end of every op bit for bit, the same transfers, peak memory and order, and the same units of
+work (`work`), or the same error (type and message) when memory runs out or the cutoff is
+passed. Graphs: hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins,
+groups, free and dear links, hosts and unequal memories that make sets of twins), every graph of
+tests/graphs.py, the graphs of bench/quality_graphs.py and the queueing graphs of
+bench/layered.py.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from baechi_tf.placer.list_scheduler import (
     _close_in,
     run_with_headroom,
 )
+from baechi_tf.placer.m_sct import FavouriteChildPolicy, MSCTOptions, favourite_children_of
+from baechi_tf.placer.work import metered
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 from layered import (  # noqa: E402
@@ -111,11 +116,13 @@ def _hex(x: float) -> str:
 
 
 def _outcome(run):
-    """What a schedule is, bit for bit, or the error's type and message."""
-    try:
-        s = run()
-    except (InfeasiblePlacementError, ScheduleCutOff) as e:
-        return type(e).__name__, str(e)
+    """What a schedule is, bit for bit, or the error's type and message; and the units of work
+    of the runs made (`work.metered`), last."""
+    with metered(math.inf) as meter:
+        try:
+            s = run()
+        except (InfeasiblePlacementError, ScheduleCutOff) as e:
+            return type(e).__name__, str(e), meter.used
     return (
         s.placement.device_of.tolist(),
         s.placement.method,
@@ -126,6 +133,7 @@ def _outcome(run):
         [(type(p).__name__, p) for p in s.peak_memory_bytes],
         s.order.tolist(),
         s.start_us.dtype, s.end_us.dtype, s.order.dtype, s.placement.device_of.dtype,
+        meter.used,
     )
 
 
@@ -167,6 +175,27 @@ def _m_etf(graph, cluster, groups=None, *, cutoff_us=float("inf")):
     )
 
 
+def _m_sct(graph, cluster, child, groups=None, *, cutoff_us=float("inf")):
+    groups = groups if groups is not None else colocation_groups(graph)
+    return lambda: run_with_headroom(
+        graph, cluster, groups, lambda: FavouriteChildPolicy(child, cluster.num_devices),
+        method="m_sct", cutoff_us=cutoff_us,
+    )
+
+
+def _children(graph, cluster, seed):
+    """The favourite children m-SCT's LP gives (HiGHS); children drawn among each op's
+    successors (four in five ops have one), which reserve devices far more often; and children
+    drawn among all ops, as the policy allows, with which an op held in a device's pool can
+    become the child the device is kept for (`_queue_bound`'s exempt member)."""
+    lp = favourite_children_of(graph, cluster, MSCTOptions(lp_solver="highs")).tolist()
+    rng = random.Random(seed)
+    drawn = [rng.choice(s) if s and rng.random() < 0.8 else -1 for s in graph.successors]
+    n = graph.num_ops
+    anyone = [rng.randrange(n) if rng.random() < 0.8 else -1 for _ in range(n)]
+    return lp, drawn, anyone
+
+
 def _simulate(graph, cluster, device_of, *, cutoff_us=float("inf")):
     placement = Placement(np.asarray(device_of, dtype=np.int32), "given")
     return lambda: simulate(graph, cluster, placement, cutoff_us=cutoff_us)
@@ -184,7 +213,13 @@ def _spread(graph, cluster, seed):
 
 
 def _compare_all(graph, cluster, seed=0, *, cutoffs=True):
-    """m-ETF, the simulation of its placement and of a random one, and both with cutoffs."""
+    """m-ETF, m-SCT (`_children`), the simulation of m-ETF's placement and of a random one, and
+    all with cutoffs."""
+    for child in _children(graph, cluster, seed):
+        msct = _same(_m_sct(graph, cluster, child))
+        if cutoffs and isinstance(msct[0], list) and graph.num_ops:
+            end = float(np.frombuffer(msct[3]).max())
+            _same(_m_sct(graph, cluster, child, cutoff_us=end * 0.6))
     metf = _same(_m_etf(graph, cluster))
     runs = [_spread(graph, cluster, seed)]
     if isinstance(metf[0], list):
@@ -346,7 +381,12 @@ def test_twins_handed_over_give_the_same_schedules(skip, monkeypatch):
     graph = layered_graph(300, seed=3)
     for cluster in (graphs.cluster(64, memory_bytes=256 * MiB), _cluster("hosts", 16, 64 * MiB, CommCost())):
         _same(_m_etf(graph, cluster))
-    _same(_m_etf(colocated_updates_graph(201), graphs.cluster(16)))
+        for child in _children(graph, cluster, 3):
+            _same(_m_sct(graph, cluster, child))
+    updates, sixteen = colocated_updates_graph(201), graphs.cluster(16)
+    _same(_m_etf(updates, sixteen))
+    for child in _children(updates, sixteen, 4):
+        _same(_m_sct(updates, sixteen, child))
 
 
 @native
@@ -354,10 +394,14 @@ def test_the_scheduler_switches_give_the_same_schedules(monkeypatch):
     """`ListScheduler.queue_tails` and `once_in_now` off, as tests/test_list_scheduler.py sets
     them, reach the compiled core too."""
     graph = colocated_gathers_graph(301)
+    chained = colocated_updates_graph(301, chained=True)
+    children = _children(chained, graphs.cluster(4), 5)
     for queue, once in ((False, True), (True, False)):
         monkeypatch.setattr(list_scheduler.ListScheduler, "queue_tails", queue)
         monkeypatch.setattr(list_scheduler.ListScheduler, "once_in_now", once)
         _same(_m_etf(graph, graphs.cluster(4)))
+        for child in children:
+            _same(_m_sct(chained, graphs.cluster(4), child))
 
 
 @native
@@ -365,16 +409,22 @@ def test_a_stuck_run_gives_the_same_message():
     graph, cluster = graphs.too_big_for_one(memory_bytes=70 * MiB)
     out = _same(_m_etf(graph, graphs.cluster(1, 70 * MiB)))
     assert out[0] == "InfeasiblePlacementError"
+    for child in _children(graph, cluster, 0):
+        out = _same(_m_sct(graph, graphs.cluster(2, 30 * MiB), child))
+        assert out[0] == "InfeasiblePlacementError" and "needs" in out[1]
     out = _same(_simulate(graph, cluster, [0, 0, 0, 0]))
     assert out[0] == "InfeasiblePlacementError" and "needs" in out[1]
 
 
 @native
-def test_other_policies_keep_the_python_engine():
-    """m-SCT's policy holds devices: the compiled core does not have it."""
+@pytest.mark.parametrize("base", [EarliestStartPolicy, FavouriteChildPolicy])
+def test_other_policies_keep_the_python_engine(base):
+    """A subclass may change what the compiled core has ported: it runs on the Python engine."""
 
-    class Subclass(EarliestStartPolicy):
-        pass
+    class Subclass(base):
+        def __init__(self):
+            if base is FavouriteChildPolicy:
+                super().__init__([1, 2, 3, -1], 2)
 
     graph, cluster = graphs.chain(4), graphs.cluster(2)
     _same(lambda: run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x"),
@@ -382,6 +432,84 @@ def test_other_policies_keep_the_python_engine():
     with _counting_native() as calls:
         run_with_headroom(graph, cluster, Groups.singletons(graph), Subclass, method="x")
     assert not calls
+
+
+def _weights_then_scratch():
+    """Four ops with 20 MiB of persistent memory each in a chain, then z, pinned to GPU:0, with
+    50 MiB of scratch, on two devices of 100 MiB:
+
+        w0 -> w1 -> w2 -> w3 ..> z (GPU:0)
+
+    The chain stays on one device while it may, so that with no headroom GPU:0 holds 80 MiB of
+    weights and z does not fit; with a quarter kept free, 60 MiB; with half, 40 MiB and z fits."""
+    b = OpGraphBuilder()
+    for i in range(4):
+        b.add_op(f"w{i}", 10.0, [4], persistent_bytes=20 * MiB)
+        if i:
+            b.add_edge(f"w{i - 1}", f"w{i}")
+    b.add_op("z", 10.0, [4], temp_bytes=50 * MiB, device="/device:GPU:0")
+    b.add_control_edge("w3", "z")
+    return b.build(), graphs.cluster(2, memory_bytes=100 * MiB)
+
+
+@native
+def test_headroom_retries_give_the_same_schedules():
+    """A run out of memory is retried with headroom (`run_with_headroom`): the third run fits,
+    on both engines, under m-ETF and m-SCT."""
+    graph, cluster = _weights_then_scratch()
+    for child in _children(graph, cluster, 0):
+        made = []
+
+        def make():
+            made.append(1)
+            return FavouriteChildPolicy(child, cluster.num_devices)
+
+        groups = colocation_groups(graph)
+        out = _same(lambda: run_with_headroom(graph, cluster, groups, make, method="m_sct"))
+        assert len(made) == 6  # three runs on each engine
+        assert out[0] == [0, 0, 1, 1, 0]
+    made.clear()
+    out = _same(lambda: run_with_headroom(graph, cluster, colocation_groups(graph), make, method="m_etf"))
+    assert len(made) == 6
+
+
+@native
+def test_m_sct_pools_give_the_same_schedules(monkeypatch):
+    """Ops held back from a device kept for a favourite child wait in the device's pool (a
+    `_TailQueue` without sources), which chained updates of one variable and fan-outs fill: the
+    Python engine made pools here, and the engines agree."""
+    pools = []
+    init = list_scheduler._TailQueue.__init__
+
+    def counted(self, device, sources, widths, since):
+        pools.append(sources is None)
+        init(self, device, sources, widths, since)
+
+    monkeypatch.setattr(list_scheduler._TailQueue, "__init__", counted)
+    for graph in (colocated_updates_graph(301, chained=True), fan_out_graph(300), layered_graph(400, seed=7)):
+        for child in _children(graph, graphs.cluster(4), 6):
+            _same(_m_sct(graph, graphs.cluster(4), child))
+    assert sum(pools) > 10
+
+
+@native
+@pytest.mark.parametrize("method", ["m_sct", "auto"])
+def test_the_pipeline_places_alike_on_both_engines(method):
+    """`placer.pipeline.place` with m-SCT (LP and all) and with auto, whose portfolio runs m-SCT:
+    the same placement and schedule, whichever engine is selected."""
+    from baechi_tf.placer.pipeline import PlacementOptions, place
+
+    graph = layered_graph(300, seed=11)
+    cluster = graphs.cluster(4, memory_bytes=64 * MiB)
+    out = []
+    for name in ("python", "native"):
+        options = PlacementOptions(placement_method=method, engine=name, refine_seconds=0.2)
+        with _counting_native() as calls:
+            result = place(graph, cluster, options)
+        out.append((result.placement.device_of.tolist(), result.schedule.start_us.tobytes(),
+                    result.schedule.end_us.tobytes(), result.schedule.order.tolist()))
+        assert bool(calls) == (name == "native")
+    assert out[0] == out[1]
 
 
 # ---------------------------------------------------------------- refinement and the fit search
@@ -587,3 +715,76 @@ def test_a_dry_runs_merged_bookings_answer_as_its_copies_one_by_one(copies, quer
             assert _scan(*extra[0], q, gap + q_extra) == _scan(raw_starts, raw_ends, q, gap + q_extra)
     if raw_starts:
         assert extra[0] == extra[1] and len(extra[0][0]) <= len(raw_starts)
+
+
+# ---------------------------------------------------------------- window balancing
+
+
+def _windows_outcomes(graph, cluster, device_of, seed):
+    """`balance_windows` from the simulation of `device_of`, under several settings: windows,
+    overlap, pinned groups, a move limit, the host left out; (placement, moves) of each."""
+    from baechi_tf.placer.windows import balance_windows
+
+    groups = colocation_groups(graph)
+    schedule = simulate(graph, cluster, Placement(np.asarray(device_of, dtype=np.int32), "given"))
+    rng = random.Random(seed)
+    pinned = [rng.random() < 0.2 for _ in range(groups.num_groups)]
+    out = []
+    for num_windows, overlap, max_moves, free in (
+        (1, False, None, None), (5, True, None, None), (16, False, 40, None), (2, False, -3, None),
+        (3, False, None, max(1, cluster.num_devices - 1)),
+    ):
+        placed, moves = balance_windows(
+            graph, cluster, groups, schedule, num_windows, pinned=pinned, overlap=overlap,
+            seed=seed, max_moves=max_moves, free_devices=free,
+        )
+        out.append((placed.tolist(), placed.dtype, moves))
+    return out
+
+
+def _same_windows(graph, cluster, device_of, seed):
+    with engine.selected("python"):
+        python = _windows_outcomes(graph, cluster, device_of, seed)
+    with engine.selected("native"):
+        compiled = _windows_outcomes(graph, cluster, device_of, seed)
+    assert compiled == python
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(_cases())
+@native
+def test_window_balancing_makes_the_same_moves(case):
+    graph, cluster, seed = case
+    try:
+        device_of = _spread(graph, cluster, seed)
+        simulate(graph, cluster, Placement(np.asarray(device_of, dtype=np.int32), "given"))
+    except (ValueError, InfeasiblePlacementError):  # not a placement the simulator runs
+        return
+    _same_windows(graph, cluster, device_of, seed)
+
+
+@pytest.mark.parametrize("name, graph, cluster", cases(), ids=lambda x: x if isinstance(x, str) else "")
+@native
+def test_window_balancing_of_the_quality_graphs_makes_the_same_moves(name, graph, cluster):
+    metf = run_with_headroom(graph, cluster, colocation_groups(graph), EarliestStartPolicy, method="m_etf")
+    _same_windows(graph, cluster, metf.placement.device_of.tolist(), 7)
+
+
+@native
+def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
+    """The compiled search is the one that runs (not a silent fallback), and a byte count beyond
+    its int64 sends the search back to Python, with the same answer."""
+    from baechi_tf.placer import windows
+
+    graph, cluster = graphs.random_dag(3, 40, edge_prob=0.15), graphs.cluster(4)
+    device_of = _spread(graph, cluster, 3)
+    calls = []
+    real = windows._native_balance
+    monkeypatch.setattr(windows, "_native_balance", lambda *a: calls.append(1) or real(*a))
+    with engine.selected("native"):
+        expected = _windows_outcomes(graph, cluster, device_of, 3)
+    assert len(calls) == 5
+    monkeypatch.setattr(windows, "_INT64_LIMIT", 1)
+    with engine.selected("native"):
+        assert _windows_outcomes(graph, cluster, device_of, 3) == expected
+    assert len(calls) == 5

@@ -193,3 +193,23 @@ def test_from_arrays_keeps_a_repeated_edge_once():
     s = simulate(g, cluster, Placement(np.array([0, 1, 1]), "test"))
     assert [t.tensor for t in s.transfers].count(0) == 1  # x's output (the control message aside)
     assert s.start_us[1] == pytest.approx(100 + 100 + 0.001 * (1 << 20))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tensors_are_numbered_by_their_first_edge(seed):
+    """One tensor per distinct (source, output slot), control messages included, numbered in the
+    order of their first edges: the numbering a dict filled edge by edge gives."""
+    graph = graphs.random_dag(seed, 40, edge_prob=0.2)
+    ids: dict[tuple[int, int], int] = {}
+    expected = [ids.setdefault((s, o), len(ids))
+                for s, o in zip(graph.edge_src.tolist(), graph.edge_src_output.tolist())]
+    assert graph.edge_tensor.tolist() == expected
+    assert [(int(s), int(o)) for s, o in zip(graph.tensor_src, graph.tensor_src_output)] == list(ids)
+    assert graph.edge_tensor.dtype == graph.tensor_src.dtype == np.int32
+
+
+def test_a_graph_without_edges_has_no_tensors():
+    b = OpGraphBuilder()
+    b.add_op("a", 1, [4])
+    graph = b.build()
+    assert graph.num_tensors == 0 and graph.edge_tensor.size == 0

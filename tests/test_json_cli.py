@@ -101,9 +101,9 @@ def test_the_one_device_figure_says_when_pins_keep_it_on_several(tmp_path, capsy
     assert [x for x in lines if x.startswith("one device")] == ["one device             0.020 ms  (speed-up 2.00x)"]
 
 def test_the_one_device_figure_runs_on_the_device_the_pins_share(tmp_path, capsys):
-    # The README's example: 'a' pinned to GPU:1. The baseline put 'b' and 'c' on GPU:0 (the first
+    # The JSON format page's example (docs/json.md, once the README's): 'a' pinned to GPU:1. The baseline put 'b' and 'c' on GPU:0 (the first
     # of the largest devices), so "one device" paid a copy: 746.5 us where GPU:1 alone takes 612.5.
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "json.md"), encoding="utf-8") as f:
         readme = f.read()
     start = readme.index("```json", readme.index("\nInput (")) + len("```json")
     src = tmp_path / "readme.json"

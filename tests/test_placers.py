@@ -671,3 +671,24 @@ def test_a_group_no_device_can_hold_is_refused_before_any_placer_runs(method, ca
     assert "more devices do not help" in str(e.value)
     placers = [r for r in caplog.records if r.name.startswith(("baechi_tf.sct", "baechi_tf.placer."))]
     assert not placers, [r.getMessage() for r in placers]
+
+
+def test_auto_s_last_resort_passes_over_a_placer_that_gives_up(monkeypatch):
+    """When auto, the packing and the fit search all fail, the other placers are tried; in auto
+    m-SCT gives up (SolverError) on an LP piece above its limit, which must pass it over, not end
+    the placement (GNMT v2 and MobileNetV2 under a tight limit did)."""
+    from baechi_tf.errors import SolverError
+    from baechi_tf.placer import colocation_groups, pipeline
+
+    graph = graphs.random_dag(2, 40, edge_prob=0.2)
+    cluster = graphs.cluster(3)
+    groups = colocation_groups(graph)
+    options = PlacementOptions(placement_method="auto")
+    monkeypatch.setattr(pipeline, "_AUTO_MAX_LP_ARCS", 1)  # every LP piece is above the limit
+    with pytest.raises(SolverError):
+        pipeline._METHODS["m_sct"](graph, cluster, groups, options)
+    fitting = pipeline._others_that_fit(graph, cluster, groups, "auto", options)
+    names = [name for _, name, _ in fitting]
+    assert "m_sct" not in names and "m_etf" in names
+    for makespan, name, placement in fitting:
+        assert makespan == pytest.approx(simulate(graph, cluster, placement).makespan_us)

@@ -20,7 +20,7 @@ from baechi_tf.cluster import CommCost
 from baechi_tf.graph import OpGraph, OpGraphBuilder
 from baechi_tf.json_io import load_graph_json
 from baechi_tf.placer import Placement, simulate
-from baechi_tf.placer.memory_timeline import memory_timeline
+from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, memory_timeline
 from baechi_tf.placer.pipeline import PlacementOptions, place
 from baechi_tf.reports import write_reports
 from graphs import GiB, MiB, chain, cluster, diamond, fork_join, random_dag, too_big_for_one
@@ -81,6 +81,11 @@ def test_timeline_of_a_transfer():
     assert _points(mem0) == [(0.0, MiB), (round(arrive, 6), 0)]
     assert _points(mem1) == [(0.0, 0), (round(arrive, 6), 2 * MiB), (round(arrive + 100, 6), MiB)]
     assert _peaks(g, c, s) == s.peak_memory_bytes == (MiB, 2 * MiB)
+    # The blocks behind it: each tensor's with its output slot; the same timeline from them.
+    blocks = memory_blocks(g, s)
+    assert sorted(zip(blocks.kind, blocks.op.tolist(), blocks.slot.tolist(), blocks.device.tolist())) == [
+        ("output", 0, 0, 0), ("output", 1, 0, 1), ("received", 0, 0, 1)]
+    assert [_points(m) for m in blocks_timeline(blocks, 2)] == [_points(mem0), _points(mem1)]
 
 
 def test_timeline_of_zero_time_ops_follows_the_commit_order():
@@ -746,7 +751,7 @@ def test_the_readme_lists_every_figure_of_summary_json(fork_join_reports):
     _, _, paths = fork_join_reports
     with open(paths["summary"]) as f:
         figures = json.load(f)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "reports.md"), encoding="utf-8") as f:  # once the README
         readme = f.read()
     start = readme.index("`summary.json` (of `--report_dir`) holds")
     paragraph = readme[start : readme.index("\n\n", start)]

@@ -38,3 +38,27 @@ def test_a_collector_the_caller_paused_stays_paused(collector_on):
     with collector_paused():
         pass
     assert not gc.isenabled()
+
+
+def test_exit_now_keeps_the_status_the_output_and_the_atexit_handlers(tmp_path):
+    """`exit_now` skips Python's finalisation, nothing else: a large buffered stdout reaches a pipe
+    whole, stderr too, atexit handlers run (logging's flush, the stop of local workers), and the
+    status is the command's."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "atexit-ran"
+    program = (
+        "import atexit, sys\n"
+        "from baechi_tf._startup import exit_now\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+        "sys.stdout.write('x' * 200000)\n"
+        "sys.stderr.write('warned')\n"
+        "exit_now(3)\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 3
+    assert done.stdout == "x" * 200000
+    assert done.stderr == "warned"
+    assert marker.read_text() == "ran"

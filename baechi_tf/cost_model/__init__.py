@@ -1,10 +1,11 @@
 """Cost model: profiles measured from traced steps, their file, and their coverage of a graph.
 
 `profile_fetch` (TensorFlow) measures; `save_profile` / `load_profile` write and read the
-protobuf file; `profile_coverage` and `compare_to_graph` relate a profile to a graph.
-`baechi_tf.cost_model.executed` names the graph ops that a traced step's nodes come from
-(Grappler's, fused and runtime nodes), `baechi_tf.cost_model.estimate` times ops of unmeasured
-types from their shapes. Importing this package does not import TensorFlow.
+protobuf file; `profile_coverage`, `compare_to_graph` and `unrun_ops` relate a profile to a
+graph; `measured_memory` (TensorFlow, imported from its module) rebuilds the memory each device
+held in a traced step. `baechi_tf.cost_model.executed` names the graph ops that a traced step's
+nodes come from (Grappler's, fused and runtime nodes), `baechi_tf.cost_model.estimate` times ops
+of unmeasured types from their shapes. Importing this package does not import TensorFlow.
 """
 
 from baechi_tf.cost_model.profile import (
@@ -22,6 +23,7 @@ from baechi_tf.cost_model.profile import (
     profile_from_bytes,
     profile_to_bytes,
     save_profile,
+    unrun_ops,
 )
 from baechi_tf.cost_model.profiler import profile_fetch, profile_from_step_stats, profiling_config
 
@@ -43,4 +45,5 @@ __all__ = [
     "profile_to_bytes",
     "profiling_config",
     "save_profile",
+    "unrun_ops",
 ]

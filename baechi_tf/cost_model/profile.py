@@ -37,6 +37,7 @@ __all__ = [
     "OpCost",
     "ProfileMismatch",
     "compare_to_graph",
+    "conditional_ops",
     "graph_fingerprint",
     "graph_nodes",
     "load_profile",
@@ -47,6 +48,7 @@ __all__ = [
     "profile_to_bytes",
     "read_bytes",
     "save_profile",
+    "unrun_ops",
 ]
 
 _MAGIC = "baechi_tf.CostProfile"
@@ -92,6 +94,8 @@ class CostProfile:
     graph_fingerprint: str  # `graph_fingerprint` of the profiled graph
     graph_nodes: tuple[GraphNode, ...]  # every node of the profiled graph
     tf_version: str = ""
+    # Steps traced of each fetch it describes (the fewest, once merged); 0: some fetch was placed
+    # without a traced step, so that what its steps run is not known (`unrun_ops`).
     num_traced_steps: int = 0
     traced_compute_us: float = 0.0  # median per step of all traced time, runtime nodes included
     # traced time of one step that no op of the graph accounts for, by node type (median over
@@ -115,6 +119,7 @@ class Coverage:
     traced_compute_us: float  # all traced compute time of one step
     # the profile's `CostProfile.unmatched_compute_us` (None: unknown)
     unmatched_compute_us: Optional[Mapping[str, float]] = None
+    unrun_ops: tuple[str, ...] = ()  # graph ops no profiled step runs (`unrun_ops`): no cost
 
     @property
     def op_share(self) -> float:
@@ -138,6 +143,7 @@ class Coverage:
             f"profile covers {self.num_profiled_ops} of {self.num_graph_ops} ops "
             f"({100 * self.op_share:.1f}%) and {100 * self.compute_share:.1f}% of the traced "
             f"compute time; {len(self.estimated_ops)} ops have estimated costs"
+            + (f"; {len(self.unrun_ops)} ops ran in no traced step and cost nothing" if self.unrun_ops else "")
         )
 
     def figures(self, default_compute_ops: int = 0) -> dict[str, Any]:
@@ -267,36 +273,97 @@ def profile_coverage(profile: CostProfile, graph_def) -> Coverage:
     """How many ops of `graph_def` the profile measured, and their share of the traced time."""
     names = [n.name for n in graph_def.node]
     measured = [n for n in names if n in profile.ops]
+    unrun = unrun_ops(profile, graph_def)
     return Coverage(
         num_graph_ops=len(names),
         num_profiled_ops=len(measured),
-        estimated_ops=tuple(n for n in names if n not in profile.ops),
+        estimated_ops=tuple(n for n in names if n not in profile.ops and n not in unrun),
         profiled_compute_us=float(sum(profile.ops[n].compute_us for n in measured)),
         traced_compute_us=profile.traced_compute_us,
         unmatched_compute_us=profile.unmatched_compute_us,
+        unrun_ops=tuple(n for n in names if n in unrun),
     )
+
+
+# A fed placeholder runs as the session's argument, under another name; ops downstream of these
+# v1 control-flow ops may run in another step though they did not in the traced ones (a branch
+# not taken, a loop body run zero times), and leave no trace when they do not.
+_FED = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+_CONDITIONAL = frozenset({"Switch", "RefSwitch", "_SwitchN", "Enter", "RefEnter"})
+
+
+def unrun_ops(profile: CostProfile, graph_def) -> frozenset[str]:
+    """The ops of `graph_def` that no step of the fetches `profile` traced runs.
+
+    Outside v1 control flow, TF's executor runs every op of a fetch's pruned graph once per step
+    and traces each one it runs, so an op that ran in no traced step is not part of any of the
+    fetches' steps: an initializer, the construction graph of a Keras functional model, a read
+    made when a variable was created and never fetched. Such an op is one that the profiled
+    graph had (same name, type, inputs and attributes), that is not in ``profile.ops``, is not a
+    placeholder, no op that ran reads (a tensor fed in its place is still sent to its readers),
+    and is not reached (through data or control inputs) from a ``Switch`` or ``Enter``. Empty
+    when the profile has no traced step (``num_traced_steps == 0``: some fetch was placed
+    without one). Time O(nodes + inputs).
+    """
+    if profile.num_traced_steps < 1:
+        return frozenset()
+    digests = {n.name: n.inputs_digest for n in profile.graph_nodes}
+    readers = _readers(graph_def)
+    conditional = conditional_ops(graph_def, readers)
+    return frozenset(
+        n.name for n in graph_def.node
+        if n.name not in profile.ops and n.op not in _FED and n.name not in conditional
+        and not any(r in profile.ops for r in readers.get(n.name, ()))
+        and digests.get(n.name) == _node_digest(n)
+    )
+
+
+def _readers(graph_def) -> dict[str, list[str]]:
+    """Op name -> the ops that read it (data or control inputs)."""
+    readers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for text in node.input:
+            readers.setdefault(text.lstrip("^").split(":")[0], []).append(node.name)
+    return readers
+
+
+def conditional_ops(graph_def, readers: Optional[Mapping[str, list[str]]] = None) -> set[str]:
+    """The ops of `graph_def` reached (through data or control inputs) from a ``Switch`` or
+    ``Enter``, themselves included: a step may run them though the traced ones did not (a branch
+    not taken, a loop body run zero times). O(nodes + inputs)."""
+    readers = _readers(graph_def) if readers is None else readers
+    conditional = {n.name for n in graph_def.node if n.op in _CONDITIONAL}
+    todo = list(conditional)
+    while todo:
+        for reader in readers.get(todo.pop(), ()):
+            if reader not in conditional:
+                conditional.add(reader)
+                todo.append(reader)
+    return conditional
 
 
 def merge_profiles(old: CostProfile, new: CostProfile) -> CostProfile:
     """`new`, plus the ops only `old` measured (for a graph profiled fetch by fetch).
 
-    Ops both measured take `new`'s costs; the graph identity is `new`'s. The unmatched time of
-    each node type is the larger of the two (unknown when either is); the traced time is the
-    merged ops' compute plus the unmatched time, or plus the larger of the two runtime overheads
-    when it is unknown.
+    Ops both measured take `new`'s costs; the graph identity is `new`'s; the traced steps the
+    fewer of the two (0 when a fetch was placed without tracing: what its steps run is not
+    known). The unmatched time of each node type is the larger of the two (unknown when either
+    is); the traced time is the merged ops' compute plus the unmatched time, or plus the larger of
+    the two runtime overheads when it is unknown.
     """
     ops = dict(old.ops)
     ops.update(new.ops)
+    steps = min(old.num_traced_steps, new.num_traced_steps)
     if old.unmatched_compute_us is not None and new.unmatched_compute_us is not None:
         unmatched = _merged_unmatched(old.unmatched_compute_us, new.unmatched_compute_us)
-        merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=unmatched)
+        merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=unmatched, num_traced_steps=steps)
         return dataclasses.replace(merged, traced_compute_us=merged.profiled_compute_us + sum(unmatched.values()))
     overhead = max(
         old.traced_compute_us - old.profiled_compute_us,
         new.traced_compute_us - new.profiled_compute_us,
         0.0,
     )
-    merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=None)
+    merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=None, num_traced_steps=steps)
     return dataclasses.replace(merged, traced_compute_us=merged.profiled_compute_us + overhead)
 
 

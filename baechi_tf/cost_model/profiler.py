@@ -47,6 +47,7 @@ from baechi_tf.progress import Progress
 from baechi_tf.cost_model.profile import (
     CostProfile,
     OpCost,
+    conditional_ops,
     graph_fingerprint,
     graph_nodes,
     median,
@@ -381,13 +382,15 @@ def with_types_not_run(profile: CostProfile, graph_def: Any, closure: Optional[s
     (the dependency optimizer's ``Identity`` and ``NoOp`` nodes, on one device). Those types
     then have a measurement, zero, rather than a guess from shapes. Ops of a measured type that
     did not run are left out: the importer gives them their type's time, as a placement across
-    devices may run them (a duplicate merged on one device runs on each of two)."""
+    devices may run them (a duplicate merged on one device runs on each of two); so are the ops
+    that another step may run (`conditional_ops`: a branch not taken)."""
     if not closure:
         return profile
     measured = {c.op_type for c in profile.ops.values() if c.num_steps}
+    conditional = conditional_ops(graph_def)
     ops = dict(profile.ops)
     for node in graph_def.node:
-        if node.name in closure and node.name not in ops and node.op not in measured:
+        if node.name in closure and node.name not in ops and node.op not in measured and node.name not in conditional:
             ops[node.name] = OpCost(name=node.name, op_type=node.op, compute_us=0.0, output_bytes=(), num_steps=0)
     return dataclasses.replace(profile, ops=ops)
 

@@ -58,8 +58,9 @@ and 4.3 s, then and now). A step looks only at the devices that hold candidates.
 
 Two engines run it. This module is the readable reference; `native/scheduler.cpp` is its port to
 C++ (`native_scheduler.NativeListScheduler`), step for step, which `run_list_scheduler`, `make_list_scheduler` and
-so m-ETF, the simulator, refinement and the fit search run when `engine.current()` is "native"
-and the policy is `FixedPolicy` or `EarliestStartPolicy` (other policies, m-SCT's, run here).
+so m-ETF, m-SCT, the simulator, refinement and the fit search run when `engine.current()` is
+"native" and the policy is `FixedPolicy`, `EarliestStartPolicy` or m-SCT's `FavouriteChildPolicy`
+(`native_scheduler.POLICIES`; other policies, subclasses included, run here).
 tests/test_engines.py holds the two to bit-identical schedules: a change to the model lands in
 both at once. The compiled engine is C++ through pybind11, built by setuptools: one header-only
 build dependency from PyPI and gcc, an extension that setuptools may skip (`optional`) so that a
@@ -1192,7 +1193,12 @@ class ListScheduler:
                 if meter is not None:
                     meter.check(self.scheduled + scheduler_work(self))
         if not self.done:
-            raise _stuck(self.graph, self.cluster, self.groups, self.state)
+            slots = self.state.copy_slots
+            error = _stuck(self.graph, self.cluster, self.groups, self.state)
+            # Its dry runs make the message, not the schedule: no work (`work`), as in the
+            # compiled engine, whose message reads the bytes alone.
+            self.state.copy_slots = slots
+            raise error
 
     def schedule(self, method: str) -> Schedule:
         state = self.state

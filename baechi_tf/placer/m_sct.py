@@ -20,10 +20,13 @@ Steps:
    `FavouriteChildPolicy`, which holds devices back as in the original's ``SCTDevice``
    (spec 5.3.3). Device choice, transfers, memory and failures are m-ETF's.
 
+The scheduler runs on the engine `baechi_tf.placer.engine` selects: `FavouriteChildPolicy` here
+is the reference, and native/sct_policy.hpp its port to the compiled core, which gives the same
+schedules bit for bit (tests/test_engines.py); a subclass of it runs on the Python engine.
+
 Time: the LP pieces, plus O((V + E) * D^2 * log(V * D)) for the scheduler (an op may be priced on
 every device when a reserved device considers it); memory O(V * D + E). D counts the devices the
-schedule has touched and one of each set of twins it has not (`list_scheduler`): a 2,000-op
-layered graph on 1,024 devices, of which it uses 22, took 66 s, now 2.4 s.
+schedule has touched and one of each set of twins it has not (`list_scheduler`).
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ class FavouriteChildPolicy(Policy):
     placed on another device; the ops it held are then offered again, so that no stored heap key
     overstates a start time. The original re-examined the reservation at each event; here it is
     decided once and kept until one of those ends, which keeps holds from ever going down.
+
+    The compiled engine runs its port (native/sct_policy.hpp), which makes the same dry runs in
+    the same order: a change here lands there too (tests/test_engines.py compares them). The
+    compiled engine reads `child` when its scheduler is made, and no other attribute.
     """
 
     # Untouched twins (`Cluster.twins`) have run no op, so none is kept for a favourite child,

@@ -40,7 +40,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.schedule import Schedule
 
-__all__ = ["DeviceMemory", "MemoryBlocks", "memory_blocks", "memory_timeline"]
+__all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
 
@@ -74,6 +74,7 @@ class MemoryBlocks:
     free_rank: np.ndarray  # int64 [k], position in Schedule.order of the op that made the free known
     kind: tuple[str, ...]  # 'persistent', 'temp', 'output' or 'received'
     op: np.ndarray  # int32 [k], the op the block belongs to (the producer for tensors)
+    slot: np.ndarray  # int32 [k], the output slot of a tensor's block; -1 for the others
 
 
 def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
@@ -84,11 +85,11 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
     rank = [0] * graph.num_ops
     for i, op in enumerate(schedule.order.tolist()):
         rank[op] = i
-    rows: list[tuple[int, int, float, float, int, int, str, int]] = []
+    rows: list[tuple[int, int, float, float, int, int, str, int, int]] = []
 
-    def add(d: int, b: int, a: float, f: float, ra: int, rf: int, kind: str, op: int) -> None:
+    def add(d: int, b: int, a: float, f: float, ra: int, rf: int, kind: str, op: int, slot: int = -1) -> None:
         if b > 0:
-            rows.append((d, b, a, f, ra, rf, kind, op))
+            rows.append((d, b, a, f, ra, rf, kind, op, slot))
 
     persistent = graph.persistent_bytes.tolist()
     temp = graph.temp_bytes.tolist()
@@ -120,20 +121,20 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
             t = tensor_of_slot.get((op, slot))
             readers = consumers.get(t) if t is not None else None
             if not readers:
-                add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op)
+                add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op, slot)
                 continue
             last = max(readers, key=rank.__getitem__)  # the commit that frees the tensor
             by_device: dict[int, list[int]] = {}
             for c in sorted(readers):
                 by_device.setdefault(dev[c], []).append(c)
             held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
-            add(home, b, start[op], max(held, start[last]), rank[op], rank[last], "output", op)
+            add(home, b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot)
             for d, ops in sorted(by_device.items()):
                 if d != home:
                     first = min(ops, key=rank.__getitem__)  # its commit books the transfer
                     free = max(max(end[c] for c in ops), start[last])
-                    add(d, b, start[first], free, rank[first], rank[last], "received", op)
-    cols = list(zip(*rows)) if rows else [()] * 8
+                    add(d, b, start[first], free, rank[first], rank[last], "received", op, slot)
+    cols = list(zip(*rows)) if rows else [()] * 9
     return MemoryBlocks(
         device=np.asarray(cols[0], dtype=np.int32),
         nbytes=np.asarray(cols[1], dtype=np.int64),
@@ -143,13 +144,19 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
         free_rank=np.asarray(cols[5], dtype=np.int64),
         kind=tuple(cols[6]),
         op=np.asarray(cols[7], dtype=np.int32),
+        slot=np.asarray(cols[8], dtype=np.int32),
     )
 
 
 def memory_timeline(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[DeviceMemory, ...]:
     """Per device of `cluster`, memory in use over the step as a step function."""
-    blocks = memory_blocks(graph, schedule)
-    return tuple(_sweep(blocks, d) for d in range(cluster.num_devices))
+    return blocks_timeline(memory_blocks(graph, schedule), cluster.num_devices)
+
+
+def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemory, ...]:
+    """Per device ``0..num_devices-1``, memory in use over the step of any set of blocks (those of
+    `memory_blocks`, or others of the same form), events of one instant in commit order."""
+    return tuple(_sweep(blocks, d) for d in range(num_devices))
 
 
 def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:

@@ -1,14 +1,16 @@
 """The compiled engine's side of the list scheduler: `NativeListScheduler`, the same steps,
 snapshots, errors and counters of work as `list_scheduler.ListScheduler`, run by the C++ port in
-`native/scheduler.cpp` (`engine`). `list_scheduler.make_list_scheduler` picks it when
-`native_for` says the compiled engine runs the schedule; tests/test_engines.py holds the two
-engines to bit-identical schedules.
+`native/scheduler.cpp` (`engine`), for the policies it has (`POLICIES`: the simulator's, m-ETF's
+and m-SCT's, whose `FavouriteChildPolicy` is ported in `native/sct_policy.hpp`).
+`list_scheduler.make_list_scheduler` picks it when `native_for` says the compiled engine runs the
+schedule; tests/test_engines.py holds the two engines to bit-identical schedules.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 import weakref
 from typing import Optional, Sequence
 
@@ -34,7 +36,7 @@ from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 from baechi_tf.placer.work import WorkMeter, scheduler_work
 from baechi_tf.progress import Progress
 
-__all__ = ["NativeListScheduler", "NativeSnapshot", "native_for"]
+__all__ = ["NativeListScheduler", "NativeSnapshot", "POLICIES", "native_for"]
 
 # Steps, and dry runs, the compiled engine makes between returns to Python, where the progress
 # bar is updated and Ctrl-C is seen: a few milliseconds of work.
@@ -48,12 +50,31 @@ _native_graphs: "weakref.WeakKeyDictionary[OpGraph, tuple]" = weakref.WeakKeyDic
 _native_links: "weakref.WeakKeyDictionary[Cluster, object]" = weakref.WeakKeyDictionary()
 
 
+POLICIES = ("FixedPolicy", "EarliestStartPolicy", "FavouriteChildPolicy")
+"""The policies the compiled engine runs, numbered as `PolicyKind` in native/scheduler.cpp;
+their subclasses run on the Python engine."""
+
+
+def _policy_kind(policy: Policy) -> Optional[int]:
+    """policy's index in `POLICIES`, or None. m_sct is looked up, not imported: it loads the LP's
+    modules, and a FavouriteChildPolicy exists only once it is loaded."""
+    cls = type(policy)
+    if cls is FixedPolicy:
+        return 0
+    if cls is EarliestStartPolicy:
+        return 1
+    m_sct = sys.modules.get("baechi_tf.placer.m_sct")
+    if m_sct is not None and cls is m_sct.FavouriteChildPolicy:
+        return 2
+    return None
+
+
 def native_for(graph: OpGraph, cluster: Cluster, policy: Policy):
     """The compiled engine's module when it runs this schedule: the engine selected is native
-    and it is built (`engine.current`), the policy is one whose behaviour it has
-    (`FixedPolicy`, `EarliestStartPolicy`, not a subclass), and the bytes fit its int64; else
-    None, and the Python `ListScheduler` runs."""
-    if type(policy) not in (FixedPolicy, EarliestStartPolicy) or engine.current() != "native":
+    and it is built (`engine.current`), the policy is one whose behaviour it has (`POLICIES`,
+    not a subclass), and the bytes fit its int64; else None, and the Python `ListScheduler`
+    runs."""
+    if _policy_kind(policy) is None or engine.current() != "native":
         return None
     tables = _native_tables(graph, engine.native_module())
     capacity = max(d.memory_bytes for d in cluster.devices)
@@ -179,10 +200,12 @@ class _NativeState:
 
 
 class NativeListScheduler:
-    """`ListScheduler` on the compiled engine, for `FixedPolicy` and `EarliestStartPolicy`: the
-    same steps, snapshots, errors and counters of work (`evaluations`, `state.copy_slots`). Its snapshots are opaque but for the keys the refiner reads
-    ("scheduled", "last_time", "waited", "peak"), and `patched` stands for `refine._patched`.
-    Made by `make_list_scheduler`."""
+    """`ListScheduler` on the compiled engine, for the policies of `POLICIES`: the same steps,
+    snapshots, errors and counters of work (`evaluations`, `state.copy_slots`). Its snapshots
+    are opaque but for the keys the refiner reads ("scheduled", "last_time", "waited", "peak"),
+    and `patched` stands for `refine._patched`. A restore keeps the scheduler's own policy state
+    (m-SCT's reservations), as the Python engine's policy object does. The policy object given
+    is read when the scheduler is made and not after. Made by `make_list_scheduler`."""
 
     def __init__(
         self, module, graph: OpGraph, cluster: Cluster, groups: Groups, policy: Policy,
@@ -199,7 +222,8 @@ class NativeListScheduler:
         _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
         # then the groups given, where no pin put them yet: placed by the compiled engine
         given = np.asarray([] if initial_group_device is None else initial_group_device, dtype=np.int64)
-        fixed = isinstance(policy, FixedPolicy)
+        kind = _policy_kind(policy)
+        fixed = kind == 0
         members = np.argsort(groups.group_of, kind="stable")  # Groups.members, one after another
         member_ptr = np.searchsorted(groups.group_of[members], np.arange(groups.num_groups + 1))
         self._run = module.Scheduler(
@@ -207,8 +231,9 @@ class NativeListScheduler:
             np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
             members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
             np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
-            _native_cluster(cluster, module), float(cluster.min_link_intercept_us()), fixed,
+            _native_cluster(cluster, module), float(cluster.min_link_intercept_us()), kind,
             np.asarray(policy.device_of if fixed else [], dtype=np.int64),
+            np.asarray(policy.child if kind == 2 else [], dtype=np.int64),
             np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),
             placed.placed, given, float(cutoff_us), bool(ListScheduler.queue_tails),
             bool(ListScheduler.once_in_now),

@@ -19,7 +19,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf._steps import Steps
-from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.errors import ConfigError, InfeasiblePlacementError, SolverError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
 from baechi_tf.placer.check import check_placement
@@ -611,16 +611,7 @@ def _fit_instead(
     if found is None and search.tried == 0:  # no placement can fit: the reason, not the method's
         raise InfeasiblePlacementError(search.refusal or str(error)) from None
     if found is None and options is not None:
-        fitting: list[tuple[float, str, Placement]] = []
-        for other in _PORTFOLIO:
-            if other in (method, "single", "packed") or other not in _METHODS:
-                continue
-            try:
-                placement = _METHODS[other](graph, cluster, groups, options)
-                schedule = check_placement(graph, cluster, groups, placement)
-            except InfeasiblePlacementError:
-                continue
-            fitting.append((schedule.makespan_us, other, placement))
+        fitting = _others_that_fit(graph, cluster, groups, method, options)
         if fitting:
             _, other, placement = min(fitting, key=lambda f: f[0])  # ties: the portfolio's order
             log.warning(
@@ -639,6 +630,25 @@ def _fit_instead(
         "%d %s", method, error, search.tried, "try" if search.tried == 1 else "tries",
     )
     return Placement(found.device_of, f"{method}+fit")
+
+
+def _others_that_fit(
+    graph: OpGraph, cluster: Cluster, groups: Groups, method: str, options: "PlacementOptions"
+) -> list[tuple[float, str, Placement]]:
+    """(simulated makespan, placer, placement) of each placer of the portfolio but `method`
+    whose placement fits, in the portfolio's order. A placer that runs out of memory, or gives
+    up (`SolverError`: in auto, m-SCT on an LP piece above its limit), is passed over."""
+    fitting: list[tuple[float, str, Placement]] = []
+    for other in _PORTFOLIO:
+        if other in (method, "single", "packed") or other not in _METHODS:
+            continue
+        try:
+            placement = _METHODS[other](graph, cluster, groups, options)
+            schedule = check_placement(graph, cluster, groups, placement)
+        except (InfeasiblePlacementError, SolverError):
+            continue
+        fitting.append((schedule.makespan_us, other, placement))
+    return fitting
 
 
 def _checked(

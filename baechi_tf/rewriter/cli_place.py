@@ -25,6 +25,7 @@ their full names, ``--num_devices`` per task (default: all). Transfers between t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -249,11 +250,14 @@ def profile_from_run_metadata(paths: list[str], contents: list[bytes], graph_def
     if len(profile.ops) < _FEW_TRACED * len(graph_def.node):
         # A step runs some ops only (not the initializers, ...), and TF's kernels may carry other
         # type names (oneDNN's _Mkl ops): names are all that can be matched, so only a warning.
+        # Traces that may be of another graph do not say which ops a step leaves out: the ops
+        # they lack are estimated, not taken for ops no step runs (`unrun_ops`).
         log.warning(
             "the traces hold %d of the graph's %d ops: are they traces of this graph? The ops they "
             "lack are placed by estimated costs",
             len(profile.ops), len(graph_def.node),
         )
+        profile = dataclasses.replace(profile, num_traced_steps=0)
     return profile
 
 

@@ -26,6 +26,10 @@ placement targets under their full names (``/job:worker/replica:0/task:1/device:
   --num_devices=N`` runs task i; `start_local_workers` starts a whole cluster on loopback ports
   of this machine, each task in its own process group, and stops it on exit, on error, at
   interpreter exit and when this process dies (a worker started so exits when its stdin closes).
+  A worker can be held to some cores (``--cpu_cores``: every thread of its process, TF's and
+  gRPC's, runs only there) and given TF's thread pool sizes (``--inter_op_threads``,
+  ``--intra_op_threads``): a task pinned to one core with pools of one thread is one device that
+  runs one op at a time, beside the other tasks' cores.
 
 Only `discover_devices`, `remote_session_config` and the worker's ``main`` import TensorFlow.
 """
@@ -716,7 +720,13 @@ class LocalWorkers:
 
 
 def _spawn(
-    spec: ClusterSpec, job: str, num_devices: int, log_dir: str, python: str
+    spec: ClusterSpec,
+    job: str,
+    num_devices: int,
+    log_dir: str,
+    python: str,
+    cpu_cores: Optional[Sequence[Sequence[int]]] = None,
+    threads: tuple[int, int] = (0, 0),
 ) -> list[subprocess.Popen]:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
@@ -731,8 +741,10 @@ def _spawn(
                     [
                         python, "-m", _WORKER_MODULE, f"--cluster_spec={spec.to_json()}",
                         f"--job={job}", f"--task_index={i}", f"--num_devices={num_devices}",
+                        f"--inter_op_threads={threads[0]}", f"--intra_op_threads={threads[1]}",
                         "--exit_on_stdin_eof",
-                    ],
+                    ]
+                    + ([f"--cpu_cores={','.join(str(c) for c in cpu_cores[i])}"] if cpu_cores else []),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log_file,
@@ -780,26 +792,45 @@ def start_local_workers(
     host: str = "127.0.0.1",
     log_dir: Optional[str] = None,
     python: str = sys.executable,
+    cpu_cores: Optional[Sequence[Union[int, Sequence[int]]]] = None,
+    inter_op_threads: int = 0,
+    intra_op_threads: int = 0,
 ) -> LocalWorkers:
     """Starts a cluster of `num_workers` TF servers on free ports of `host` (loopback).
 
     Each worker is its own process in its own process group, with `num_devices_per_worker`
-    virtual CPU devices standing in for GPUs (CPU:1..N; CPU:0 is its host). Returns once every
-    worker listens; the workers' TensorFlow logs go to ``{log_dir}/task{i}.log`` (a temporary
-    directory by default, removed on stop). A port taken in between is retried with new ports.
+    virtual CPU devices standing in for GPUs (CPU:1..N; CPU:0 is its host), or with
+    TensorFlow's own devices alone when it is 0 (on a machine without GPUs: CPU:0). Returns once
+    every worker listens; the workers' TensorFlow logs go to ``{log_dir}/task{i}.log`` (a
+    temporary directory by default, removed on stop). A port taken in between is retried with
+    new ports.
+
+    `cpu_cores`, one entry per worker (a core number or a list of them), holds every thread of
+    worker i to those cores; `inter_op_threads` and `intra_op_threads` (0: TensorFlow chooses)
+    size its servers' thread pools. A worker on one core with pools of one thread runs one op at
+    a time, as one device does.
     """
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
         raise ConfigError(f"num_workers={num_workers!r}; start at least one worker")
-    if num_devices_per_worker < 1:
-        raise ConfigError(f"num_devices_per_worker={num_devices_per_worker!r}; give at least one")
+    if isinstance(num_devices_per_worker, bool) or not isinstance(num_devices_per_worker, int) \
+            or num_devices_per_worker < 0:
+        raise ConfigError(
+            f"num_devices_per_worker={num_devices_per_worker!r}; give 0 (TensorFlow's own "
+            "devices) or more"
+        )
+    for name, value in (("inter_op_threads", inter_op_threads), ("intra_op_threads", intra_op_threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name}={value!r}; give a whole number of threads, 0 to let TensorFlow choose")
+    cores = _worker_cores(cpu_cores, num_workers)
     own = log_dir is None
     directory = tempfile.mkdtemp(prefix="baechi_workers_") if own else str(log_dir)
     os.makedirs(directory, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     for attempt in range(3):
         spec = ClusterSpec(((job, tuple(f"{host}:{p}" for p in _free_ports(num_workers, host))),))
-        workers = LocalWorkers(spec, _spawn(spec, job, num_devices_per_worker, directory, python),
-                               directory, own)
+        processes = _spawn(spec, job, num_devices_per_worker, directory, python, cores,
+                           (inter_op_threads, intra_op_threads))
+        workers = LocalWorkers(spec, processes, directory, own)
         try:
             failed = _await_ready(workers.processes, deadline)
             if failed is None:
@@ -824,16 +855,70 @@ def start_local_workers(
     raise AssertionError("unreachable")
 
 
+def _worker_cores(
+    cpu_cores: Optional[Sequence[Union[int, Sequence[int]]]], num_workers: int
+) -> Optional[list[list[int]]]:
+    """`cpu_cores` as one list of cores per worker (None: no pinning); `ConfigError` when its
+    length is not `num_workers` or a core is not one this process may run on."""
+    if cpu_cores is None:
+        return None
+    cores = [[c] if isinstance(c, int) and not isinstance(c, bool) else list(c) for c in cpu_cores]
+    if len(cores) != num_workers:
+        raise ConfigError(
+            f"cpu_cores gives {len(cores)} entr{'y' if len(cores) == 1 else 'ies'} for "
+            f"{num_workers} workers; give one core (or list of cores) per worker"
+        )
+    allowed = os.sched_getaffinity(0)
+    for i, worker in enumerate(cores):
+        bad = [c for c in worker if isinstance(c, bool) or not isinstance(c, int) or c not in allowed]
+        if not worker or bad:
+            raise ConfigError(
+                f"cpu_cores[{i}]={worker!r}: give cores this process may run on "
+                f"({', '.join(str(c) for c in sorted(allowed))})"
+            )
+    return cores
+
+
 # ---------------------------------------------------------------------------- the worker
 
 
-def _server_config(num_devices: int) -> Any:
+def _server_config(num_devices: int, inter_op_threads: int = 0, intra_op_threads: int = 0) -> Any:
     import tensorflow as tf
 
-    config = tf.compat.v1.ConfigProto()
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads,
+                                      intra_op_parallelism_threads=intra_op_threads)
     if num_devices and len(tf.config.list_physical_devices("GPU")) < num_devices:
         config.device_count["CPU"] = num_devices + 1  # CPU:1..N stand in for GPUs
     return config
+
+
+def _pin_threads(cores: set[int]) -> None:
+    """Holds every thread of this process to `cores`: the ones running now (numpy's BLAS may
+    have started some at import) and, through the calling thread, every one made later."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+    os.sched_setaffinity(0, cores)
+
+
+def _parse_cores(text: str) -> set[int]:
+    """The cores of ``--cpu_cores`` ('0', '0,2' or '0-3'); `ConfigError` when not so."""
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.strip().partition("-")
+            cores.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        cores = set()
+    if not cores or min(cores) < 0:
+        raise ConfigError(f"--cpu_cores={text!r}: give core numbers such as '0', '0,2' or '0-3'")
+    return cores
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -858,6 +943,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "CPU:1..N stand in for GPUs; 0: TensorFlow's own devices (default: %(default)s)",
     )
     parser.add_argument(
+        "--cpu_cores",
+        default=None,
+        help="run every thread of this task on these cores only ('0', '0,2', '0-3'; "
+        "default: wherever the OS schedules them)",
+    )
+    parser.add_argument("--inter_op_threads", type=int, default=0,
+                        help="threads that run ops side by side (0: TensorFlow chooses)")
+    parser.add_argument("--intra_op_threads", type=int, default=0,
+                        help="threads within one op (0: TensorFlow chooses)")
+    parser.add_argument(
         "--exit_on_stdin_eof",
         action="store_true",
         help="exit when stdin closes (how start_local_workers ties a worker to its parent)",
@@ -881,6 +976,17 @@ def _serve(args: argparse.Namespace) -> int:
     ever; `ConfigError` for a task the spec lacks or an address the server cannot take."""
     if args.num_devices < 0:
         raise ConfigError(f"--num_devices={args.num_devices}: give 0 (TensorFlow's own devices) or more")
+    if args.inter_op_threads < 0 or args.intra_op_threads < 0:
+        raise ConfigError("--inter_op_threads and --intra_op_threads: give 0 (TensorFlow chooses) or more")
+    if args.cpu_cores is not None:
+        cores = _parse_cores(args.cpu_cores)
+        try:  # before TensorFlow starts a thread: each thread it makes inherits the cores
+            _pin_threads(cores)
+        except OSError as e:
+            raise ConfigError(
+                f"--cpu_cores={args.cpu_cores!r}: cannot run on those cores ({e.strerror}); this "
+                f"machine lets it run on {sorted(os.sched_getaffinity(0))}"
+            ) from None
     spec = resolve_cluster_spec(args.cluster_spec)
     if spec is None:
         raise ConfigError("give --cluster_spec or set TF_CONFIG")
@@ -904,7 +1010,7 @@ def _serve(args: argparse.Namespace) -> int:
                 tf.train.ClusterSpec(spec.as_dict()),
                 job_name=job,
                 task_index=index,
-                config=_server_config(args.num_devices),
+                config=_server_config(args.num_devices, args.inter_op_threads, args.intra_op_threads),
                 start=True,
             )
     except tf.errors.OpError as e:

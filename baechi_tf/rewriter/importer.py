@@ -5,15 +5,18 @@ One op per node, in node order, with:
 * **Costs** from the profile: compute time, bytes of each output slot, temporary and persistent
   memory. Variables always hold at least their own size as persistent memory (a resource
   variable's buffer is allocated by the op that assigns it, so the handle op's trace shows none).
-  Ops the profile lacks get estimates and are listed in the coverage: output bytes from static
-  shapes and types (unknown dimensions count as 1), variables their size as persistent memory,
-  compute time the median of the profiled ops of the same type or, when no op of that type was
-  profiled (those ops are listed apart), an estimate from the bytes it reads and writes and the
-  operations it computes, by coefficients fitted to the profiled ops
-  (`baechi_tf.cost_model.estimate`).
+  Ops that no step of the profiled fetches runs (`baechi_tf.cost_model.profile.unrun_ops`: the
+  initializers, a Keras model's construction graph...) cost nothing: no time, no bytes but a
+  variable's own size; TF allocates nothing for them in those steps. Other ops the profile lacks
+  get estimates and are listed in the coverage: output bytes from static shapes and types
+  (unknown dimensions count as 1), variables their size as persistent memory, compute time the
+  median of the profiled ops of the same type or, when no op of that type was profiled (those
+  ops are listed apart), an estimate from the bytes it reads and writes and the operations it
+  computes, by coefficients fitted to the profiled ops (`baechi_tf.cost_model.estimate`).
 * **Edges**: one data edge per (producer output, consumer), carrying the producer's output bytes;
   one control edge per control input, unless a data edge already links the two ops.
-  ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG.
+  ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG, and so are
+  the edges of ops that no profiled step runs: no tensor or message goes to them in a step.
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
   placer adds: an op taking a resource handle or a reference from another op (as its input is
   declared: not one reading the value through a reference) runs on that op's device (a handle
@@ -63,6 +66,7 @@ from baechi_tf.cost_model.profile import (
     OpCost,
     ProfileMismatch,
     compare_to_graph,
+    unrun_ops,
 )
 from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
 from baechi_tf.graph import OpGraph, OpGraphBuilder
@@ -390,7 +394,8 @@ def import_graph_def(
     for c in usable.values():
         by_type.setdefault(c.op_type, []).append(c.compute_us)
     type_median = {t: statistics.median(v) for t, v in by_type.items()}
-    shape_cost = _shape_cost(graph_def, tfg, usable, type_median)
+    unrun = unrun_ops(profile, graph_def)
+    shape_cost = _shape_cost(graph_def, tfg, usable, type_median, unrun)
 
     builder = OpGraphBuilder()
     default_ops: list[str] = []
@@ -424,9 +429,12 @@ def import_graph_def(
         if cost is not None and cost.op_type and cost.op_type != node.op:
             cost = None  # same name, another op: only possible with an allowed mismatch
         out_bytes, compute, temp, persistent = _op_costs(
-            node.name, node.op, op, cost, type_median, shape_cost, allow_profile_mismatch
+            node.name, node.op, op, cost, type_median, shape_cost if node.name not in unrun else None,
+            allow_profile_mismatch,
         )
-        if cost is not None:
+        if node.name in unrun:
+            out_bytes, compute, temp = [0] * len(out_bytes), 0.0, 0
+        elif cost is not None:
             profiled_us += compute
         else:
             estimated.append(node.name)
@@ -466,12 +474,18 @@ def import_graph_def(
             op_type=node.op,
         )
 
-    _add_edges(builder, graph_def, node_types)
+    _add_edges(builder, graph_def, node_types, unrun)
     graph = builder.build()
     if resolver.ignored:
         notes.append(
             f"{len(resolver.ignored)} ops named devices outside the cluster and were placed "
             f"freely (first: {resolver.ignored[0]!r})"
+        )
+    if unrun:
+        first = next(n for n in names if n in unrun)
+        notes.append(
+            f"{len(unrun)} ops ran in no traced step (first: {first!r}): no step of the profiled "
+            "fetches runs them, so they are placed at no cost"
         )
     if host_ops:
         notes.append(
@@ -480,11 +494,12 @@ def import_graph_def(
         )
     coverage = Coverage(
         num_graph_ops=len(names),
-        num_profiled_ops=len(names) - len(estimated),
+        num_profiled_ops=len(names) - len(estimated) - len(unrun),
         estimated_ops=tuple(estimated),
         profiled_compute_us=profiled_us,
         traced_compute_us=profile.traced_compute_us,
         unmatched_compute_us=profile.unmatched_compute_us,
+        unrun_ops=tuple(n for n in names if n in unrun),
     )
     log.info("%s", coverage.describe())
     return ImportResult(
@@ -514,6 +529,8 @@ def _op_costs(
     if cost is None:
         if op_type in type_median:
             return static, type_median[op_type], 0, var_bytes
+        if shape_cost is None:  # an op no profiled step runs (`_shape_cost`): it costs nothing
+            return static, 0.0, 0, var_bytes
         return static, shape_cost.estimate_us(*_bytes_and_flops(op)), 0, var_bytes
     if len(cost.output_bytes) > len(outputs) and not allow_profile_mismatch:
         raise ProfileError(
@@ -531,11 +548,13 @@ _MAX_FIT_SAMPLES = 2000
 
 
 def _shape_cost(
-    graph_def: Any, tfg: Any, usable: Mapping[str, OpCost], type_median: Mapping[str, float]
+    graph_def: Any, tfg: Any, usable: Mapping[str, OpCost], type_median: Mapping[str, float],
+    unrun: frozenset[str],
 ) -> Optional[ShapeCost]:
     """The `ShapeCost` fitted to the profiled ops (at most `_MAX_FIT_SAMPLES`, evenly by name),
-    when some op of the graph is of a type none of them is; else None (not needed)."""
-    if all(n.name in usable or n.op in type_median for n in graph_def.node):
+    when some op of the graph that runs (not in `unrun`) is of a type none of them is; else None
+    (not needed)."""
+    if all(n.name in usable or n.op in type_median or n.name in unrun for n in graph_def.node):
         return None
     names = sorted(n for n, c in usable.items() if c.compute_us > 0 and not c.fused_into)
     step = max(1, len(names) // _MAX_FIT_SAMPLES)
@@ -561,10 +580,12 @@ def _bytes_and_flops(op: Any) -> tuple[float, float]:
     return float(nbytes), flops
 
 
-def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str]) -> None:
-    """Data edges, then control edges not parallel to a data edge; loops' back edges left out.
-    One pass over the inputs, the edges handed to the builder at once (a graph may have hundreds
-    of thousands of control inputs)."""
+def _add_edges(
+    builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str, str], unrun: frozenset[str]
+) -> None:
+    """Data edges, then control edges not parallel to a data edge; loops' back edges and the
+    edges of `unrun` ops left out. One pass over the inputs, the edges handed to the builder at
+    once (a graph may have hundreds of thousands of control inputs)."""
     ids = builder.ids
     src_ids: list[int] = []
     dst_ids: list[int] = []
@@ -583,6 +604,8 @@ def _add_edges(builder: OpGraphBuilder, graph_def: Any, node_types: Mapping[str,
                 )
             if merge and node_types[name] in _BACK_EDGE_SRC:
                 continue  # a loop's back edge: left out of the DAG
+            if node.name in unrun or name in unrun:
+                continue  # no step sends it anything
             if port >= 0:
                 data_srcs.add(src)
             elif src in data_srcs:

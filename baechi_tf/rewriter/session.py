@@ -12,7 +12,8 @@ The first `run` of a fetch whose ops were never profiled:
    the placed session of an earlier fetch);
 2. profiles the fetch on a scratch copy of the graph holding those values (`warmup_steps`
    untraced runs, then `profile_steps` traced ones), so the real variables do not move;
-3. places the whole graph (`place_graph_def`; ops no fetch has run yet get estimated costs);
+3. places the whole graph (`place_graph_def`; ops that no profiled step ran cost nothing, since
+   no step of the fetches placed so far runs them, and other unprofiled ops get estimates);
 4. imports the placed GraphDef into a fresh graph and session, writes the variable values in,
    and runs the fetch there.
 
@@ -60,7 +61,7 @@ after a batch was read. The state of queues, readers, accumulators, staging area
 generators starts afresh in each placed session, and so does an iterator whose state cannot be
 written down (its dataset calls a ``py_func``). So once a run has used one of them in the placed
 session, a new fetch whose ops the placed graph already holds runs there as placed (those of its
-ops no run had profiled were placed by estimated costs) rather than being profiled and placed
+ops no run had profiled were placed without measured costs) rather than being profiled and placed
 again, which would restart that state, with a warning that names it. Only a fetch of ops added to
 the graph since forces a new placement then, with a warning. A fetch that takes from a queue (a
 dequeue, a reader, an accumulator) or puts into one (an enqueue, as a QueueRunner's thread runs) is

@@ -1,8 +1,9 @@
 // The compiled engine of baechi_tf's list scheduler: a port, step for step, of
 // `ListScheduler`, `SchedulerState`, `UntouchedTwins` and `_TailQueue` of
-// baechi_tf/placer/list_scheduler.py for the two policies whose behaviour is fixed: FixedPolicy
-// (every op on a given device: the simulator) and EarliestStartPolicy (m-ETF: any device, one of
-// each set of untouched twins weighed). Neither holds devices back, so m-SCT's pools are absent.
+// baechi_tf/placer/list_scheduler.py for three policies: FixedPolicy (every op on a given device:
+// the simulator), EarliestStartPolicy (m-ETF: any device, one of each set of untouched twins
+// weighed) and m-SCT's FavouriteChildPolicy (m_sct.py, ported in sct_policy.hpp: devices kept for
+// favourite children, the ops they hold pooled per device).
 //
 // Exactness: times are doubles computed in the order the Python reference computes them (no
 // fused multiply-add: built with -ffp-contract=off), bytes are int64, `bisect` and `heapq` are
@@ -29,376 +30,40 @@
 #include <vector>
 
 #include "gaps.hpp"
+#include "pieces.hpp"
+#include "sct_policy.hpp"
+#include "windows.hpp"
 
+using baechi::FavouriteChild;
 using baechi::GapTreap;
 
 namespace py = pybind11;
 
 namespace {
 
-using i64 = std::int64_t;
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// ------------------------------------------------------------------ Python's bisect and heapq
-
-template <class V, class T>
-std::size_t bisect_right(const V& a, const T& x) {
-    std::size_t lo = 0, hi = a.size();
-    while (lo < hi) {
-        std::size_t mid = (lo + hi) / 2;
-        if (x < a[mid]) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
-}
-
-template <class V, class T>
-std::size_t bisect_left(const V& a, const T& x) {
-    std::size_t lo = 0, hi = a.size();
-    while (lo < hi) {
-        std::size_t mid = (lo + hi) / 2;
-        if (a[mid] < x) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-template <class T>
-void sift_down(std::vector<T>& heap, std::size_t startpos, std::size_t pos) {  // heapq._siftdown
-    T item = heap[pos];
-    while (pos > startpos) {
-        std::size_t parentpos = (pos - 1) >> 1;
-        if (item < heap[parentpos]) {
-            heap[pos] = heap[parentpos];
-            pos = parentpos;
-            continue;
-        }
-        break;
-    }
-    heap[pos] = item;
-}
-
-template <class T>
-void sift_up(std::vector<T>& heap, std::size_t pos) {  // heapq._siftup
-    std::size_t endpos = heap.size(), startpos = pos;
-    T item = heap[pos];
-    std::size_t childpos = 2 * pos + 1;
-    while (childpos < endpos) {
-        std::size_t rightpos = childpos + 1;
-        if (rightpos < endpos && !(heap[childpos] < heap[rightpos])) childpos = rightpos;
-        heap[pos] = heap[childpos];
-        pos = childpos;
-        childpos = 2 * pos + 1;
-    }
-    heap[pos] = item;
-    sift_down(heap, startpos, pos);
-}
-
-template <class T>
-void heap_push(std::vector<T>& heap, const T& item) {
-    heap.push_back(item);
-    sift_down(heap, 0, heap.size() - 1);
-}
-
-template <class T>
-T heap_pop(std::vector<T>& heap) {
-    T last = heap.back();
-    heap.pop_back();
-    if (!heap.empty()) {
-        T out = heap[0];
-        heap[0] = last;
-        sift_up(heap, 0);
-        return out;
-    }
-    return last;
-}
-
-template <class T>
-void heap_replace(std::vector<T>& heap, const T& item) {
-    heap[0] = item;
-    sift_up(heap, 0);
-}
-
-// ------------------------------------------------------------------ entries
-
-struct Later {  // (lower bound of start, topo, op); op < 0 stands for tail queue -1 - op
-    double key;
-    i64 tp;
-    i64 op;
-};
-inline bool operator<(const Later& a, const Later& b) {
-    if (a.key != b.key) return a.key < b.key;
-    if (a.tp != b.tp) return a.tp < b.tp;
-    return a.op < b.op;
-}
-
-struct Now {  // (topo, op)
-    i64 tp;
-    i64 op;
-};
-inline bool operator<(const Now& a, const Now& b) {
-    if (a.tp != b.tp) return a.tp < b.tp;
-    return a.op < b.op;
-}
-
-struct Member {  // (topo, op, start when queued)
-    i64 tp;
-    i64 op;
-    double start;
-};
-inline bool operator<(const Member& a, const Member& b) {
-    if (a.tp != b.tp) return a.tp < b.tp;
-    if (a.op != b.op) return a.op < b.op;
-    return a.start < b.start;
-}
-
-struct Choice {  // (start, topo, device, op)
-    double start;
-    i64 tp;
-    i64 dev;
-    i64 op;
-};
-inline bool operator<(const Choice& a, const Choice& b) {
-    if (a.start != b.start) return a.start < b.start;
-    if (a.tp != b.tp) return a.tp < b.tp;
-    if (a.dev != b.dev) return a.dev < b.dev;
-    return a.op < b.op;
-}
-
-struct Pending {  // (when, bytes), sorted
-    double when;
-    i64 nbytes;
-};
-inline bool operator<(const Pending& a, const Pending& b) {
-    if (a.when != b.when) return a.when < b.when;
-    return a.nbytes < b.nbytes;
-}
-
-// `SchedulerState.tail_copy`: (source devices, widths, since, last arrival). Immutable once
-// made; counted references (`TailCopyPtr`, single-threaded), and a scheduler's pool reuses
-// those no dry run remembers any more, lists and all: a dry run allocates nothing.
-struct TailPool;
-struct TailCopy {
-    std::vector<int> sources;
-    std::vector<double> widths;
-    double since = 0.0;
-    double last = 0.0;
-    int refs = 0;
-    TailPool* pool = nullptr;
-};
-
-struct TailPool {
-    std::vector<std::unique_ptr<TailCopy>> all;
-    std::vector<TailCopy*> spare;
-    TailCopy* get() {
-        if (spare.empty()) {
-            all.push_back(std::make_unique<TailCopy>());
-            all.back()->pool = this;
-            return all.back().get();
-        }
-        TailCopy* out = spare.back();
-        spare.pop_back();
-        return out;
-    }
-};
-
-class TailCopyPtr {
-   public:
-    TailCopyPtr() = default;
-    TailCopyPtr(std::nullptr_t) {}
-    explicit TailCopyPtr(TailCopy* p) : p_(p) { ++p_->refs; }
-    TailCopyPtr(const TailCopyPtr& o) : p_(o.p_) {
-        if (p_) ++p_->refs;
-    }
-    TailCopyPtr(TailCopyPtr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
-    TailCopyPtr& operator=(const TailCopyPtr& o) {
-        if (o.p_) ++o.p_->refs;
-        release();
-        p_ = o.p_;
-        return *this;
-    }
-    TailCopyPtr& operator=(TailCopyPtr&& o) noexcept {
-        if (this != &o) {
-            release();
-            p_ = o.p_;
-            o.p_ = nullptr;
-        }
-        return *this;
-    }
-    TailCopyPtr& operator=(std::nullptr_t) {
-        release();
-        return *this;
-    }
-    ~TailCopyPtr() { release(); }
-    const TailCopy* operator->() const { return p_; }
-    explicit operator bool() const { return p_ != nullptr; }
-    bool operator!() const { return p_ == nullptr; }
-
-   private:
-    void release() {
-        if (p_ && --p_->refs == 0) p_->pool->spare.push_back(p_);
-        p_ = nullptr;
-    }
-    TailCopy* p_ = nullptr;
-};
-
-// A scheduler's own pool: a copy of the scheduler (a snapshot) gets a new one, and assigning a
-// snapshot to a scheduler keeps the scheduler's (snapshots hold no references into pools).
-struct PoolHolder {
-    std::unique_ptr<TailPool> pool = std::make_unique<TailPool>();
-    PoolHolder() = default;
-    PoolHolder(const PoolHolder&) : pool(std::make_unique<TailPool>()) {}
-    PoolHolder& operator=(const PoolHolder&) { return *this; }
-};
-
-struct Memo {
-    i64 key;
-    double ready;
-    i64 new_bytes;
-    TailCopyPtr tail;
-};
-
-struct Transfer {
-    i64 tensor;
-    int src, dst;
-    double start, end;
-};
-
-struct TailQueue {  // `_TailQueue` without pools
-    bool alive = false;
-    int device = -1;
-    std::vector<int> sources;
-    std::vector<double> widths;
-    double since = 0.0;
-    std::vector<Member> members;
-    bool has_entry = false;
-    double entry_key = 0.0;
-    i64 entry_tp = 0;
-    bool now = false;
-
-    // (v, tp) < entry, as tuples
-    bool entry_above(double v, i64 tp) const {
-        if (v != entry_key) return v < entry_key;
-        return tp < entry_tp;
-    }
-    Member pop() { return heap_pop(members); }
-};
-
-// The key of `tail_ids`, (device, sources, widths), hashed: equal keys hash alike (widths are
-// positive, so no -0.0 stands for 0.0).
-std::size_t queue_hash(int device, const std::vector<int>& sources, const std::vector<double>& widths) {
-    std::size_t h = std::hash<int>()(device);
-    auto mix = [&h](std::size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    for (int s : sources) mix(std::hash<int>()(s));
-    for (double w : widths) mix(std::hash<double>()(w));
-    return h;
-}
-
-// A device's set of ops (`in_now`, `dead`): a bitmap, allocated when the first op goes in.
-class OpSet {
-   public:
-    bool contains(i64 op) const {
-        std::size_t w = (std::size_t)op >> 6;
-        return w < bits_.size() && (bits_[w] >> (op & 63) & 1);
-    }
-    void add(i64 op, i64 n) {
-        if (bits_.empty()) bits_.assign(((std::size_t)n + 63) >> 6, 0);
-        bits_[(std::size_t)op >> 6] |= std::uint64_t(1) << (op & 63);
-    }
-    void discard(i64 op) {
-        std::size_t w = (std::size_t)op >> 6;
-        if (w < bits_.size()) bits_[w] &= ~(std::uint64_t(1) << (op & 63));
-    }
-    void update(const OpSet& other) {
-        if (other.bits_.empty()) return;
-        if (bits_.empty()) bits_.assign(other.bits_.size(), 0);
-        for (std::size_t w = 0; w < bits_.size(); ++w) bits_[w] |= other.bits_[w];
-    }
-
-   private:
-    std::vector<std::uint64_t> bits_;
-};
-
-// A device's `waiting` set: its ops in the order they came (a set's order is no schedule's
-// concern: each is pushed with its own key), each once.
-class OpList {
-   public:
-    void add(i64 op, i64 n) {
-        if (!in_.contains(op)) {
-            in_.add(op, n);
-            list_.push_back(op);
-        }
-    }
-    void clear() {
-        for (i64 op : list_) in_.discard(op);
-        list_.clear();
-    }
-    const std::vector<i64>& items() const { return list_; }
-
-   private:
-    OpSet in_;
-    std::vector<i64> list_;
-};
-
-// _close_in: books [s, e) in the sorted, disjoint bookings (starts, ends), merged with the
-// bookings closer than `gap` (the shortest transfer), a gap no transfer can take. Python deletes
-// the merged entries one by one; here [i, j) are the entries merged, replaced at once.
-void close_in(std::vector<double>& starts, std::vector<double>& ends, double s, double e, double gap) {
-    std::size_t i = bisect_left(starts, s);
-    std::size_t j = i;
-    if (i > 0 && ends[i - 1] + gap > s) {
-        i -= 1;
-        s = starts[i];
-        e = std::max(e, ends[i]);
-        j = i + 1;
-    }
-    while (j < starts.size() && starts[j] < e + gap) {
-        e = std::max(e, ends[j]);
-        ++j;
-    }
-    if (j == i) {
-        starts.insert(starts.begin() + i, s);
-        ends.insert(ends.begin() + i, e);
-    } else {
-        starts[i] = s;
-        ends[i] = e;
-        if (j > i + 1) {
-            starts.erase(starts.begin() + i + 1, starts.begin() + j);
-            ends.erase(ends.begin() + i + 1, ends.begin() + j);
-        }
-    }
-}
-
-// A dry run's tentative bookings per device (`extra` of `ready_time`), kept between runs so
-// that their lists are not allocated again.
-class Extra {
-   public:
-    struct Lists {
-        int dev;
-        std::vector<double> starts, ends;
-    };
-    void reset() {
-        for (std::size_t k = 0; k < used_; ++k) lists_[k].starts.clear(), lists_[k].ends.clear();
-        used_ = 0;
-    }
-    Lists* find(int d) {
-        for (std::size_t k = 0; k < used_; ++k)
-            if (lists_[k].dev == d) return &lists_[k];
-        return nullptr;
-    }
-    Lists* add(int d) {
-        if (used_ == lists_.size()) lists_.emplace_back();
-        Lists* out = &lists_[used_++];
-        out->dev = d;
-        return out;
-    }
-    Lists* begin() { return lists_.data(); }
-    Lists* end() { return lists_.data() + used_; }
-
-   private:
-    std::vector<Lists> lists_;
-    std::size_t used_ = 0;
-};
+using baechi::bisect_left;
+using baechi::bisect_right;
+using baechi::close_in;
+using baechi::Choice;
+using baechi::Extra;
+using baechi::heap_pop;
+using baechi::heap_push;
+using baechi::heap_replace;
+using baechi::i64;
+using baechi::kInf;
+using baechi::Later;
+using baechi::Member;
+using baechi::Memo;
+using baechi::Now;
+using baechi::OpList;
+using baechi::OpSet;
+using baechi::Pending;
+using baechi::PoolHolder;
+using baechi::queue_hash;
+using baechi::TailCopy;
+using baechi::TailCopyPtr;
+using baechi::TailQueue;
+using baechi::Transfer;
 
 template <class T>
 std::vector<T> to_vector(py::array_t<T, py::array::c_style | py::array::forcecast> a) {
@@ -444,22 +109,25 @@ struct Links {
 // ------------------------------------------------------------------ the scheduler
 
 enum Status { kGoOn = 0, kNoChoice = 1, kCutOff = 2 };
+// The policy a scheduler runs (`native_scheduler.POLICIES` gives the same numbers).
+enum PolicyKind { kFixed = 0, kEarliestStart = 1, kFavouriteChild = 2 };
 
 class Scheduler {
    public:
     Scheduler(std::shared_ptr<Tables> tables, int nd, I64Array group_of, I64Array group_persistent,
               I64Array gm_ptr, I64Array gm_op, I64Array capacity, I64Array persistent_cap,
-              std::shared_ptr<Links> links, double min_transfer_us, bool fixed,
-              I64Array device_of, I64Array twin_set_of, std::vector<std::vector<int>> untouched,
-              std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
+              std::shared_ptr<Links> links, double min_transfer_us, int policy,
+              I64Array device_of, I64Array child, I64Array twin_set_of,
+              std::vector<std::vector<int>> untouched, std::vector<int> distinct, std::vector<std::pair<i64, int>> placements,
               I64Array initial_group_device,
               double cutoff_us, bool queue_tails, bool once_in_now)
         : T_(std::move(tables)), n_(T_->n), nd_(nd), group_of_(to_vector(group_of)),
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
           gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
           persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
-          slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us), fixed_(fixed),
-          device_of_(fixed ? to_vector(device_of) : std::vector<i64>()),
+          slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us),
+          fixed_(policy == kFixed), sct_(policy == kFavouriteChild),
+          device_of_(fixed_ ? to_vector(device_of) : std::vector<i64>()),
           cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now) {
         // SchedulerState.__init__
         tensor_consumers_left_ = T_->consumers;
@@ -497,6 +165,13 @@ class Scheduler {
         waited_.assign(nd_, false);
         dead_.resize(nd_);
         is_busy_.assign(nd_, false);
+        pool_of_.assign(nd_, -1);
+        if (sct_) {  // child[op]: op's favourite child; any negative value is none
+            std::vector<i64> fc = to_vector(child);
+            if ((i64)fc.size() != n_ || std::any_of(fc.begin(), fc.end(), [this](i64 c) { return c >= n_; }))
+                throw py::value_error("favourite children: one op id or a negative number per op");
+            sct_policy_ = FavouriteChild<Scheduler>(std::move(fc), nd_);
+        }
         for (i64 op : T_->topo_order)
             if (preds_left_[op] == 0) push_ready(op, 0.0);
     }
@@ -540,17 +215,20 @@ class Scheduler {
     }
 
     // ListScheduler.restore: returns to `snap`, a snapshot of a scheduler of the same graph,
-    // cluster and groups (maybe under another placement: this one's policy stays), which stays
-    // usable. The work counters go on; queue ids only grow.
+    // cluster and groups (maybe under another placement: this one's policy and its state stay,
+    // as the Python engine's policy object does), which stays usable. The work counters go on;
+    // queue ids only grow.
     void restore(const Scheduler& snap) {
         std::vector<i64> device_of = std::move(device_of_);
-        bool fixed = fixed_, queue_tails = queue_tails_, once = once_;
+        FavouriteChild<Scheduler> sct_policy = std::move(sct_policy_);
+        bool fixed = fixed_, sct = sct_, queue_tails = queue_tails_, once = once_;
         double cutoff = cutoff_us_;
         i64 evaluations = evaluations_, copy_slots = copy_slots_;
         i64 next_tail_id = next_tail_id_;
         *this = snap;
         device_of_ = std::move(device_of);
-        fixed_ = fixed, queue_tails_ = queue_tails, once_ = once;
+        sct_policy_ = std::move(sct_policy);
+        fixed_ = fixed, sct_ = sct, queue_tails_ = queue_tails, once_ = once;
         cutoff_us_ = cutoff;
         evaluations_ = evaluations, copy_slots_ = copy_slots;
         next_tail_id_ = std::max(next_tail_id, snap.next_tail_id_);
@@ -602,7 +280,7 @@ class Scheduler {
             if (!q.alive) continue;
             py::list members;
             for (const auto& m : q.members) members.append(py::make_tuple(m.tp, m.op, m.start));
-            queues.append(py::make_tuple(qid, q.device, q.sources, q.widths, q.since, members,
+            queues.append(py::make_tuple(qid, q.device, q.pool, q.sources, q.widths, q.since, members,
                                          q.has_entry, q.entry_key, q.entry_tp, q.now));
         }
         py::list transfers;
@@ -666,6 +344,26 @@ class Scheduler {
         return out;
     }
 
+    // ---------------------------------------------------------------- what m-SCT's policy reads
+    // (sct_policy.hpp names each with the Python it stands for)
+    i64 committed_ops() const { return (i64)order_.size(); }
+    double dry_ready(i64 op, int dev) { return ready_time(op, dev, false).first; }
+    double free_at(int dev) const { return device_free_[dev]; }
+    double latest_free() const {  // Python's max(): the first of the largest
+        double out = device_free_[0];
+        for (double f : device_free_)
+            if (f > out) out = f;
+        return out;
+    }
+    i64 last_op_on(int dev) const { return last_op_[dev]; }
+    i64 device_of(i64 op) const { return device_[op]; }
+    i64 preds_left_of(i64 op) const { return preds_left_[op]; }
+    i64 group_device_of(i64 op) const { return group_device_[group_of_[op]]; }
+    bool group_fits(i64 op, int dev) const {
+        return peak_[dev] + group_persistent_[group_of_[op]] <= persistent_cap_[dev];
+    }
+    const std::vector<int>& devices() const { return distinct_; }
+
    private:
     // ---------------------------------------------------------------- static
     PoolHolder pools_;  // first: destroyed after every reference into it
@@ -677,8 +375,9 @@ class Scheduler {
     const double* slope_;  // links_'s, which this holds
     const double* intercept_;
     double min_transfer_us_;
-    bool fixed_;
+    bool fixed_, sct_;  // the policy: FixedPolicy, FavouriteChildPolicy, else EarliestStartPolicy
     std::vector<i64> device_of_;
+    FavouriteChild<Scheduler> sct_policy_;  // its state, under FavouriteChildPolicy
     double cutoff_us_;
     bool queue_tails_, once_;
 
@@ -723,6 +422,7 @@ class Scheduler {
     std::vector<int> busy_;
     std::vector<bool> is_busy_;
     std::deque<TailQueue> tail_queues_;  // by id; dropped ones stay, not alive
+    std::vector<i64> pool_of_;  // `pools`: per device, the id of its pool of held ops, or -1
     // `tail_ids`: per hash of (device, sources, widths), the ids of the live queues of such keys
     std::unordered_map<std::size_t, std::vector<i64>> tail_ids_;
 
@@ -742,6 +442,8 @@ class Scheduler {
     }
     i64 next_tail_id_ = 0;
     TailCopyPtr tail_bound_;
+    bool tail_bound_pool_ = false;  // tail_bound is (None, None, 0.0, start): held to the floor
+    std::vector<std::pair<i64, int>> released_;  // scratch of step: the holds a commit lifted
     i64 scheduled_ = 0, evaluations_ = 0;
     std::tuple<i64, int, double> stepped_{-1, -1, 0.0};  // the (op, device, start) of the last step
     double last_time_ = 0.0;
@@ -1115,6 +817,7 @@ class Scheduler {
     std::optional<double> evaluate(i64 op, int dev) {
         evaluations_ += 1;
         tail_bound_ = nullptr;
+        tail_bound_pool_ = false;
         i64 g = group_of_[op];
         i64 gdev = group_device_[g];
         i64 need_persistent = 0;
@@ -1129,7 +832,7 @@ class Scheduler {
             return std::nullopt;
         }
         auto [ready, new_bytes] = ready_time(op, dev, false);
-        const TailCopyPtr& copy = tail_copy_;  // this op's: no policy here makes other dry runs
+        TailCopyPtr copy = tail_copy_;  // this op's: m-SCT's hold makes dry runs of other ops
         double free = device_free_[dev];
         double base = ready > free ? ready : free;
         i64 need = T_->alloc[op] + new_bytes + need_persistent;
@@ -1139,8 +842,15 @@ class Scheduler {
             waited_[dev] = true;
         }
         if (!t) return std::nullopt;
-        double start = *t;  // neither policy holds a device back
-        if (queue_tails_ && copy && start == copy->last) tail_bound_ = copy;
+        double start = sct_ ? sct_policy_.hold(op, dev, *t, *this) : *t;  // the others hold nothing
+        if (queue_tails_) {
+            if (start == *t) {
+                if (copy && start == copy->last) tail_bound_ = copy;
+            } else {
+                auto floor = sct_policy_.hold_floor(dev, *this);
+                if (floor && start == floor->first) tail_bound_pool_ = true;
+            }
+        }
         return start;
     }
 
@@ -1237,7 +947,7 @@ class Scheduler {
             if (!v) {
                 heap_pop(h);
             } else if (*v > top.key) {
-                if (!tail_bound_) {
+                if (!tail_bound_ && !tail_bound_pool_) {
                     heap_replace(h, Later{*v, top.tp, top.op});
                 } else {
                     heap_pop(h);
@@ -1271,7 +981,8 @@ class Scheduler {
                 TailQueue copy = *queue;
                 copy.device = twin;
                 tail_queues_[qid] = std::move(copy);
-                index_queue(qid);
+                if (tail_queues_[qid].pool) pool_of_[twin] = qid;
+                else index_queue(qid);
             }
         }
         std::vector<Later> later;
@@ -1300,15 +1011,18 @@ class Scheduler {
 
     // ---------------------------------------------------------------- tail queues
 
-    // ListScheduler._defer
+    // ListScheduler._defer: into the tail queue of op's copy (`tail_bound_`), or into d's pool
+    // when the policy held op to its floor (`tail_bound_pool_`).
     void defer(std::vector<Later>& h, int d, i64 tp, i64 op, double v) {
         TailCopyPtr copy = tail_bound_;
-        if (!copy) {
+        const bool pool = tail_bound_pool_;
+        if (!copy && !pool) {
             heap_push(h, Later{v, tp, op});
             return;
         }
-        std::size_t qhash = queue_hash(d, copy->sources, copy->widths);
-        i64 qid = find_queue(d, copy->sources, copy->widths, qhash);
+        std::size_t qhash = pool ? 0 : queue_hash(d, copy->sources, copy->widths);
+        i64 qid = pool ? pool_of_[d] : find_queue(d, copy->sources, copy->widths, qhash);
+        const double since = pool ? 0.0 : copy->since;
         TailQueue* queue = qid >= 0 ? &tail_queues_[qid] : nullptr;
         if (queue != nullptr && queue->now) {
             auto bound = queue_bound(*queue);
@@ -1340,14 +1054,19 @@ class Scheduler {
             queue = &tail_queues_[qid];
             queue->alive = true;
             queue->device = d;
-            queue->sources = copy->sources;
-            queue->widths = copy->widths;
-            queue->since = copy->since;
-            tail_ids_[qhash].push_back(qid);
-        } else if (copy->since < queue->since) {
-            queue->since = copy->since;
+            queue->since = since;
+            if (pool) {
+                queue->pool = true;
+                pool_of_[d] = qid;
+            } else {
+                queue->sources = copy->sources;
+                queue->widths = copy->widths;
+                tail_ids_[qhash].push_back(qid);
+            }
+        } else if (since < queue->since) {
+            queue->since = since;
         }
-        heap_push(queue->members, Member{tp, op, v});
+        queue->push(Member{tp, op, v}, n_);
         if (!queue->has_entry || queue->entry_above(v, tp)) {
             queue->has_entry = true;
             queue->entry_key = v;
@@ -1378,9 +1097,12 @@ class Scheduler {
         if (!start) {
             heap_pop(h);
             std::vector<Member> left = std::move(members);
+            // Each start they were queued with is still a lower bound, but for a pool's (held
+            // under a reservation that may have ended): the device's free time is one.
+            const bool pool = queue->pool;
             drop(qid);
             for (const auto& m : left)
-                if (device_[m.op] < 0) heap_push(h, Later{m.start, m.tp, m.op});
+                if (device_[m.op] < 0) heap_push(h, Later{pool ? device_free_[d] : m.start, m.tp, m.op});
             return nullptr;
         }
         double bkey = *start;
@@ -1395,12 +1117,27 @@ class Scheduler {
         return queue;
     }
 
-    std::optional<double> queue_bound(const TailQueue& queue) {  // ListScheduler._queue_bound
-        return tail_start(queue.sources, queue.widths, queue.device, queue.since);
+    // ListScheduler._queue_bound: no member starts before this, if any. A pool's: the policy's
+    // floor, unless the op exempt from it is a member; the device's free time while the policy
+    // holds nothing back there.
+    std::optional<double> queue_bound(const TailQueue& queue) {
+        if (!queue.pool) return tail_start(queue.sources, queue.widths, queue.device, queue.since);
+        auto floor = sct_policy_.hold_floor(queue.device, *this);
+        if (!floor) return device_free_[queue.device];
+        if (queue.ids.contains(floor->second)) return std::nullopt;
+        return floor->first;
     }
 
     void drop(i64 qid) {  // ListScheduler._drop
         TailQueue& queue = tail_queues_[qid];
+        if (queue.pool) {
+            TailQueue& gone = tail_queues_[pool_of_[queue.device]];
+            pool_of_[queue.device] = -1;
+            gone.alive = false;
+            std::vector<Member>().swap(gone.members);
+            gone.ids = OpSet();
+            return;
+        }
         std::size_t h = queue_hash(queue.device, queue.sources, queue.widths);
         i64 found = find_queue(queue.device, queue.sources, queue.widths, h);
         auto& ids = tail_ids_[h];
@@ -1412,6 +1149,31 @@ class Scheduler {
     }
 
     // ---------------------------------------------------------------- running
+
+    // The part of ListScheduler.step after `policy.committed`: pools whose floor no longer
+    // holds go down to their device's free time, and the ops the commit released are offered
+    // again from it.
+    void release_holds(i64 op, int dev) {
+        released_.clear();
+        sct_policy_.committed(op, dev, *this, released_);
+        for (int d = 0; d < nd_; ++d) {  // `pools`, each on its own device's heap
+            i64 qid = pool_of_[d];
+            if (qid < 0) continue;
+            TailQueue& pool = tail_queues_[qid];
+            double free = device_free_[d];
+            if (!pool.now && pool.entry_key > free && !sct_policy_.hold_floor(d, *this)) {
+                // Its floor no longer holds: its entry goes down to the device's free time, a
+                // lower bound of every start there, once for all its members.
+                pool.entry_key = free;
+                push(d, Later{free, pool.entry_tp, -1 - qid});
+            }
+        }
+        for (const auto& [w, d] : released_) {
+            i64 qid = pool_of_[d];
+            if (qid >= 0 && tail_queues_[qid].ids.contains(w)) continue;  // its pool went down
+            if (device_[w] < 0) push(d, Later{device_free_[d], T_->topo[w], w});
+        }
+    }
 
     int step() {  // ListScheduler.step
         std::optional<Choice> choice;
@@ -1453,6 +1215,7 @@ class Scheduler {
         }
         scheduled_ += 1;
         last_time_ = t;
+        if (sct_) release_holds(op, dev);
         for (int d : newly_free) {
             double free = device_free_[d];
             for (i64 w : waiting_[d].items())
@@ -1481,17 +1244,53 @@ py::array_t<T> as_array(const std::vector<T>& v) {
     return py::array_t<T>(v.size(), v.data());
 }
 
+// windows.balance_windows on the compiled engine (`native/windows.hpp`): the arguments are
+// `_native_windows`' arrays; returns (device of each op, op moves evaluated).
+using I32Array = py::array_t<std::int32_t, py::array::c_style | py::array::forcecast>;
+
+py::tuple balance_windows(int num_devices, int num_windows, bool overlap, F64Array compute,
+                          I32Array device_of, I32Array window, F64Array slope, F64Array intercept,
+                          I64Array tbytes, I32Array tsrc, I64Array ins_ptr, I32Array ins,
+                          I64Array outs_ptr, I32Array outs, I64Array cons_ptr, I32Array cons,
+                          I64Array members_ptr, I32Array members, I64Array group_persistent,
+                          I64Array on_device, I64Array room, I32Array orders, i64 passes,
+                          i64 num_movable, int targets, i64 per_move, i64 max_moves,
+                          double min_pass_gain) {
+    baechi::WindowProblem p{num_devices, num_windows, overlap, compute.data(), window.data(),
+                            slope.data(), intercept.data(), tbytes.data(), tsrc.data(),
+                            (i64)compute.size(), (i64)tsrc.size(),
+                            {ins_ptr.data(), ins.data()}, {outs_ptr.data(), outs.data()},
+                            {cons_ptr.data(), cons.data()}};
+    std::vector<int> dev(device_of.data(), device_of.data() + device_of.size());
+    baechi::WindowSearch search{{members_ptr.data(), members.data()}, group_persistent.data(),
+                                std::vector<i64>(on_device.data(), on_device.data() + on_device.size()),
+                                room.data(), orders.data(), passes, num_movable, targets, per_move,
+                                max_moves, min_pass_gain};
+    i64 evaluated;
+    std::vector<int> placed;
+    {
+        py::gil_scoped_release released;
+        baechi::WindowLoads loads(p, std::move(dev));
+        evaluated = baechi::balance(loads, search);
+        placed = loads.devices();
+    }
+    py::array_t<std::int32_t> out((py::ssize_t)placed.size());
+    std::copy(placed.begin(), placed.end(), out.mutable_data());
+    return py::make_tuple(out, evaluated);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 4;
+    m.attr("INTERFACE") = 6;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
+    m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
         .def(py::init<>())
@@ -1504,7 +1303,7 @@ PYBIND11_MODULE(_native, m) {
         });
     py::class_<Scheduler, std::shared_ptr<Scheduler>>(m, "Scheduler")
         .def(py::init<std::shared_ptr<Tables>, int, I64Array, I64Array, I64Array, I64Array, I64Array,
-                      I64Array, std::shared_ptr<Links>, double, bool, I64Array, I64Array,
+                      I64Array, std::shared_ptr<Links>, double, int, I64Array, I64Array, I64Array,
                       std::vector<std::vector<int>>, std::vector<int>, std::vector<std::pair<i64, int>>,
                       I64Array, double, bool, bool>())
         .def("run", &Scheduler::run, py::arg("max_steps"), py::arg("max_evaluations"),

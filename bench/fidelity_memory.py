@@ -1,0 +1,553 @@
+"""Simulated against measured peak memory per device, for real graphs placed on 4 CPU stand-ins.
+
+For each graph of bench/fidelity_graphs.py (GNMT v2, Inception-v3, Transformer, ResNet50,
+MobileNetV2, an unrolled LSTM): profiles the unplaced training step as BaechiSession does
+(`profile_fetch`, Grappler off, 1 warm-up and 3 traced steps), places it with each method on 4
+stand-ins of 8 GiB (``ConfigProto(device_count={"CPU": 5})``: the host and four stand-ins), and
+with the methods of ``--tight_methods`` again under a tight limit: ``--tight`` (1.5) times the
+graph's simulated one-device peak, divided among the 4 devices, raised to 4/3 and then 2 times
+that when the method finds no placement that fits (the limit column says which). Each placement
+is run in a session of its own (Grappler off, as BaechiSession runs it; on with ``--grappler``):
+initialized, ``--warmup_steps`` untraced steps, then ``--traced_steps`` steps with
+``FULL_TRACE``. A device's measured peak is
+the largest over the traced steps of the memory rebuilt from the step's allocation records plus
+the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
+peak is the placement report's (`Schedule.peak_memory_bytes`).
+
+It prints one line per placement and device (the host too when the placement put ops there):
+simulated and measured MiB, and their ratio (simulated / measured; the target is every device in
+[1.0, 1.25]). Then the summary: devices where simulated >= measured, where simulated <= 1.25 x
+measured, both, and the worst under- and over-prediction. Then the same figures for the same
+schedules with their blocks of memory (`baechi_tf.placer.memory_timeline.memory_blocks`) counted
+otherwise, cumulatively, by what the traced step shows (`VARIANTS`): without the ops the step
+never ran; with an output that is a view of another buffer (a variable's value, an Identity, an
+op done in place) held as part of that buffer; with a tensor read on another stand-in held by its
+sender (stand-ins pass buffers, a GPU copies them); and those rules replayed at each op's measured
+start and end, which leaves out the simulated timing. ``--explain`` adds, per placement, what the
+simulator holds at its peak by kind and what the device held at its measured peak by type of
+node. ``--json`` writes every row for plots and for bench/fidelity.py.
+
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory.py [--models rnn,transformer]
+        [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--json out.json]
+
+Needs tf_keras for ResNet50 and MobileNetV2 (``pip install --no-deps tf-keras==2.21.0``). The
+whole set takes some 15 minutes on 2 cores; ``--quick`` (2 graphs, 2 methods) about one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import types
+from typing import Any, Optional, Sequence
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+
+import fidelity_graphs  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+import flags  # noqa: E402
+
+from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
+
+__all__ = ["Row", "measure_graph", "summary"]
+
+NUM_DEVICES = 4
+METHODS = ("single", "m_topo", "m_etf", "m_sct", "heft", "expert", "auto")
+TIGHT_METHODS = ("m_topo", "m_etf", "m_sct", "auto")
+QUICK_MODELS, QUICK_METHODS = ("rnn", "transformer"), ("m_etf", "auto")
+TIGHT_STEPS = (1.0, 4 / 3, 2.0)  # a tight limit is raised by these factors until the method places
+MiB = 1 << 20
+LOW, HIGH = 1.0, 1.25  # the target: simulated / measured within [LOW, HIGH] on every device
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One device of one placement."""
+
+    model: str
+    method: str  # as asked
+    chosen: str  # the placement's method as the report names it
+    limit: str  # 'loose' (8 GiB), or the tight limit as times the one-device peak / devices
+    capacity_bytes: int
+    device: str  # 'device:CPU:1'
+    ops: int  # ops placed there
+    simulated_bytes: int
+    measured_bytes: int
+    measured_persistent_bytes: int  # variables and constants
+    measured_step_bytes: int  # the records' peak
+    replaced_bytes: int  # records left at the step's end (variables' new buffers)
+    # The same schedule's peak with some blocks of memory counted otherwise (`_variants`), the
+    # largest over the traced steps (None when the placement ran with Grappler, whose nodes
+    # are not the graph's):
+    sim_ran_bytes: Optional[int]  # without the blocks of ops the step never ran
+    sim_alias_bytes: Optional[int]  # and an output that is a view of another buffer counted with that buffer
+    sim_standin_bytes: Optional[int]  # and a copy received from another stand-in counted on the sender
+    replay_bytes: Optional[int]  # those rules with each op at its measured start and end
+
+    @property
+    def ratio(self) -> float:
+        return self.simulated_bytes / self.measured_bytes if self.measured_bytes else float("inf")
+
+
+def _local(name: str) -> str:
+    return name.split("/")[-1]
+
+
+def _profile(case, config, traced_steps: int):
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.profiler import profile_fetch
+
+    run = fidelity_graphs.runnable(case)
+    with tf.compat.v1.Session(graph=run.graph, config=config) as sess:
+        sess.run(run.init)
+        return profile_fetch(sess, run.target, run.feeds, warmup_steps=1, traced_steps=traced_steps,
+                             graph_def=case.graph_def)
+
+
+def _run(case, placed_def, config, warmup: int, traced: int):
+    """(the graph that ran as a GraphDef, step stats of each traced step) of `placed_def`."""
+    import tensorflow as tf
+
+    run = fidelity_graphs.runnable(case, placed_def)
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    stats = []
+    with tf.compat.v1.Session(graph=run.graph, config=config) as sess:
+        sess.run(run.init)
+        for _ in range(warmup):
+            sess.run(run.target, feed_dict=run.feeds)
+        for _ in range(traced):
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run(run.target, feed_dict=run.feeds, options=options, run_metadata=metadata)
+            stats.append(metadata.step_stats)
+    return run.graph.as_graph_def(), stats
+
+
+_NOTHING = types.SimpleNamespace(peak_bytes=0, persistent_bytes=0, step_peak_bytes=0, replaced_bytes=0)
+
+
+def _measured(graph_def, stats) -> dict[str, Any]:
+    """Per device ('device:CPU:1'), the `MeasuredDevice` of the traced step with the highest peak."""
+    from baechi_tf.cost_model.measured_memory import measured_memory
+
+    best: dict[str, Any] = {}
+    for step in stats:
+        for name, m in measured_memory(step, graph_def).items():
+            key = _local(name)
+            if key not in best or m.peak_bytes > best[key].peak_bytes:
+                best[key] = m
+    return best
+
+
+def measure_graph(
+    name: str,
+    methods: Sequence[str],
+    tight_methods: Sequence[str],
+    *,
+    tight: float = 1.5,
+    warmup_steps: int = 2,
+    traced_steps: int = 2,
+    explain: bool = False,
+    grappler: bool = False,
+    out=sys.stdout,
+) -> list[Row]:
+    """Builds, profiles, places (each method, loose and tight) and runs graph `name`; one `Row`
+    per device of each placement that ran. Placements refused as infeasible are printed, not
+    returned. With `grappler`, the placements run with Grappler on (the profile is still taken
+    without), and the rows have no breakdown (`VARIANTS` fields None)."""
+    from baechi_tf.errors import BaechiError, InfeasiblePlacementError
+    from baechi_tf.placer.pipeline import PlacementOptions
+    from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    case = fidelity_graphs.build(name)
+    loose = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK)
+    config = session_config(loose, grappler=False)  # the profile as the graph is written
+    run_config = session_config(loose, grappler=grappler)
+    t0 = time.perf_counter()
+    profile = _profile(case, config, traced_steps=3)
+    print(f"# {name}: {len(case.graph_def.node)} ops, profiled {len(profile.ops)} "
+          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+
+    def place(method: str, setup):
+        expert = case.expert(setup.cluster.names) if case.expert and method in ("expert", "auto") else None
+        return place_graph_def(case.graph_def, profile, setup.cluster,
+                               PlacementOptions(placement_method=method, expert=expert),
+                               host_device=setup.host, device_aliases=setup.aliases)
+
+    _, single = place("single", loose)
+    one_device = max(single.result.schedule.peak_memory_bytes)
+    limits = {"loose": [("loose", loose)], "tight": [
+        (f"{tight * f:.1f}x", standin_cluster(NUM_DEVICES, int(tight * f * one_device / NUM_DEVICES), prefix=LOCAL_TASK))
+        for f in TIGHT_STEPS
+    ]}
+    runs = [(m, "loose") for m in methods if m != "expert" or case.expert]
+    runs += [(m, "tight") for m in tight_methods]
+    rows: list[Row] = []
+    for method, kind in runs:
+        t1 = time.perf_counter()
+        placed_def = refusal = None
+        for limit, setup in limits[kind]:
+            try:
+                placed_def, report = place(method, setup)
+                break
+            except InfeasiblePlacementError as e:
+                refusal = e
+            except BaechiError as e:  # not a refusal: a failure, said as such
+                refusal = f"failed: {type(e).__name__}: {e}"
+                break
+        if placed_def is None:
+            print(f"{name:<12} {method:<7} {limit:<5} refused: {refusal}", file=out, flush=True)
+            continue
+        t2 = time.perf_counter()
+        ran_def, stats = _run(case, placed_def, run_config, warmup_steps, traced_steps)
+        measured = _measured(ran_def, stats)
+        result = report.result
+        device_of = result.placement.device_of
+        if grappler:  # the traced nodes are Grappler's, not the graph's: no breakdown
+            variants, replay = [[None] * result.cluster.num_devices] * 3, [None] * result.cluster.num_devices
+        else:
+            # Per device the largest over the traced steps, as the measured peak is: whether an op
+            # works in place of its input depends on the order of the step.
+            per_step = [_variants(result, step) + _variants(_replayed(result, step), step)[-1:] for step in stats]
+            variants = [[max(p) for p in zip(*(v[k] for v in per_step))] for k in range(4)]
+            replay = variants.pop()
+        for d, dev in enumerate(result.cluster.devices):
+            ops = int((device_of == d).sum())
+            key = _local(dev.name)
+            m = measured.get(key, _NOTHING)
+            if ops == 0 and (key == "device:CPU:0" or m is _NOTHING):
+                continue  # a device with no op that never ran one: nothing to compare
+            rows.append(Row(
+                model=name, method=method, chosen=result.placement.method, limit=limit,
+                capacity_bytes=dev.memory_bytes if key != "device:CPU:0" else 0, device=key, ops=ops,
+                simulated_bytes=int(result.schedule.peak_memory_bytes[d]), measured_bytes=m.peak_bytes,
+                measured_persistent_bytes=m.persistent_bytes, measured_step_bytes=m.step_peak_bytes,
+                replaced_bytes=m.replaced_bytes, sim_ran_bytes=variants[0][d],
+                sim_alias_bytes=variants[1][d], sim_standin_bytes=variants[2][d], replay_bytes=replay[d],
+            ))
+            print(_line(rows[-1]), file=out, flush=True)
+        print(f"#   {method} {limit}: placed in {t2 - t1:.1f} s, ran in {time.perf_counter() - t2:.1f} s",
+              file=sys.stderr, flush=True)
+        if explain:
+            _explain(result, ran_def, stats, measured, out)
+    return rows
+
+
+HEADER = (f"{'model':<12} {'method':<7} {'limit':<5} {'chosen':<14} {'device':<12} {'ops':>5} "
+          f"{'sim MiB':>8} {'meas MiB':>8} {'sim/meas':>8}  {'persist':>7} {'step':>6}  "
+          f"{'ran':>5} {'views':>5} {'copy':>5} {'replay':>6}")
+LEGEND = ("persist, step: the measured peak's variables and constants, and its allocation records' "
+          "peak (MiB); ran, views, copy, replay: simulated / measured for `VARIANTS` in turn")
+
+
+def _line(r: Row) -> str:
+    mark = "" if LOW <= r.ratio <= HIGH else ("  under" if r.ratio < LOW else "  over")
+
+    def x(field: str, width: int) -> str:
+        value = getattr(r, field)
+        if value is None:
+            return f"{'-':>{width}}"
+        return f"{value / r.measured_bytes:>{width}.2f}" if r.measured_bytes else f"{'inf':>{width}}"
+
+    return (f"{r.model:<12} {r.method:<7} {r.limit:<5} {r.chosen[:14]:<14} {r.device:<12} {r.ops:>5} "
+            f"{r.simulated_bytes / MiB:>8.2f} {r.measured_bytes / MiB:>8.2f} {r.ratio:>8.2f}  "
+            f"{r.measured_persistent_bytes / MiB:>7.2f} {r.measured_step_bytes / MiB:>6.2f}  "
+            f"{x('sim_ran_bytes', 5)} {x('sim_alias_bytes', 5)} {x('sim_standin_bytes', 5)} "
+            f"{x('replay_bytes', 6)}{mark}")
+
+
+def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
+    """The summary figures of `rows` as lines of text, for the simulated peak of `field`."""
+    if not rows:
+        return ["no placement ran"]
+    n = len(rows)
+    placements = len({(r.model, r.method, r.limit) for r in rows})
+    ratios = [(getattr(r, field) / r.measured_bytes if r.measured_bytes else float("inf"), r) for r in rows]
+    at_least = sum(x >= LOW for x, _ in ratios)
+    at_most = sum(x <= HIGH for x, _ in ratios)
+    both = sum(LOW <= x <= HIGH for x, _ in ratios)
+    under = min(ratios, key=lambda xr: xr[0])
+    over = max(ratios, key=lambda xr: xr[0])
+    held = [xr for xr in ratios if xr[1].measured_bytes >= MiB]
+
+    def where(xr) -> str:
+        x, r = xr
+        return (f"{x:.3f} ({r.model} {r.method} {r.limit} {r.device}: simulated "
+                f"{getattr(r, field) / MiB:.2f} MiB, measured {r.measured_bytes / MiB:.2f} MiB)")
+
+    return [
+        f"{placements} placements, {n} devices; simulated / measured peak: median "
+        f"{statistics.median(x for x, _ in ratios):.2f}",
+        f"simulated >= measured:            {at_least}/{n} devices ({100 * at_least / n:.0f}%)",
+        f"simulated <= 1.25 x measured:     {at_most}/{n} devices ({100 * at_most / n:.0f}%)",
+        f"both (the target, [1.0, 1.25]):   {both}/{n} devices ({100 * both / n:.0f}%)",
+        f"worst under-prediction: {where(under)}",
+        f"worst over-prediction:  {where(over)}",
+    ] + ([f"worst over-prediction where at least 1 MiB was measured: {where(max(held, key=lambda xr: xr[0]))}"]
+         if held and len(held) < n else [])
+
+
+VARIANTS = (
+    ("sim_ran_bytes", "the same schedules without the memory of ops the step never ran"),
+    ("sim_alias_bytes", "and an output that is a view of another buffer (a variable's, an input's) "
+     "held as part of that buffer"),
+    ("sim_standin_bytes", "and a tensor read on another stand-in held by its sender until that "
+     "reader is done, not copied"),
+    ("replay_bytes", "those rules with each op at the start and end it had in the traced step (the "
+     "memory model without the simulated timing)"),
+)
+
+
+def _replayed(result, step_stats):
+    """`result` whose schedule has each op at its start and end in the traced step (relative to
+    the step's first node; ops that did not run at 0), committed in the order they started, with
+    no transfer (stand-ins pass buffers)."""
+    import dataclasses as dc
+
+    import numpy as np
+
+    times: dict[str, tuple[float, float]] = {}
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            if ns.node_name not in times:
+                times[ns.node_name] = (float(ns.all_start_micros), float(ns.all_start_micros + ns.all_end_rel_micros))
+    t0 = min((t for t, _ in times.values()), default=0.0)
+    pairs = [times.get(n, (t0, t0)) for n in result.graph.names]
+    start = np.array([a - t0 for a, _ in pairs])
+    end = np.array([b - t0 for _, b in pairs])
+    order = np.lexsort((end, start)).astype(np.int32)
+    schedule = dc.replace(result.schedule, start_us=start, end_us=end, order=order, transfers=())
+    return dc.replace(result, schedule=schedule)
+
+
+def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
+    """Node -> ({output slot: buffer address}, bytes its allocation records allocated)."""
+    out = {}
+    for dev in step_stats.dev_stats:
+        for ns in dev.node_stats:
+            ptrs = {o.slot: int(o.tensor_description.allocation_description.ptr) for o in ns.output}
+            allocated = sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0)
+            out[ns.node_name] = (ptrs, int(allocated))
+    return out
+
+
+def _variants(result, step_stats) -> list[list[int]]:
+    """Per variant of `VARIANTS`, per device of `result.cluster`, the peak of `_variant_blocks`."""
+    from baechi_tf.placer.memory_timeline import blocks_timeline
+
+    nd = result.cluster.num_devices
+    return [[t.peak_bytes for t in blocks_timeline(b, nd)] for b in _variant_blocks(result, step_stats)]
+
+
+def _variant_blocks(result, step_stats) -> list:
+    """Per variant of `VARIANTS`, the blocks of memory of `result.schedule` (`memory_blocks`)
+    counted otherwise, by what the traced step shows:
+
+    1. the blocks of ops that did not run in the step are left out;
+    2. an output whose buffer is one of its op's inputs' (the same address in the trace:
+       Identity, Reshape, an element-wise op done in place) is no block of its own: the input's
+       block on that device is held until the output's would have been freed; an output whose
+       buffer the op did not allocate and no input has (a variable's value, a constant's) is
+       left out, the buffer being persistent memory;
+    3. a received copy is left out and the sender's block held until the copy's would have been
+       freed (CPU stand-ins pass the buffer; a GPU would copy it).
+    """
+    import numpy as np
+
+    from baechi_tf.placer.memory_timeline import MemoryBlocks, memory_blocks
+
+    graph, schedule = result.graph, result.schedule
+    traced = _traced_outputs(step_stats)
+    never = np.array([n not in traced for n in graph.names])
+    inputs: dict[int, list[tuple[int, int]]] = {}
+    for s, d, o in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
+        if o >= 0:
+            inputs.setdefault(d, []).append((s, o))
+    alias: dict[tuple[int, int], Optional[tuple[int, int]]] = {}  # None: a persistent buffer
+    for op, name in enumerate(graph.names):
+        if never[op]:
+            continue
+        ptrs, allocated = traced[name]
+        for slot, ptr in ptrs.items():
+            if not ptr:
+                continue
+            source = next((t for t in inputs.get(op, ()) if traced.get(graph.names[t[0]], ({}, 0))[0].get(t[1]) == ptr), None)
+            if source is not None:
+                alias[(op, slot)] = source
+            elif allocated == 0:
+                alias[(op, slot)] = None
+    b = memory_blocks(graph, schedule)
+    free, free_rank = b.free_us.copy(), b.free_rank.copy()
+    keep = ~never[b.op]
+    variants = []
+    home = {(int(o), int(s), int(d)): i for i, (k, o, s, d) in enumerate(zip(b.kind, b.op, b.slot, b.device))
+            if k in ("output", "received")}
+    root: dict[int, int] = {}
+
+    def extend(j: int, i: int) -> None:
+        if free[i] > free[j]:
+            free[j], free_rank[j] = free[i], free_rank[i]
+
+    def kept() -> MemoryBlocks:
+        return MemoryBlocks(b.device[keep], b.nbytes[keep], b.alloc_us[keep], free[keep], b.alloc_rank[keep],
+                            free_rank[keep], tuple(k for k, x in zip(b.kind, keep) if x), b.op[keep], b.slot[keep])
+
+    variants.append(kept())
+    persistent: set[int] = set()  # blocks left out as views of persistent buffers
+    for i in np.argsort(b.alloc_us, kind="stable").tolist():
+        if not keep[i] or b.kind[i] != "output":
+            continue
+        key = (int(b.op[i]), int(b.slot[i]))
+        if key not in alias:
+            continue
+        if alias[key] is None:
+            keep[i] = False
+            persistent.add(i)
+            continue
+        j = home.get((*alias[key], int(b.device[i])))
+        if j is None:
+            continue
+        j = root.get(j, j)
+        if j in persistent:
+            keep[i] = False
+            persistent.add(i)
+        elif keep[j]:
+            extend(j, i)
+            keep[i] = False
+            root[i] = j
+    variants.append(kept())
+    for i in range(len(b.kind)):
+        if keep[i] and b.kind[i] == "received":
+            j = home.get((int(b.op[i]), int(b.slot[i]), int(result.placement.device_of[b.op[i]])))
+            if j is None:
+                continue
+            j = root.get(j, j)
+            if j in persistent:
+                keep[i] = False
+            elif keep[j]:
+                extend(j, i)
+                keep[i] = False
+    variants.append(kept())
+    return variants
+
+
+def _explain(result, ran_def, stats, measured, out) -> None:
+    """Per device: the simulated peak by kind of block, the measured one by kind of node, and
+    the bytes the simulator gives ops that never ran in the step."""
+    import numpy as np
+
+    from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline
+
+    graph, schedule = result.graph, result.schedule
+    ran = {ns.node_name for step in stats for dev in step.dev_stats for ns in dev.node_stats}
+    never = np.array([n not in ran for n in graph.names])
+    blocks = memory_blocks(graph, schedule)
+    timelines = memory_timeline(graph, result.cluster, schedule)
+    types = {n.name: n.op for n in ran_def.node}
+    for d, dev in enumerate(result.cluster.devices):
+        m = measured.get(_local(dev.name))
+        tl = timelines[d]
+        if m is None or not tl.bytes.size:
+            continue
+        t_peak = float(tl.times_us[int(np.argmax(tl.bytes))])
+        live = (blocks.device == d) & (blocks.alloc_us <= t_peak) & (blocks.free_us > t_peak)
+        by_kind: dict[str, int] = {}
+        for i in np.flatnonzero(live).tolist():
+            key = blocks.kind[i] + ("(never run)" if never[blocks.op[i]] else "")
+            by_kind[key] = by_kind.get(key, 0) + int(blocks.nbytes[i])
+        meas_kind: dict[str, int] = {"variables": m.variable_bytes,
+                                     "other persistent": m.persistent_bytes - m.variable_bytes}
+        for node, b in m.live_at_peak.items():
+            meas_kind[types.get(node, "(runtime)")] = meas_kind.get(types.get(node, "(runtime)"), 0) + b
+        top = sorted(meas_kind.items(), key=lambda kv: -kv[1])[:6]
+        sim = ", ".join(f"{k} {v / MiB:.2f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+        print(f"    {_local(dev.name)}: simulated at its peak (MiB): {sim}", file=out)
+        print(f"    {' ' * len(_local(dev.name))}  measured at its peak (MiB): "
+              + ", ".join(f"{k} {v / MiB:.2f}" for k, v in top), file=out)
+
+
+def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
+    print()
+    print("\n".join(summary(rows)))
+    for field, what in VARIANTS if not grappler else ():
+        print(f"\n{what}:")
+        print("\n".join("  " + line for line in summary(rows, field)[1:]))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    models = list(fidelity_graphs.FIDELITY_GRAPHS)
+    parser.add_argument("--models", default=",".join(models), help="comma-separated, of %(default)s")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="placed at 8 GiB per device (default: %(default)s; 'expert' where the "
+                        "model has a layout)")
+    parser.add_argument("--tight_methods", default=",".join(TIGHT_METHODS),
+                        help="placed again under the tight limit (default: %(default)s; '' for none)")
+    parser.add_argument("--tight", type=float, default=1.5,
+                        help="the tight limit per device, times the one-device simulated peak over "
+                        "the devices (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"only {','.join(QUICK_MODELS)} with {','.join(QUICK_METHODS)}, tight "
+                        "with m_etf (overrides --models, --methods, --tight_methods)")
+    parser.add_argument("--warmup_steps", type=int, default=2, help="untraced steps per placement (default: %(default)s)")
+    parser.add_argument("--traced_steps", type=int, default=2,
+                        help="traced steps per placement; a device's measured peak is their largest "
+                        "(default: %(default)s)")
+    parser.add_argument("--explain", action="store_true", help="break each device's two peaks down")
+    parser.add_argument("--grappler", action="store_true",
+                        help="run the placements with Grappler on (profiled without, as BaechiSession "
+                        "does); no breakdown then")
+    parser.add_argument("--json", help="write every row to this file")
+    parser.add_argument("--summary_of", metavar="FILE",
+                        help="print the summary figures of the rows a --json run wrote, and run nothing")
+    args = parser.parse_args(argv)
+    if args.quick:
+        names, methods, tight_methods = list(QUICK_MODELS), list(QUICK_METHODS), ["m_etf"]
+    else:
+        names = flags.chosen(parser, args.models, "--models", models, "model")
+        methods = flags.methods(parser, args.methods)
+        tight_methods = flags.methods(parser, args.tight_methods, "--tight_methods") if args.tight_methods else []
+    if not args.tight > 0:
+        parser.error(f"--tight={args.tight}: give a number above 0")
+    if args.warmup_steps < 0:
+        parser.error(f"--warmup_steps={args.warmup_steps}: give 0 or more")
+    if args.traced_steps < 1:
+        parser.error(f"--traced_steps={args.traced_steps}: give at least 1")
+
+    if args.summary_of:
+        with open(args.summary_of) as f:
+            rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.load(f)]
+        _print_summary(rows, grappler=rows[0].sim_ran_bytes is None if rows else False)
+        return 0
+    import_tensorflow_quietly()
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    logging.getLogger("baechi_tf").setLevel(logging.ERROR)
+    print(f"{NUM_DEVICES} CPU stand-ins (8 GiB; tight: {args.tight} x one-device simulated peak / "
+          f"{NUM_DEVICES}); measured = variables + constants + peak of the allocation records; "
+          f"the largest of {args.traced_steps} traced steps")
+    print(LEGEND)
+    print(HEADER)
+    print("-" * len(HEADER))
+    rows: list[Row] = []
+    for name in names:
+        rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
+                              traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
+                              grappler=args.grappler)
+    _print_summary(rows, args.grappler)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Memory per device rebuilt from a traced step's allocation records, on CPU stand-ins.
+
+The graph below is small enough to count its bytes by hand. Every tensor is 64 x 64 float32
+(16 KiB) but the concatenation (32 KiB) and the sum (4 bytes)::
+
+    CPU:0   one = 1.0
+    CPU:1   v (variable, 16 KiB) -> read (aliases v's buffer) -> a = read + one (16 KiB)
+                                                                   |
+    CPU:2   b = concat([a, a]) (32 KiB) -> s = sum(b) (4 B) <------+
+                                           -> m = fill([64, 64], s) (16 KiB) -> w.assign(m)
+
+CPU:1 holds v, then also a until b (on CPU:2, which reads a's buffer without a copy) is done:
+16 + 16 KiB. CPU:2 holds w and 20 bytes of constants (the concat axis, the sum's two axes, the
+fill's two dimensions), then b and s together; m comes after s, and its buffer becomes w's,
+replacing the old one, so that it is never more than w: 16 KiB + 20 B + 32 KiB + 4 B.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from baechi_tf.cost_model.measured_memory import measured_memory, variable_bytes
+
+tf1 = tf.compat.v1
+KiB = 1024
+
+
+@pytest.fixture(scope="module")
+def traced():
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device("/cpu:0"):
+            one = tf.constant(1.0, name="one")
+        with tf.device("/cpu:1"):
+            v = tf1.get_variable("v", initializer=tf.ones([64, 64]), use_resource=True)
+            a = tf.add(v.read_value(), one, name="a")
+        with tf.device("/cpu:2"):
+            b = tf.concat([a, a], 0, name="b")
+            s = tf.reduce_sum(b, name="s")
+            w = tf1.get_variable("w", initializer=tf.zeros([64, 64]), use_resource=True)
+            m = tf.fill([64, 64], s, name="m")
+            update = w.assign(m, read_value=False, name="update")
+        step = tf.group(s, update, name="step")
+        init = tf1.global_variables_initializer()
+    config = tf1.ConfigProto(device_count={"CPU": 5})
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.optimizer_options.opt_level = tf1.OptimizerOptions.L0
+    with tf1.Session(graph=g, config=config) as sess:
+        sess.run(init)
+        sess.run(step)  # warm-up
+        metadata = tf1.RunMetadata()
+        sess.run(step, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    graph_def = g.as_graph_def()
+    return measured_memory(metadata.step_stats, graph_def), metadata.step_stats, graph_def
+
+
+def _device(measured, index):
+    return next(m for name, m in measured.items() if name.endswith(f"device:CPU:{index}"))
+
+
+def test_each_device_holds_what_its_ops_allocate_and_its_variables(traced):
+    measured, _, _ = traced
+    cpu1, cpu2 = _device(measured, 1), _device(measured, 2)
+    assert (cpu1.variable_bytes, cpu1.persistent_bytes) == (16 * KiB, 16 * KiB)
+    assert cpu1.step_peak_bytes == 16 * KiB and cpu1.peak_bytes == 32 * KiB
+    assert cpu1.live_at_peak == {"a": 16 * KiB}
+    assert (cpu2.variable_bytes, cpu2.persistent_bytes) == (16 * KiB, 16 * KiB + 20)
+    assert cpu2.step_peak_bytes == 32 * KiB + 4
+    assert cpu2.peak_bytes == 48 * KiB + 20 + 4
+    assert cpu2.live_at_peak == {"b": 32 * KiB, "s": 4}
+    assert _device(measured, 0).peak_bytes == 4  # the constant one
+    # The devices share one allocator: its peak is no device's.
+    assert not any(name.endswith(("CPU:3", "CPU:4")) for name in measured)
+
+
+def test_a_buffer_that_becomes_a_variables_is_freed_at_the_assignment(traced):
+    measured, step_stats, _ = traced
+    cpu2 = _device(measured, 2)
+    assert cpu2.replaced_bytes == 16 * KiB  # m's buffer is w's now: no record frees it
+    ends = {ns.node_name: ns.all_start_micros + ns.all_end_rel_micros
+            for dev in step_stats.dev_stats for ns in dev.node_stats}
+    # The running sum is back to nothing once the assignment is done.
+    assert cpu2.level_bytes[-1] == 0
+    assert cpu2.times_us[-1] >= ends["update"]
+
+
+def test_a_tensor_read_on_another_stand_in_is_not_copied(traced):
+    measured, step_stats, _ = traced
+    cpu1 = _device(measured, 1)
+    starts = {ns.node_name: ns.all_start_micros for dev in step_stats.dev_stats for ns in dev.node_stats}
+    # a is freed on CPU:1 only after b, on CPU:2, started reading it; CPU:2 allocates nothing for it.
+    assert list(np.diff(np.concatenate(([0], cpu1.level_bytes)))) == [16 * KiB, -16 * KiB]
+    assert cpu1.times_us[-1] >= starts["b"]
+    assert "a" not in _device(measured, 2).live_at_peak
+
+
+def test_variable_bytes():
+    g = tf.Graph()
+    with g.as_default():
+        tf1.get_variable("r", [3, 5], dtype=tf.float64, use_resource=True)
+        tf1.get_variable("ref", [7], dtype=tf.int32, use_resource=False)
+        tf.constant(1.0, name="c")
+    nodes = {n.name: n for n in g.as_graph_def().node}
+    assert variable_bytes(nodes["r"]) == 3 * 5 * 8
+    assert variable_bytes(nodes["ref"]) == 7 * 4
+    assert variable_bytes(nodes["c"]) == 0
