@@ -6,11 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test docs bench bench-optimality clean
 
-$(STAMP): setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
+$(STAMP): Makefile setup.py pyproject.toml baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
 		baechi_tf/placer/native/pieces.hpp baechi_tf/placer/native/sct_policy.hpp \
 		baechi_tf/placer/native/windows.hpp
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,mosek]'
+	# Keras applications in a tf.compat.v1 graph, for tests/test_grappler.py; --no-deps keeps
+	# tensorflow-cpu (tf-keras asks for `tensorflow`).
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps tf-keras==2.21.0
 	touch $(STAMP)
 
 # GNMT v2 placed by BaechiSession on four devices, at a size that takes about a minute on a

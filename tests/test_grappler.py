@@ -84,7 +84,9 @@ class _Keras:
     layer), as a ModelSpec-like value: graph, loss, feeds."""
 
     def __init__(self):
-        tf_keras = pytest.importorskip("tf_keras", reason="pip install --no-deps tf-keras==2.21.0")
+        # `make test` installs it (Makefile); it is not in the test extra because its
+        # dependency on `tensorflow` would pull the GPU wheel over tensorflow-cpu.
+        import tf_keras
         layers = tf_keras.layers
         self.graph = tf.Graph()
         with self.graph.as_default():
