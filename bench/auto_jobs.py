@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from baechi_tf.cluster import Cluster  # noqa: E402
 from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PlacementOptions, place  # noqa: E402
-from baechi_tf.placer.workers import usable_cores  # noqa: E402
+from baechi_tf.placer.auto.workers import usable_cores  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from layered import layered_graph  # noqa: E402
 import flags  # noqa: E402

@@ -15,7 +15,7 @@ so the solver's proven bound is a bound on the makespan of any placement, and an
 means no placement does better. Its best solution is printed too; it may use an op order that
 TensorFlow does not follow (the simulated makespan of its placement is printed beside it).
 
-The figures are all divided by `simulator.lower_bound_us` (the bound of bench/quality.py), so
+The figures are all divided by `bounds.lower_bound_us` (the bound of bench/quality.py), so
 they read as that table does. The model needs the same link between every two devices.
 
 OR-Tools pins an older protobuf than TensorFlow's, so it runs in its own environment:

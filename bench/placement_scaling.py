@@ -6,7 +6,7 @@ thousands of small ops ready at once), updates colocated with one variable (`upd
 
 Each (size, method) runs in a fresh process so that its peak RSS is its own. Prints a table:
 seconds to group, to place and to simulate, peak RSS of the process, and the simulated makespan
-over the lower bound (simulator.lower_bound_us). Four devices of 16 GiB (`--devices`).
+over the lower bound (bounds.lower_bound_us). Four devices of 16 GiB (`--devices`).
 
     .venv/bin/python bench/placement_scaling.py [--sizes 1000,10000,100000] [--methods m_topo,m_etf]
     .venv/bin/python bench/placement_scaling.py --shape fan_out --sizes 1200,2400,4800 --methods m_etf,auto
@@ -34,7 +34,8 @@ def one(size: int, method: str, shape: str, devices: int) -> dict:
     from baechi_tf.cluster import Cluster
     from baechi_tf.placer.grouping import make_groups
     from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
-    from baechi_tf.placer.simulator import lower_bound_us, simulate
+    from baechi_tf.placer.bounds import lower_bound_us
+    from baechi_tf.placer.simulator import simulate
     from layered import SHAPES
 
     graph = SHAPES[shape](size)

@@ -2,7 +2,7 @@
 
 For each graph (bench/quality_graphs.py; profiles of real models are added from
 bench/profiles/*.json when present) every method places it; the table prints makespan divided by
-the lower bound (`simulator.lower_bound_us`: max(critical path, total compute / devices), summed
+the lower bound (`bounds.lower_bound_us`: max(critical path, total compute / devices), summed
 phase by phase where cut ops split the graph, or a longest path that pays for the copies no
 placement that keeps TF colocation groups together avoids, or the energetic bounds of the graph
 and of its phases, or the lesser of one device per connected part and the cheapest split,
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from baechi_tf.errors import BaechiError, ConfigError  # noqa: E402
 from baechi_tf.json_io import load_graph_json  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place  # noqa: E402
-from baechi_tf.placer.simulator import critical_path_us  # noqa: E402
+from baechi_tf.placer.bounds import critical_path_us  # noqa: E402
 from quality_graphs import cases  # noqa: E402
 import flags  # noqa: E402
 

@@ -517,7 +517,7 @@ def test_the_pipeline_places_alike_on_both_engines(method):
 
 def _refined(graph, cluster, seconds):
     from baechi_tf.placer.m_etf import place_m_etf
-    from baechi_tf.placer.refine import RefineOptions, refine
+    from baechi_tf.placer.auto.refine import RefineOptions, refine
 
     groups = colocation_groups(graph)
     start = place_m_etf(graph, cluster, groups)
@@ -723,7 +723,7 @@ def test_a_dry_runs_merged_bookings_answer_as_its_copies_one_by_one(copies, quer
 def _windows_outcomes(graph, cluster, device_of, seed):
     """`balance_windows` from the simulation of `device_of`, under several settings: windows,
     overlap, pinned groups, a move limit, the host left out; (placement, moves) of each."""
-    from baechi_tf.placer.windows import balance_windows
+    from baechi_tf.placer.auto.windows import balance_windows
 
     groups = colocation_groups(graph)
     schedule = simulate(graph, cluster, Placement(np.asarray(device_of, dtype=np.int32), "given"))
@@ -774,7 +774,7 @@ def test_window_balancing_of_the_quality_graphs_makes_the_same_moves(name, graph
 def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
     """The compiled search is the one that runs (not a silent fallback), and a byte count beyond
     its int64 sends the search back to Python, with the same answer."""
-    from baechi_tf.placer import windows
+    from baechi_tf.placer.auto import windows
 
     graph, cluster = graphs.random_dag(3, 40, edge_prob=0.15), graphs.cluster(4)
     device_of = _spread(graph, cluster, 3)

@@ -117,7 +117,7 @@ def test_where_the_search_misses_a_placement_that_another_placer_finds_that_one_
     path = os.path.join(os.path.dirname(__file__), "data", "fits_where_the_fit_search_misses.json")
     with open(path) as f:
         graph, cluster = parse_graph_json(json.load(f))
-    with caplog.at_level("WARNING", logger="baechi_tf.placer.pipeline"):
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.ladder"):
         result = place(graph, cluster, PlacementOptions(placement_method=method))
     assert result.placement.method == f"{method}+m_topo"
     assert "nor a search for a placement that fits found one" in caplog.text
@@ -129,7 +129,7 @@ def test_where_the_search_misses_the_fastest_of_the_placers_that_fit_is_used(met
     """On the graph above only m-TOPO's placement fits (1,112.7 us; its original's variant's too);
     with a HEFT that returns auto's, which fits and is faster (978.1 us), m-ETF takes HEFT's. It
     took the first that fit in the portfolio's order, m-TOPO's."""
-    from baechi_tf.placer import pipeline
+    from baechi_tf.placer import methods
 
     path = os.path.join(os.path.dirname(__file__), "data", "fits_where_the_fit_search_misses.json")
     with open(path) as f:
@@ -137,8 +137,8 @@ def test_where_the_search_misses_the_fastest_of_the_placers_that_fit_is_used(met
     auto = place(graph, cluster, PlacementOptions(placement_method="auto"))
     m_topo = place(graph, cluster, PlacementOptions(placement_method="m_topo"))
     assert auto.makespan_us < m_topo.makespan_us
-    pipeline.register_method("heft", lambda g, c, gr, o: Placement(auto.placement.device_of, "heft"))
-    with caplog.at_level("WARNING", logger="baechi_tf.placer.pipeline"):
+    methods.register_method("heft", lambda g, c, gr, o: Placement(auto.placement.device_of, "heft"))
+    with caplog.at_level("WARNING", logger="baechi_tf.placer.ladder"):
         result = place(graph, cluster, PlacementOptions(placement_method="m_etf"))
     assert result.placement.method == "m_etf+heft"
     assert result.makespan_us == auto.makespan_us

@@ -306,7 +306,7 @@ def test_a_host_placement_reports_the_bound_of_the_colocation_groups(method):
     v's time or u1's 40 us copy (see test_simulator's colocated-input case)."""
     from baechi_tf.cluster import Cluster, CommCost, Device
     from baechi_tf.graph import OpGraphBuilder
-    from baechi_tf.placer.simulator import lower_bound_us
+    from baechi_tf.placer.bounds import lower_bound_us
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()

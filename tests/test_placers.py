@@ -287,8 +287,9 @@ def test_unknown_method_and_bad_options():
     PlacementOptions(seed=np.int64(7)).validate()
 
 
-def test_the_engine_option_selects_what_runs_the_list_scheduler(monkeypatch):
-    from baechi_tf.placer import engine, pipeline
+def test_the_engine_option_selects_what_runs_the_list_scheduler(methods):
+    from baechi_tf.placer import engine
+    from baechi_tf.placer.methods import register_method
 
     with pytest.raises(ConfigError, match="unknown engine 'gpu'; choose one of native, python"):
         PlacementOptions(engine="gpu").validate()
@@ -298,7 +299,7 @@ def test_the_engine_option_selects_what_runs_the_list_scheduler(monkeypatch):
         seen.append(engine.current())
         return place_m_topo(graph, cluster, groups)
 
-    monkeypatch.setitem(pipeline._METHODS, "probe", probe)
+    register_method("probe", probe)
     place(graphs.chain(), graphs.cluster(2), PlacementOptions(placement_method="probe", engine="python"))
     assert seen == ["python"]
     assert engine.current() == ("native" if engine.native_available() else "python")
@@ -440,13 +441,13 @@ def test_brute_force_finds_etf_optimal_on_fork_join():
 
 
 def test_auto_runs_the_coarse_group_placers_on_small_graphs_only(monkeypatch):
-    from baechi_tf.placer import pipeline
+    from baechi_tf.placer.auto import candidates
 
     graph = graphs.random_dag(2, 30, edge_prob=0.1)
     cluster = graphs.cluster(3)
     small = place(graph, cluster, PlacementOptions(refine_seconds=0))
     assert {"m_etf+coplace", "heft+coplace"} <= set(small.candidates)
-    monkeypatch.setattr(pipeline, "_AUTO_COARSE_MAX_OPS", graph.num_ops - 1)
+    monkeypatch.setattr(candidates, "_AUTO_COARSE_MAX_OPS", graph.num_ops - 1)
     large = place(graph, cluster, PlacementOptions(refine_seconds=0))
     assert not any("+coplace" in name for name in large.candidates)
     assert "m_etf" in large.candidates
@@ -456,7 +457,7 @@ def test_auto_stops_only_placements_that_could_not_be_of_use():
     # The placements of m-ETF, m-TOPO and the others end far later than one device's: auto stops
     # them once their schedules pass what refinement could still use (and m-ETF's quadratic run
     # with them). Each stopped method, run alone, is indeed that slow.
-    from baechi_tf.placer.refine import alternative_reach
+    from baechi_tf.placer.auto.refine import alternative_reach
 
     graph, cluster = fan_out_graph(302), graphs.cluster(4)  # 100 fans
     result = place(graph, cluster, PlacementOptions(refine_seconds=0.5))
@@ -643,7 +644,7 @@ def test_auto_simulates_one_device_once(monkeypatch, placer_type):
         return simulate(g, c, placement, **kwargs)
 
     monkeypatch.setattr(simulator, "simulate", counting)
-    monkeypatch.setattr("baechi_tf.placer.auto.simulate", counting)
+    monkeypatch.setattr("baechi_tf.placer.auto.portfolio.simulate", counting)
     result = place(graph, cluster, PlacementOptions(placer_type=placer_type, refine_seconds=0.1))
     one = [r for r in runs if r == (graph.num_ops, "single")]
     fresh = simulator.single_device_schedule(graph, cluster, result.groups).makespan_us
@@ -678,16 +679,16 @@ def test_auto_s_last_resort_passes_over_a_placer_that_gives_up(monkeypatch):
     m-SCT gives up (SolverError) on an LP piece above its limit, which must pass it over, not end
     the placement (GNMT v2 and MobileNetV2 under a tight limit did)."""
     from baechi_tf.errors import SolverError
-    from baechi_tf.placer import colocation_groups, pipeline
+    from baechi_tf.placer import colocation_groups, ladder, methods
 
     graph = graphs.random_dag(2, 40, edge_prob=0.2)
     cluster = graphs.cluster(3)
     groups = colocation_groups(graph)
     options = PlacementOptions(placement_method="auto")
-    monkeypatch.setattr(pipeline, "_AUTO_MAX_LP_ARCS", 1)  # every LP piece is above the limit
+    monkeypatch.setattr(methods, "_AUTO_MAX_LP_ARCS", 1)  # every LP piece is above the limit
     with pytest.raises(SolverError):
-        pipeline._METHODS["m_sct"](graph, cluster, groups, options)
-    fitting = pipeline._others_that_fit(graph, cluster, groups, "auto", options)
+        methods.current()["m_sct"].place(graph, cluster, groups, options)
+    fitting = ladder.others_that_fit(graph, cluster, groups, "auto", options)
     names = [name for _, name, _ in fitting]
     assert "m_sct" not in names and "m_etf" in names
     for makespan, name, placement in fitting:

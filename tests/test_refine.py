@@ -8,7 +8,7 @@ from baechi_tf.cluster import CommCost
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
 from baechi_tf.placer.pipeline import PlacementOptions, place
-from baechi_tf.placer.refine import WORK_PER_SECOND, RefineOptions, refine, simulation_work, work_budget
+from baechi_tf.placer.auto.refine import WORK_PER_SECOND, RefineOptions, refine, simulation_work, work_budget
 from invariants import assert_valid_schedule
 
 
@@ -159,7 +159,7 @@ def test_a_move_the_budget_cannot_finish_is_dropped_not_run_over(simulations):
 def test_the_first_move_resimulates_only_what_it_can_change():
     """The starting schedule keeps its snapshots: moving the last op of a long chain re-runs
     the tail of the schedule, not the whole of it."""
-    from baechi_tf.placer.refine import _Simulation
+    from baechi_tf.placer.auto.refine import _Simulation
 
     graph = graphs.chain(200, compute_us=100.0, nbytes=1024)
     cluster = graphs.cluster(2)
@@ -184,7 +184,7 @@ def test_moves_leave_the_snapshots_they_start_from_as_they_were():
     snapshot, most of a move's time on 200 devices)."""
     import copy
 
-    from baechi_tf.placer.refine import _Simulation
+    from baechi_tf.placer.auto.refine import _Simulation
 
     graph = graphs.random_dag(3, 60, edge_prob=0.08, group_prob=0.2)
     cluster = graphs.cluster(3)
@@ -204,7 +204,7 @@ def test_moves_leave_the_snapshots_they_start_from_as_they_were():
 def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
     """Near a local optimum most random draws were tried already; listing the critical-path
     candidates again for each of them cost seconds on comm-heavy graphs, outside the budget."""
-    import baechi_tf.placer.refine as refine_module
+    import baechi_tf.placer.auto.refine as refine_module
 
     listed = []
     real = refine_module._candidates
@@ -225,7 +225,7 @@ def test_candidate_moves_are_listed_once_per_accepted_move(monkeypatch):
 
 def _balanced_starts(monkeypatch, graph, cluster, start, alternatives, seconds):
     """(device_of of the placement, overlap, number of windows) of each window balancing."""
-    import baechi_tf.placer.refine as refine_module
+    import baechi_tf.placer.auto.refine as refine_module
 
     calls = []
     real = refine_module.balance_windows
@@ -243,7 +243,7 @@ def _balanced_starts(monkeypatch, graph, cluster, start, alternatives, seconds):
 
 def test_the_start_placement_tries_coarse_windows_first_and_runners_up_fine_ones(monkeypatch):
     """The start placement is already even over fine windows; a runner-up is not."""
-    from baechi_tf.placer.refine import _START_WINDOW_SETTINGS, _WINDOW_SETTINGS
+    from baechi_tf.placer.auto.refine import _START_WINDOW_SETTINGS, _WINDOW_SETTINGS
 
     graph = graphs.random_dag(2, 60, edge_prob=0.08)
     cluster = graphs.cluster(3)

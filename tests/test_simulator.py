@@ -19,8 +19,8 @@ from baechi_tf.placer import (
     simulate,
     single_device_schedule,
 )
-from baechi_tf.placer import simulator
-from baechi_tf.placer.simulator import critical_path_us
+from baechi_tf.placer import bounds, energetic
+from baechi_tf.placer.bounds import critical_path_us
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.placer.pipeline import place as run_pipeline
 from invariants import assert_valid_schedule
@@ -583,7 +583,7 @@ def test_energetic_bounds_never_beat_a_placement_and_often_rise():
         assert best >= bound - 1e-6, case
         inner = [i for i, name in enumerate(g.names) if name.startswith("op")]
         cut = float(g.compute_us[g.op_id("s")] + g.compute_us[g.op_id("p")])
-        heads_tails = simulator._comm_heads_tails(g, simulator._pair_comm(g, c))
+        heads_tails = bounds._comm_heads_tails(g, bounds._pair_comm(g, c))
         others = max(
             critical_path_us(g),
             cut + max(critical_path_us(g) - cut, float(g.compute_us[inner].sum()) / devices),
@@ -630,13 +630,13 @@ def test_energetic_bounds_of_many_sets_at_once_are_each_sets_alone():
     remote_tail = tail + rng.uniform(0, 80, m) * scale
     anchored_head, anchored_tail = rng.random(30) < 0.6, rng.random(30) < 0.6
     for k in (2, 3, 8):
-        together = simulator._energetic_bounds(
+        together = energetic.energetic_bounds(
             set_of, compute, head, tail, k, remote_head=remote_head, remote_tail=remote_tail,
             anchored_head=anchored_head, anchored_tail=anchored_tail,
         )
         for i in range(30):
             mine = set_of == i
-            alone = simulator._energetic_bounds(
+            alone = energetic.energetic_bounds(
                 np.zeros(int(mine.sum()), dtype=np.int64), compute[mine], head[mine], tail[mine], k,
                 remote_head=remote_head[mine], remote_tail=remote_tail[mine],
                 anchored_head=anchored_head[i : i + 1], anchored_tail=anchored_tail[i : i + 1],

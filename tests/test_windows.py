@@ -10,8 +10,8 @@ import graphs
 from baechi_tf.cluster import CommCost
 from baechi_tf.graph import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
-from baechi_tf.placer.refine import RefineOptions, refine
-from baechi_tf.placer.windows import _Loads, balance_windows
+from baechi_tf.placer.auto.refine import RefineOptions, refine
+from baechi_tf.placer.auto.windows import _Loads, balance_windows
 from invariants import assert_valid_schedule
 
 MiB = 1 << 20

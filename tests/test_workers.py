@@ -14,11 +14,12 @@ import pytest
 
 from baechi_tf.cluster import Cluster, Device, GiB
 from baechi_tf.errors import ConfigError
-from baechi_tf.placer import pipeline
-from baechi_tf.placer.auto import RUN_FIRST, judge_candidate
+from baechi_tf.placer.auto import RUN_FIRST, auto_candidates, judge_candidate
+from baechi_tf.placer.auto.candidates import in_worker
+from baechi_tf.placer.auto.workers import CandidateWorkers
 from baechi_tf.placer.grouping import make_groups
-from baechi_tf.placer.pipeline import PlacementOptions, auto_candidates, place
-from baechi_tf.placer.workers import CandidateWorkers
+from baechi_tf.placer.methods import register_method
+from baechi_tf.placer.pipeline import PlacementOptions, place
 from baechi_tf.rewriter.graph_pass import place_with_host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +92,7 @@ def test_a_worker_that_dies_leaves_its_candidates_to_this_process(caplog):
     thunks = dict(auto_candidates(graph, FOUR, groups, options))
     names = ["m_topo", "m_etf", "heft", "layers"]
     ended = []
-    with caplog.at_level(logging.INFO, logger="baechi_tf"), CandidateWorkers(2, pipeline._in_worker) as workers:
+    with caplog.at_level(logging.INFO, logger="baechi_tf"), CandidateWorkers(2, in_worker) as workers:
         workers.start((graph, FOUR, groups, options, None, None))
         victim = workers._workers[0].process
         victim.kill()
@@ -124,7 +125,7 @@ def test_candidates_of_workers_that_die_at_work_are_placed_here(caplog):
         here.append(names[i])
         return judge_candidate(graph, FOUR, thunks[names[i]], math.inf)
 
-    with caplog.at_level(logging.INFO, logger="baechi_tf"), CandidateWorkers(2, pipeline._in_worker) as workers:
+    with caplog.at_level(logging.INFO, logger="baechi_tf"), CandidateWorkers(2, in_worker) as workers:
         workers.start((graph, FOUR, groups, options, None, None))
         processes = [w.process for w in workers._workers]
 
@@ -164,7 +165,7 @@ def test_a_method_registered_here_runs_here(caplog, methods):
         calls.append(os.getpid())
         return place_heft(graph, cluster, groups)
 
-    pipeline.register_method("heft", my_heft)
+    register_method("heft", my_heft)
     with caplog.at_level(logging.INFO, logger="baechi_tf"):
         place(fork_join(), FOUR, PlacementOptions(refine_seconds=0.2, placement_jobs=2))
     by = _worker_lines(caplog)

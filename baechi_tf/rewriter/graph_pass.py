@@ -10,7 +10,8 @@ cluster's devices, the host's ops (with their TF colocation groups) go to the ho
 placement is checked and simulated on the cluster plus the host, which is then the report's
 cluster. The placer's choices for the other ops count the host's ops' time as if they ran on a
 cluster device, and none of their bytes; when the placement does not fit once they run on the
-host, a packing, a fit search or another placer's placement replaces it (`_host_fallback`).
+host, a packing, a fit search or another placer's placement replaces it (the fallback ladder's
+last step, `placer.ladder.host_fallback`).
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from baechi_tf._startup import collector_paused
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer import engine
+from baechi_tf.placer import engine, ladder
+from baechi_tf.placer.auto import HostView
+from baechi_tf.placer.bounds import lower_bound_us
 from baechi_tf.placer.check import check_placement
-from baechi_tf.placer.fit import FitSearch
-from baechi_tf.placer.grouping import Groups, colocation_groups, make_groups
-from baechi_tf.placer.list_scheduler import pinned_group_devices
-from baechi_tf.placer.pack import place_packed
-from baechi_tf.placer.pipeline import HostView, PlacementOptions, PlacementResult, place
+from baechi_tf.placer.grouping import colocation_groups, make_groups
+from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
 from baechi_tf.placer.schedule import Placement
-from baechi_tf.placer.simulator import lower_bound_us, simulate, single_device_placements
+from baechi_tf.placer.simulator import simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
 from baechi_tf.rewriter.devices import host_device as default_host_device
 from baechi_tf.rewriter.importer import KernelLookup, import_graph_def, resolve_function_devices
@@ -120,8 +120,8 @@ def place_with_host(
     need room on a GPU). Then they move to the host (`HostView.lift`), where the consumers of
     their outputs receive copies the placer did not count. auto judges and refines its
     candidates so moved, with those copies (`place`'s `host`); another method's placement is
-    moved once it is made. When the moved placement does not fit, `_host_fallback` replaces it.
-    One device (``single``) has nothing to fall back to.
+    moved once it is made. When the moved placement does not fit, `ladder.host_fallback` replaces
+    it. One device (``single``) has nothing to fall back to.
     """
     options.validate()
     with engine.selected(options.engine):  # also for the simulations made here
@@ -174,7 +174,10 @@ def _place_with_host(
             raise  # one device has nothing to fall back to; nor has a method that found nothing
         groups = inner.groups if inner is not None else make_groups(free, options.grouper, apart=view.on_host)
         method = inner.placement.method if inner is not None else "auto"
-        placement, schedule = _host_fallback(graph, free, cluster, checked, groups, method, view, options, e)
+        placement, schedule = ladder.host_fallback(
+            graph, free, cluster, checked, groups, method, view, options, e,
+            lambda m: place(free, cluster, dataclasses.replace(options, placement_method=m)).placement.device_of,
+        )
     if inner is not None:
         groups = inner.groups
     single, single_count = None, 1
@@ -208,106 +211,6 @@ def _place_with_host(
         refine_stats=inner.refine_stats if inner is not None else None,
         memory_fraction=options.memory_fraction,
     )
-
-
-def _host_fallback(
-    graph: OpGraph,
-    free: OpGraph,
-    cluster: Cluster,
-    checked: Cluster,
-    groups: Groups,
-    method: str,
-    view: HostView,
-    options: PlacementOptions,
-    error: InfeasiblePlacementError,
-):
-    """(placement, schedule) of `graph` on `checked` (the cluster and the host, last) when
-    `method`'s placement of `free` (auto's: every one it judged) does not fit once the host's
-    ops run there (`error`).
-
-    The candidates: a memory-first packing of the other ops on the cluster's devices (it counts
-    every input as received, so it fits whenever it packs), then a placement the fit search finds,
-    then the other placers' placements (and one device, each in turn), the fastest that fits.
-    auto judged that packing (`packed+host`) and the placers' already, but not what a placer
-    that runs out of memory alone falls back to, a search of `free` (its placement moved to the
-    host after): it takes the fastest that fits of one device (each in turn), that search's and
-    the search's of `graph`, so that it is never slower than another method.
-    """
-    host_index = checked.num_devices - 1
-    name = options.placement_method
-    auto = name == "auto"
-
-    def fitting(device_of: np.ndarray, label: str):
-        # Named after the method asked for: a fallback of `method`'s own (m_etf+fit) is gone.
-        placed = Placement(device_of, f"{name}({label})" if auto else f"{name}+{label}")
-        try:
-            return placed, check_placement(graph, checked, groups, placed)
-        except InfeasiblePlacementError:
-            return None
-
-    def packed():
-        try:
-            return fitting(place_packed(graph, checked, groups, free_devices=cluster.num_devices).device_of, "packed")
-        except InfeasiblePlacementError:
-            return None
-
-    def others():
-        """One device each and the other placers' placements of `free` (auto judged theirs
-        already), host ops on the host."""
-        pinned = pinned_group_devices(free, cluster, groups)
-        for d in range(cluster.num_devices):
-            one = np.where(pinned >= 0, pinned, d)[groups.group_of]
-            yield fitting(view.lift(Placement(one, "single"), groups).device_of, "single")
-        for m in () if auto else _HOST_FALLBACK_METHODS:
-            if name == m:
-                continue
-            try:
-                device_of = place(free, cluster, dataclasses.replace(options, placement_method=m)).placement.device_of
-            except InfeasiblePlacementError:
-                continue
-            yield fitting(view.lift(Placement(device_of, m), groups).device_of, m)
-
-    def fastest(candidates):
-        found = [c for c in candidates if c is not None]
-        return min(found, key=lambda c: c[1].makespan_us) if found else None
-
-    def free_searched():
-        """What a placer that ran out of memory on `free` alone took (`pipeline._fit_instead`),
-        the host's ops moved to the host."""
-        fraction = options.memory_fraction
-        placer_cluster = cluster if fraction == 1.0 else cluster.with_memory_fraction(fraction)
-        found = FitSearch(free, placer_cluster, groups, seed=options.seed).run()
-        return None if found is None else fitting(view.lift(found, groups).device_of, "fit")
-
-    search = FitSearch(graph, checked, groups, seed=options.seed, free_devices=cluster.num_devices)
-    if search.refusal is not None:  # no placement can fit: the reason, not the method's
-        raise InfeasiblePlacementError(search.refusal) from None
-    if auto:
-        # The search ignores time: of two that fit, either may be the faster.
-        steps = (lambda: fastest([*others(), free_searched(), _searched(search, fitting)]),)
-    else:
-        steps = (packed, lambda: _searched(search, fitting), lambda: fastest(others()))
-    for step in steps:
-        found = step()
-        if found is not None:
-            log.warning(
-                "%s's placement does not fit once the host's ops run on %s (%s); using %s's "
-                "placement instead", method, checked.names[host_index], error, found[0].method,
-            )
-            return found
-    raise InfeasiblePlacementError(
-        f"{error}; nor did a memory-first packing fit, nor any of the {search.tried} placements a "
-        "search for one that fits tried, nor the other placers' placements"
-    ) from None
-
-
-def _searched(search: FitSearch, fitting):
-    found = search.run()
-    return None if found is None else fitting(found.device_of, "fit")
-
-
-# The placers whose placements one that no longer fits once the host runs its ops falls back to.
-_HOST_FALLBACK_METHODS = ("m_topo", "m_etf", "m_sct", "heft")
 
 
 # The method of a placement that only the graph's device fields made.

@@ -47,6 +47,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer.auto.windows import balance_windows
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
     FixedPolicy,
@@ -57,7 +58,6 @@ from baechi_tf.placer.list_scheduler import (
 )
 from baechi_tf.placer.native_scheduler import NativeSnapshot
 from baechi_tf.placer.schedule import Placement, Schedule
-from baechi_tf.placer.windows import balance_windows
 from baechi_tf.placer.work import scheduler_work
 from baechi_tf.progress import Progress
 

@@ -1,17 +1,17 @@
-"""``auto``: a portfolio of placers, the best simulated placement kept, then refined.
+"""auto's portfolio: every candidate placed and simulated, the best kept, then refined.
 
-Runs every placer it is given (the pipeline gives m-TOPO and the original's variant of it, m-ETF,
-m-SCT, HEFT, ``layers`` when op names have numbered scopes, ``single``, ``packed``, ``expert`` when
-the model brought its own layout, and m-ETF, m-SCT and HEFT on coarser groups; with ops pinned to a
-host outside the cluster, also a packing that counts the copies from it; after them, the fit search
-when a method alone would fall back to it), simulates each placement, keeps the
-one with the lowest makespan (ties: the order above), and improves it with `refine` (which may
-also start its window balancing from the two best distinct runners-up) unless one simulation
-alone takes more than the refinement budget (then it warns and skips refinement). A placer that
-fails (no room, a solver error) is logged and skipped; when every placer failed, the first
-failure is raised. A `ConfigError` (say, a pin to a missing device) is raised at once. One device
-and the packing run first; a placement that is sure to end too late to win or to be balanced is
-stopped as soon as its schedule shows it (`place_auto`).
+Runs every placer it is given (`candidates.auto_candidates` gives m-TOPO and the original's variant
+of it, m-ETF, m-SCT, HEFT, ``layers`` when op names have numbered scopes, ``single``, ``packed``,
+``expert`` when the model brought its own layout, and m-ETF, m-SCT and HEFT on coarser groups; with
+ops pinned to a host outside the cluster, also a packing that counts the copies from it; after them,
+the fit search when a method alone would fall back to it), simulates each placement, keeps the one
+with the lowest makespan (ties: the order above), and improves it with `refine` (which may also
+start its window balancing from the two best distinct runners-up) unless one simulation alone takes
+more than the refinement budget (then it warns and skips refinement). A placer that fails (no room,
+a solver error) is logged and skipped; when every placer failed, the first failure is raised. A
+`ConfigError` (say, a pin to a missing device) is raised at once. One device and the packing run
+first; a placement that is sure to end too late to win or to be balanced is stopped as soon as its
+schedule shows it (`place_auto`).
 
 Time: the sum of the placers' times plus the refinement budget.
 """
@@ -27,9 +27,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import ScheduleCutOff
-from baechi_tf.placer.refine import (
+from baechi_tf.placer.auto.refine import (
     MAX_ALTERNATIVES,
     RefineOptions,
     RefineStats,
@@ -38,6 +36,8 @@ from baechi_tf.placer.refine import (
     simulation_work,
     work_budget,
 )
+from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.list_scheduler import ScheduleCutOff
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 from baechi_tf.placer.work import OverWorkCap, metered
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 # favourite children that the simulation does not, so its simulation may end sooner than its run.
 _PLACER_SLACK = 2.0
 
-# The pipeline's candidates that run first, one after another: cheap ones, whose best makespan
+# The candidates that run first, one after another: cheap ones, whose best makespan
 # then bounds the rest.
 RUN_FIRST = ("single", "packed", "single+unfused", "packed+unfused", "packed+host")
 # Side by side, the candidates that take longest go first, so that the others fill the time

@@ -1,10 +1,10 @@
 """Worker processes that place auto's candidates side by side (`place_auto`'s `remote`).
 
-Each worker is ``python -m baechi_tf.placer.workers CONTEXT LEVEL``: it loads the pickled
-(graph, cluster, groups, options, fused, host) of one `pipeline._run_auto` call from the file
-CONTEXT, builds the same candidates (`pipeline.auto_candidates`), and for each (index, name,
+Each worker is ``python -m baechi_tf.placer.auto.workers CONTEXT LEVEL``: it loads the pickled
+(graph, cluster, groups, options, fused, host) of one `auto.run_auto` call from the file
+CONTEXT, builds the same candidates (`candidates.auto_candidates`), and for each (index, name,
 cutoff) it reads on stdin writes back on stdout that candidate's outcome
-(`auto.judge_candidate`: its simulated schedule, or the `BaechiError` or `ScheduleCutOff` that
+(`portfolio.judge_candidate`: its simulated schedule, or the `BaechiError` or `ScheduleCutOff` that
 stopped it) with the log records of LEVEL and above made meanwhile, which the parent logs again.
 
 A fresh interpreter, not multiprocessing's fork or spawn: forking a process that runs
@@ -111,7 +111,7 @@ class CandidateWorkers:
         self.close(kill=kind is not None)  # an error or Ctrl-C: the workers' work is of no use
 
     def start(self, context: tuple) -> None:
-        """Starts the workers on `context` (`pipeline._run_auto`'s arguments). When they cannot
+        """Starts the workers on `context` (`auto.run_auto`'s arguments). When they cannot
         start (an argument that does not pickle, no interpreter to run), logs why and leaves
         every candidate to this process."""
         try:
@@ -130,7 +130,7 @@ class CandidateWorkers:
         except OSError as e:
             log.info("auto: candidates placed in this process: the workers' arguments could not be written (%s)", e)
             return
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
         env["BAECHI_TF_PROGRESS"] = "0"
@@ -160,7 +160,7 @@ class CandidateWorkers:
         self, tasks: Sequence[tuple[int, str]], cutoff: float, local: Callable[[int], object],
         done: Callable[[int], None],
     ) -> dict[int, object]:
-        """`auto.Remote.run`: the workers take the tasks they accept, in order, one each at a
+        """`portfolio.Remote.run`: the workers take the tasks they accept, in order, one each at a
         time; this process places the others meanwhile, and those of a worker that failed."""
         outcomes: dict[int, object] = {}
         remote = [t for t in tasks if self.accepts(t[1])]
@@ -280,8 +280,8 @@ def _serve(context_path: str, level: int) -> None:
     logging.captureWarnings(True)
 
     from baechi_tf.placer import engine
-    from baechi_tf.placer.auto import judge_candidate
-    from baechi_tf.placer.pipeline import auto_candidates, auto_work_caps
+    from baechi_tf.placer.auto.candidates import auto_candidates, auto_work_caps
+    from baechi_tf.placer.auto.portfolio import judge_candidate
 
     with open(context_path, "rb") as f:
         graph, cluster, groups, options, fused, host = pickle.load(f)
