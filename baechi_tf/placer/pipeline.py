@@ -185,8 +185,9 @@ def _fuse_and_place(
     """(placement, schedule, auto): the placement; its schedule when placing made one (auto's
     simulation, or the method's own run, `methods.Method.own_schedule`), else None; and the
     portfolio's result when the method is ``auto``, else None."""
-    # It was seen only once every placer had failed (auto's whole portfolio, m-SCT's LP), and
-    # `single` said to use a multi-device method.
+    # A group that fits no device is refused before any placer runs (the ladder's step 0): it was
+    # seen only once every placer had failed (auto's whole portfolio, m-SCT's LP), and `single`
+    # said to use a multi-device method.
     ladder.refuse(graph, cluster, groups)
     method = methods.current()[options.placement_method]
 
