@@ -32,7 +32,6 @@ setup(
     install_requires=[
         "tensorflow-cpu==2.21.0",
         "numpy==2.4.6",
-        "networkx==3.6.1",
         "scipy==1.17.1",
         "cvxopt==1.3.3",
         "protobuf==7.36.2",

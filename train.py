@@ -81,14 +81,15 @@ from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
-from baechi_tf.placer.pipeline import ENGINES, LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions  # noqa: E402
+from baechi_tf.options import FLAGS as OPTION_FLAGS, define_absl_flags, options_from  # noqa: E402
+from baechi_tf.placer.pipeline import PlacementOptions  # noqa: E402
+from baechi_tf.ranges import SHARE_OF_MEMORY, check_range  # noqa: E402
 from baechi_tf.report import counted  # noqa: E402
 
-_DEFAULTS = PlacementOptions()
 _OPTIMIZERS = ("adadelta", "adagrad", "adam", "ftrl", "momentum", "sgd", "rmsprop")
 _MODEL = "(default: the model's own; see baechi_tf/models)"
 
-# --- flags of the original's train.py (spec 1.1) -------------------------------------------------
+# --- flags of the original's train.py ----------------------------------------------------------
 flags.DEFINE_bool("log_device_placement", False, "Log where TF puts each op (ConfigProto).")
 flags.DEFINE_bool(
     "colocate_grads_with_ops", False,
@@ -145,23 +146,17 @@ flags.DEFINE_integer(
 flags.DEFINE_bool("disable_nmt_colocation", False,
                   "Turn off the NMT models' per-(layer, step) colocation groups.")
 
-# --- placer flags (spec 1.1, placer_lib and grouper) ----------------------------------------------
-flags.DEFINE_string(
-    "placement_method", _DEFAULTS.placement_method,
-    f"One of {', '.join(sorted(PLACEMENT_METHODS))}. 'single': everything on one device; "
-    "'expert': the model's hand layout; 'auto': every placer, the best simulated one refined.")
-flags.DEFINE_enum("placer_type", _DEFAULTS.placer_type, ["default", "fusion", "colocation"],
-                  "'fusion' fuses connected ops of a group before placing ('colocation': the "
-                  "original's, not ported).")
-flags.DEFINE_enum("grouper", _DEFAULTS.grouper, ["tf", "coplace"],
-                  "'tf': TF colocation groups; 'coplace': also an op with one consumer joins it.")
-flags.DEFINE_float("sct_threshold", _DEFAULTS.sct_threshold,
-                   "m-SCT: an LP edge value at or below this makes a favourite child.")
-flags.DEFINE_float("placer_memory_fraction", _DEFAULTS.memory_fraction,
-                   "Share of each device's memory the placer may fill, in (0, 1].")
+# --- placer flags (the original's placer_lib and grouper) -----------------------------------------
+# The placement options' flags, as baechi place has them (baechi_tf.options); --placement_method
+# takes any name ('expert' too; PlacementOptions names the original's that are not ported), and
+# --placer_type the original's 'colocation' (refused with what to use instead).
+define_absl_flags(flags, flags.FLAGS, names=tuple(f.field for f in OPTION_FLAGS),
+                  any_value=("placement_method",), more_choices={"placer_type": ("colocation",)})
+for _flag in OPTION_FLAGS:
+    flags.declare_key_flag(_flag.flag)
 flags.DEFINE_bool("log_placer_device_placement", False, "Print 'op: device' for every op placed.")
 
-# --- the original's other flags (spec 1.1): accepted where they apply, else refused when set ----
+# --- the original's other flags: accepted where they apply, else refused when set ---------------
 flags.DEFINE_bool(
     "fusion_check_disjoint_paths", False,
     "Fusion: search for a second path exactly before each merge, without the search budget after "
@@ -215,30 +210,6 @@ def _refuse_unported() -> None:
 
 
 # --- ours ----------------------------------------------------------------------------------------
-flags.DEFINE_enum("lp_solver", _DEFAULTS.lp_solver, list(LP_SOLVERS),
-                  "m-SCT's LP solver; 'auto': MOSEK when licensed, else HiGHS, else cvxopt.")
-flags.DEFINE_float("lp_time_limit", None,
-                   "m-SCT: seconds each LP solve may take; with --lp_solver=auto a solver that "
-                   "fails or runs out of time hands the LP to the next one.")
-flags.DEFINE_float("refine_seconds", _DEFAULTS.refine_seconds,
-                   "auto: time for refining the best placement; 0 turns it off.")
-flags.DEFINE_integer("seed", _DEFAULTS.seed, "auto: seed of the refinement's random moves.")
-flags.DEFINE_integer("placement_jobs", _DEFAULTS.placement_jobs,
-                     "auto: worker processes that place its candidates side by side; 0 chooses "
-                     "one per core on graphs of 4,000 ops or more, 1 places them all in this "
-                     "process. The placement is the same either way.")
-flags.DEFINE_float("placement_timeout_s", None,
-                   "auto: wall-clock seconds after which no further placer starts and refinement "
-                   "stops; the best placement by then is kept, with a warning. Default: no limit.")
-flags.DEFINE_integer("auto_work", None,
-                     "auto: units of scheduling work for all of it: half shared by its placers, "
-                     "each stopped past its share, the rest for refinement. The same units give "
-                     "the same placement on any machine. Default: each placer 40 units per op "
-                     "and edge plus 400,000.")
-flags.DEFINE_enum("engine", _DEFAULTS.engine, list(ENGINES),
-                  "What runs the list scheduler of m-ETF, the simulator and auto's refinement: "
-                  "'native', the compiled core, or 'python', the reference. The placement is the "
-                  "same either way.")
 flags.DEFINE_bool(
     "allow_profile_mismatch", False,
     "Place with a --cost_path profile taken on another graph (other model flags): the costs of "
@@ -584,9 +555,7 @@ def _comm_costs() -> tuple[Any, Any]:
     after TensorFlow had loaded, naming no flag)."""
     from baechi_tf.cluster import MAX_COPY_US, CommCost
 
-    fraction = FLAGS.memory_fraction
-    if not 0 < fraction <= 1:
-        raise ConfigError(f"--memory_fraction={fraction} must be in (0, 1]")
+    check_range("--memory_fraction", FLAGS.memory_fraction, SHARE_OF_MEMORY)
     for name in ("comm_cost_factor", "cost_factor"):
         value = FLAGS[name].value
         if not (math.isfinite(value) and value > 0):
@@ -888,20 +857,9 @@ def _warn_of_unused_model_flags() -> None:
 def _placement_options() -> PlacementOptions:
     """The placement options the flags give, validated."""
     _refuse_unported()
-    # PlacementOptions calls it 'memory fraction', which here is also --memory_fraction's name.
-    if not 0 < FLAGS.placer_memory_fraction <= 1:
-        raise ConfigError(f"--placer_memory_fraction={FLAGS.placer_memory_fraction} must be in (0, 1]")
-    options = PlacementOptions(
-        placement_method=FLAGS.placement_method, grouper=FLAGS.grouper,
-        placer_type=FLAGS.placer_type, sct_threshold=FLAGS.sct_threshold,
-        fusion_path_check="exact" if FLAGS.fusion_check_disjoint_paths else "auto",
-        lp_solver=FLAGS.lp_solver, lp_time_limit=FLAGS.lp_time_limit,
-        memory_fraction=FLAGS.placer_memory_fraction,
-        refine_seconds=FLAGS.refine_seconds, seed=FLAGS.seed,
-        placement_jobs=FLAGS.placement_jobs, engine=FLAGS.engine,
-        placement_timeout_s=FLAGS.placement_timeout_s, auto_work=FLAGS.auto_work)
-    options.validate()
-    return options
+    return options_from(
+        {flag.flag: FLAGS[flag.flag].value for flag in OPTION_FLAGS},
+        fusion_path_check="exact" if FLAGS.fusion_check_disjoint_paths else "auto")
 
 
 def main(argv: list[str]) -> int:

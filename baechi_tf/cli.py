@@ -33,111 +33,16 @@ _SUBCOMMANDS = {
 
 
 def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags every placing command shares."""
-    from baechi_tf.placer.pipeline import ENGINES, LP_SOLVERS, PLACEMENT_METHODS, PlacementOptions
+    """The flags every placing command shares: those of `baechi_tf.options.FLAGS`, and
+    ``--report_dir``. ``--placement_method`` has no 'expert' here: no layout can be given."""
+    from baechi_tf.options import add_arguments
 
-    defaults = PlacementOptions()
-    parser.add_argument(
-        "--placement_method",
-        default=defaults.placement_method,
-        type=_placement_method,
-        choices=sorted(set(PLACEMENT_METHODS) - {"expert"}),  # no layout to give here
-        help="placement algorithm; 'auto' runs every placer, keeps the best simulated placement "
-        "and refines it (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--grouper",
-        default=defaults.grouper,
-        choices=("tf", "coplace"),
-        help="'tf': keep TF colocation groups together; 'coplace': also put an op with a single "
-        "consumer next to it (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--placer_type",
-        default=defaults.placer_type,
-        choices=("default", "fusion"),
-        help="'fusion' places a graph in which connected ops of one group are fused first "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--sct_threshold",
-        type=float,
-        default=defaults.sct_threshold,
-        help="m-SCT: an LP edge value at or below this makes a favourite child (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lp_solver",
-        default=defaults.lp_solver,
-        choices=LP_SOLVERS,
-        help="m-SCT's LP solver; 'auto' takes MOSEK when licensed, else HiGHS, else cvxopt "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--lp_time_limit",
-        type=float,
-        default=defaults.lp_time_limit,
-        help="m-SCT: seconds each LP solve may take (HiGHS, MOSEK); with --lp_solver=auto a solver "
-        "that fails or runs out of time hands the LP to the next one (default: no limit)",
-    )
-    parser.add_argument(
-        "--refine_seconds",
-        type=float,
-        default=defaults.refine_seconds,
-        help="auto: time for the refinement that moves groups while the simulated step time "
-        "drops; 0 turns it off (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=defaults.seed, help="auto: seed of the refinement (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--placement_jobs",
-        type=int,
-        default=defaults.placement_jobs,
-        metavar="N",
-        help="auto: worker processes that place its candidates side by side; 0 chooses one per "
-        "core on graphs of 4,000 ops or more, 1 places them all in this process; the placement is "
-        "the same either way (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--placement_timeout_s",
-        type=float,
-        default=defaults.placement_timeout_s,
-        metavar="SECONDS",
-        help="auto: wall-clock seconds after which no further placer starts and refinement stops; "
-        "the best placement found by then is kept, with a warning naming what did not run "
-        "(default: no limit, so that the same inputs give the same placement on any machine)",
-    )
-    parser.add_argument(
-        "--auto_work",
-        type=int,
-        default=defaults.auto_work,
-        metavar="UNITS",
-        help="auto: units of scheduling work (a scheduling step or a dry run of an op on a device; "
-        "a copy 1.5) for all of auto: half shared equally by its placers, each stopped when its "
-        "runs would pass its share, the rest for refinement (at most what --refine_seconds buys). "
-        "The same units give the same placement on any machine (default: each placer 40 units "
-        "per op and edge plus 400,000, refinement --refine_seconds' own)",
-    )
-    parser.add_argument(
-        "--engine",
-        default=defaults.engine,
-        choices=ENGINES,
-        help="what runs the list scheduler that m-ETF, m-SCT, the simulator and auto's refinement share: "
-        "'native', the compiled core, or 'python', the reference it is tested against; the "
-        "placement is the same either way (default: %(default)s; 'python', with a warning, when "
-        "the core was not built)",
-    )
+    add_arguments(parser, types={"placement_method": _placement_method}, without={"placement_method": ("expert",)})
     parser.add_argument(
         "--report_dir",
         metavar="DIR",
         help="write reports here: gantt.png, memory_<i>.png, trace.json (Perfetto), summary.json "
         "and, for a GraphDef, the placed graph for TensorBoard",
-    )
-    parser.add_argument(
-        "--placer_memory_fraction",
-        type=float,
-        default=defaults.memory_fraction,
-        help="share of each device's memory the placer may fill, in (0, 1] (default: %(default)s)",
     )
 
 
@@ -154,34 +59,11 @@ def _placement_method(name: str) -> str:
 
 
 def options_from_args(args: argparse.Namespace):
-    from baechi_tf.errors import ConfigError
-    from baechi_tf.placer.pipeline import PlacementOptions
+    """The `PlacementOptions` of the flags of `add_placement_arguments`, validated
+    (`baechi_tf.options.options_from`)."""
+    from baechi_tf.options import FLAGS, options_from
 
-    # PlacementOptions calls it 'memory fraction', a name no flag here has (and BaechiSession's
-    # memory_fraction= is train.py's --memory_fraction): name the flag the user gave.
-    fraction = args.placer_memory_fraction
-    if not 0 < fraction <= 1:
-        raise ConfigError(
-            f"--placer_memory_fraction={fraction:g} must be in (0, 1]: the share of each device's "
-            "memory the placer may fill (1 fills it all)"
-        )
-    options = PlacementOptions(
-        placement_method=args.placement_method,
-        grouper=args.grouper,
-        placer_type=args.placer_type,
-        sct_threshold=args.sct_threshold,
-        lp_solver=args.lp_solver,
-        lp_time_limit=args.lp_time_limit,
-        memory_fraction=args.placer_memory_fraction,
-        refine_seconds=args.refine_seconds,
-        seed=args.seed,
-        placement_jobs=args.placement_jobs,
-        engine=args.engine,
-        placement_timeout_s=args.placement_timeout_s,
-        auto_work=args.auto_work,
-    )
-    options.validate()
-    return options
+    return options_from({flag.flag: getattr(args, flag.flag) for flag in FLAGS})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from baechi_tf.errors import ConfigError
 from baechi_tf.graph import MAX_TOTAL_COMPUTE_US
+from baechi_tf.ranges import SHARE_OF_MEMORY, check_range
 
 __all__ = [
     "CommCost", "Cluster", "Device", "DEFAULT_COMM", "GiB", "check_device_count", "device_task",
@@ -355,8 +356,7 @@ class Cluster:
 
     def with_memory_fraction(self, fraction: float) -> "Cluster":
         """A copy whose capacities are multiplied by `fraction` (0 < fraction <= 1)."""
-        if not (0 < fraction <= 1):
-            raise ConfigError(f"memory fraction {fraction!r} must be in (0, 1]")
+        check_range("memory_fraction", fraction, SHARE_OF_MEMORY)
         return dataclasses.replace(
             self,
             devices=tuple(

@@ -348,8 +348,10 @@ def test_a_profile_of_other_flags_is_refused(gnmt_profile):
         (["--inter_host_comm_cost_coeffs=1,nan"], "--inter_host_comm_cost_coeffs='1,nan': communication"),
         (["--comm_cost_coeffs=0.1"], "--comm_cost_coeffs='0.1': communication cost '0.1' is not"),
         (["--cost_factor=inf"], "--cost_factor=inf must be a finite number > 0"),
-        # It was 'memory fraction 0.0 must be in (0, 1]', as if --memory_fraction were wrong.
-        (["--placer_memory_fraction=0"], "--placer_memory_fraction=0.0 must be in (0, 1]"),
+        # It was 'memory fraction 0.0 must be in (0, 1]', as if --memory_fraction were wrong; then
+        # '--placer_memory_fraction=0.0 must be in (0, 1]', where baechi place said it otherwise.
+        (["--placer_memory_fraction=0"], "--placer_memory_fraction=0 must be in (0, 1]: the share of each "
+         "device's memory the placer may fill (1 fills it all)\n"),
         (["--comm_cost_factor=0"], "--comm_cost_factor=0.0 must be a finite number > 0"),
         (["--cost_factor=1e300"],
          "--comm_cost_factor=1 times --cost_factor=1e+300 makes --comm_cost_coeffs='0.0001754,134' a copy "

@@ -1,7 +1,7 @@
 """`CostProfile`: measured per-op costs of one graph, and its protobuf file.
 
 A profile holds, per op, the median compute time over the traced steps and the maxima of each
-output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; spec section 2.1); for
+output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; `profiler`); for
 an op that a fused node replaced, the op it ran as (``fused_into``); and the traced time that no
 op of the graph accounts for, by node type (``unmatched_compute_us``). It
 remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and

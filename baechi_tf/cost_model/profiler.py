@@ -2,7 +2,7 @@
 
 `profile_fetch` runs a fetch some untimed warm-up steps, then some steps with
 ``RunOptions(trace_level=FULL_TRACE)``, and `profile_from_step_stats` combines the traces as the
-original Baechi does (spec section 2.1, after TF's ``BuildCostModel``):
+original Baechi does (after TF's ``BuildCostModel``):
 
 * Device stats are read per device. ``.../stream:all`` entries are a GPU's hardware trace: the
   kernel times of an op (named ``op:kernel``) are added up and replace the op's host-side time.

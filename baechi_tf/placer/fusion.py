@@ -1,6 +1,6 @@
 """Operator fusion (``--placer_type=fusion``): place a smaller graph whose ops are runs of ops.
 
-Fusion (Baechi, SoCC 2020, section 4.4; spec 4.3) folds a consumer into its producer when both are
+Fusion (Baechi, SoCC 2020, section 4.4) folds a consumer into its producer when both are
 in the same group (they will share a device anyway) and the edge between them is direct. Placing
 the fused graph is faster, and the placement maps back to every original op (`FusedGraph.expand`).
 
@@ -40,6 +40,7 @@ from baechi_tf.errors import ConfigError
 from baechi_tf.graph import CONTROL, OpGraph
 from baechi_tf.placer.grouping import Groups, bounded_search
 from baechi_tf.placer.schedule import Placement
+from baechi_tf.placer.union_find import UnionFind
 
 __all__ = ["FusedGraph", "FusionOptions", "fuse"]
 
@@ -91,7 +92,7 @@ class _Merger:
         self.succ = [set(s) for s in graph.successors]
         self.pred = [set(p) for p in graph.predecessors]
         self.rank = graph.topo_index.tolist()
-        self.into = list(range(n))  # the op each op was folded into (itself while alive)
+        self.into = UnionFind(n)  # the op each op was folded into (itself while alive)
         self.compute = graph.compute_us.tolist()
         self.temp = graph.temp_bytes.tolist()
         self.persistent = graph.persistent_bytes.tolist()
@@ -101,12 +102,8 @@ class _Merger:
         self.budget = float("inf") if unlimited else options.search_budget * (n + graph.num_edges)
 
     def find(self, op: int) -> int:
-        root = op
-        while self.into[root] != root:
-            root = self.into[root]
-        while self.into[op] != root:
-            self.into[op], op = root, self.into[op]
-        return root
+        """The op that `op` was folded into, itself while alive."""
+        return self.into.find(op)
 
     def run(self) -> None:
         queues: list[collections.deque] = [collections.deque() for _ in range(self.groups.num_groups)]
@@ -180,7 +177,7 @@ class _Merger:
                     queue.append((u, y))
         self.succ[v] = set()
         self.pred[v] = set()
-        self.into[v] = u
+        self.into.fold(v, into=u)
 
     def result(self) -> FusedGraph:
         graph, groups = self.graph, self.groups

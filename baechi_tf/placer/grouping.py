@@ -29,6 +29,7 @@ import numpy as np
 from baechi_tf.cluster import merged_device_name
 from baechi_tf.errors import ConfigError, InvalidGraphError
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer.union_find import UnionFind
 
 __all__ = ["Groups", "bounded_search", "colocation_groups", "coplace", "make_groups", "GROUPERS"]
 
@@ -66,32 +67,11 @@ class Groups:
         return cls(np.arange(graph.num_ops, dtype=np.int32), graph.names)
 
 
-class _UnionFind:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        root = x
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[x] != root:  # path compression, iteratively
-            self.parent[x], x = root, self.parent[x]
-        return root
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            if rb < ra:
-                ra, rb = rb, ra
-            self.parent[rb] = ra
-        return ra
-
-
 def _shortest(names: Iterable[str]) -> str:
     return min(names, key=lambda s: (len(s), s))
 
 
-def _finish(graph: OpGraph, uf: _UnionFind, candidates: dict[int, set[str]]) -> Groups:
+def _finish(graph: OpGraph, uf: UnionFind, candidates: dict[int, set[str]]) -> Groups:
     """Numbers the union-find sets by smallest op id and names each by its shortest name."""
     roots = [uf.find(i) for i in range(graph.num_ops)]
     number: dict[int, int] = {}
@@ -131,8 +111,8 @@ def _group_pins(graph: OpGraph, groups: Groups) -> dict[int, str]:
 
 
 def colocation_groups(graph: OpGraph) -> Groups:
-    """The ``tf`` grouper: TF colocation names merged with union-find (spec 4.1)."""
-    uf = _UnionFind(graph.num_ops)
+    """The ``tf`` grouper: TF colocation names merged with union-find."""
+    uf = UnionFind(graph.num_ops)
     index = graph.index
     owner: dict[str, int] = {}  # colocation name -> first op seen naming it
     for op, names in enumerate(graph.colocation):
@@ -156,7 +136,7 @@ def colocation_groups(graph: OpGraph) -> Groups:
 
 
 def coplace(graph: OpGraph, base: Optional[Groups] = None, *, apart: Optional[np.ndarray] = None) -> Groups:
-    """The ``coplace`` grouper: single-successor ops join their successor's group (spec 4.2).
+    """The ``coplace`` grouper: single-successor ops join their successor's group.
 
     Starts from `base` (default: `colocation_groups`). Refuses any merge that would close a new
     cycle among groups, and any that joins a group holding an op of `apart` (bool per op: the
@@ -166,7 +146,7 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None, *, apart: Optional[np
     base = base if base is not None else colocation_groups(graph)
     ng = base.num_groups
     group_of = base.group_of.tolist()
-    uf = _UnionFind(ng)
+    uf = UnionFind(ng)
     names: dict[int, str] = dict(enumerate(base.names))
     # Coplacing is a preference, a pin a hard constraint: two groups pinned to different devices
     # are never merged, or a valid graph would fail the check of the merged groups below.
@@ -197,7 +177,7 @@ def coplace(graph: OpGraph, base: Optional[Groups] = None, *, apart: Optional[np
         pin.pop(gv, None)
         if both is not None:
             pin[root] = both
-    op_uf = _UnionFind(graph.num_ops)
+    op_uf = UnionFind(graph.num_ops)
     first_op: dict[int, int] = {}
     for op, g in enumerate(group_of):
         op_uf.union(first_op.setdefault(uf.find(g), op), op)
@@ -221,7 +201,7 @@ class _ComponentDag:
                 succ[gs].add(gd)
         comp_of = _tarjan(succ)
         nc = max(comp_of, default=-1) + 1
-        self.uf = _UnionFind(nc)
+        self.uf = UnionFind(nc)
         self.comp_of = comp_of
         self.succ: list[set[int]] = [set() for _ in range(nc)]
         self.pred: list[set[int]] = [set() for _ in range(nc)]

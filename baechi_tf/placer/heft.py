@@ -14,8 +14,7 @@ placement (``auto`` drops it when it does not fit).
 
 Time: O((V + E) * D + V log V) for V ops, E edges and D devices weighed (those given an op or a
 pinned group, and one of each set of untouched twins, `UntouchedTwins`), plus O(D^2) once per
-cluster for its link tables; memory O(V + E). A 2,000-op layered graph on 1,024 devices, of which
-it uses 51, took 1.0 s, now 0.27 s.
+cluster for its link tables; memory O(V + E).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Steps:
 2. Favourite children: arcs with ``x_ij <= --sct_threshold`` (`baechi_tf.sct.rounding`).
 3. The shared memory-aware list scheduler (`baechi_tf.placer.list_scheduler`) with
    `FavouriteChildPolicy`, which holds devices back as in the original's ``SCTDevice``
-   (spec 5.3.3). Device choice, transfers, memory and failures are m-ETF's.
+   (Baechi, SoCC 2020, section 4.3). Device choice, transfers, memory and failures are m-ETF's.
 
 The scheduler runs on the engine `baechi_tf.placer.engine` selects: `FavouriteChildPolicy` here
 is the reference, and native/sct_policy.hpp its port to the compiled core, which gives the same
@@ -69,7 +69,7 @@ class MSCTOptions:
 
 
 class FavouriteChildPolicy(Policy):
-    """m-SCT's device rule on top of the list scheduler (spec 5.3.3).
+    """m-SCT's device rule on top of the list scheduler (Baechi, SoCC 2020, section 4.3).
 
     A device is *reserved* for f when f is the favourite child of the device's last op, f is ready
     and not scheduled, and this device is one where f can start earliest (ties count; transient

@@ -3,8 +3,8 @@
 Ops are visited in topological order and placed on the current device until the next op's group
 would push the device past its share of memory; then the next device is filled. The share is the
 total memory over the number of devices plus the largest group, capped by each device's real
-capacity (the original ignored real capacities and checked a different quantity than it charged;
-see the spec, section 10.1 item 7). A group that fits no later device goes to the device with the
+capacity (the original Baechi ignored real capacities, and checked another quantity than the one it
+charged). A group that fits no later device goes to the device with the
 most room left; when none has room, `InfeasiblePlacementError` names the group and every device's
 free bytes.
 

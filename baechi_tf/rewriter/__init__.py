@@ -6,7 +6,7 @@ placer; `BaechiSession` profiles, places and runs a ``tf.compat.v1`` graph. The 
 TensorFlow only inside the functions that need it.
 """
 
-from typing import Any
+from baechi_tf._lazy import lazy_attributes
 
 __all__ = [
     "BaechiSession",
@@ -26,11 +26,4 @@ _LAZY = {
     "place_graph_def": "baechi_tf.rewriter.graph_pass",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'baechi_tf.rewriter' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -35,6 +35,7 @@ from baechi_tf.cluster import (
     check_device_count,
 )
 from baechi_tf.errors import ConfigError
+from baechi_tf.ranges import SHARE_OF_MEMORY, check_range
 
 __all__ = [
     "DEFAULT_MEMORY_BYTES_PER_DEVICE",
@@ -147,8 +148,7 @@ def session_devices(
     import tensorflow as tf
 
     check_device_count(num_devices)
-    if not (0 < memory_fraction <= 1):
-        raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
+    check_range("memory_fraction", memory_fraction, SHARE_OF_MEMORY)
     standin_bytes = memory_share(memory_bytes_per_device, memory_fraction)
     if len(tf.config.list_physical_devices("GPU")) < num_devices:
         return standin_cluster(num_devices, standin_bytes, comm=comm, prefix=LOCAL_TASK)

@@ -57,6 +57,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 from baechi_tf import interrupts
 from baechi_tf.cluster import DEFAULT_COMM, Cluster, CommCost, Device, check_device_count, device_task
 from baechi_tf.errors import ConfigError, first_line
+from baechi_tf.ranges import SHARE_OF_MEMORY, check_range
 from baechi_tf.rewriter.devices import (
     DEFAULT_MEMORY_BYTES_PER_DEVICE,
     DeviceSetup,
@@ -414,8 +415,7 @@ def devices_from_listing(
     """
     if num_devices_per_task is not None:
         check_device_count(num_devices_per_task, per=" per task")
-    if not (0 < memory_fraction <= 1):
-        raise ConfigError(f"memory_fraction={memory_fraction!r} must be in (0, 1]")
+    check_range("memory_fraction", memory_fraction, SHARE_OF_MEMORY)
     by_task: dict[str, list[tuple[str, str, int]]] = collections.OrderedDict()
     for name, device_type, limit in listed:
         by_task.setdefault(device_task(name), []).append((name, device_type.upper(), int(limit)))

@@ -14,7 +14,7 @@ child nor its child a parent. The result is a matching: ``child[i] == j`` exactl
 
 The original instead let the last arc visited win and cleared only the previous parent's pointer,
 which could leave a stale ``parent`` naming an op whose favourite had since moved on, and a later
-arc into that child would then clear the wrong op's favourite (Baechi spec, section 10.1).
+arc into that child would then clear the wrong op's favourite.
 
 Time: O(A log A) for A arcs.
 """
