@@ -27,6 +27,7 @@ LAYERS = {
     "baechi_tf.progress": 0,
     "baechi_tf.interrupts": 0,
     "baechi_tf.proto": 0,
+    "baechi_tf.ranges": 0,  # the one range check of options and arguments
     "baechi_tf.placer": 1,
     "baechi_tf.sct": 1,
     "baechi_tf.report": 1,  # the text summary of a placement
@@ -39,6 +40,7 @@ LAYERS = {
     "baechi_tf.rewriter.session": 3,
     "baechi_tf.rewriter.cli_place": 3,
     "baechi_tf.cli": 3,
+    "baechi_tf.options": 3,  # the placement flags of argparse and absl
     "baechi_tf.__main__": 3,
     "baechi_tf": 3,  # the package itself: the public API, the session's included
 }

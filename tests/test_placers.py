@@ -278,7 +278,7 @@ def test_unknown_method_and_bad_options():
     graph = graphs.chain()
     with pytest.raises(ConfigError, match="unknown placement method 'm_nope'"):
         place(graph, graphs.cluster(2), PlacementOptions(placement_method="m_nope"))
-    with pytest.raises(ConfigError, match=r"memory fraction 0 must be in \(0, 1\]"):
+    with pytest.raises(ConfigError, match=r"^memory_fraction=0 must be in \(0, 1\]$"):
         place(graph, graphs.cluster(2), PlacementOptions(memory_fraction=0))
     # random.Random took both, and -1 as 1: a seed silently gave another seed's placements.
     for seed in (1.5, -1, True):

@@ -21,6 +21,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf._steps import Steps
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
+from baechi_tf.ranges import SHARE_OF_MEMORY, check_range
 from baechi_tf.placer import engine, ladder, methods
 from baechi_tf.placer.auto import HostView, run_auto
 from baechi_tf.placer.auto.candidates import single_is_baseline
@@ -121,10 +122,7 @@ class PlacementOptions:
             isinstance(op, str) and isinstance(device, str) for op, device in self.expert.items()
         )):
             raise ConfigError("the expert layout must map op names to device names (strings)")
-        if not (0 < self.memory_fraction <= 1):
-            raise ConfigError(
-                f"memory fraction {self.memory_fraction!r} must be in (0, 1]"
-            )
+        check_range("memory_fraction", self.memory_fraction, SHARE_OF_MEMORY)
         timeout = self.placement_timeout_s
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < math.inf
