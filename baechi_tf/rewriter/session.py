@@ -33,7 +33,9 @@ each). Against a cluster of TF servers (``target="grpc://host:port"``, or ``clus
 master is then the target) they come from the cluster instead
 (`baechi_tf.rewriter.distributed.discover_devices`, within `connect_timeout_s`): the devices of
 every task, `num_devices` being then a number per task (None: all); transfers between tasks cost
-`inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
+`inter_host_comm` (default: `comm`); ``comm="auto"`` fits `comm` to copies timed between two of
+the devices when the session is made (`devices.with_fitted_link`; the fit is `link_fit`).
+Profiling and the placed graph run on the cluster, in
 sessions whose state is isolated from each other's. The placed graph runs with TensorFlow's
 optimizations (Grappler, the classic graph optimizer), but for those of Grappler's optimizers that
 would move ops off their devices (`baechi_tf.rewriter.devices.placed_graph_config`), and the
@@ -81,7 +83,7 @@ import re
 import threading
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -102,6 +104,7 @@ from baechi_tf.rewriter.devices import (
     DeviceSetup,
     session_config,
     session_devices,
+    with_fitted_link,
 )
 from baechi_tf.rewriter.distributed import (
     DEFAULT_TIMEOUT_S,
@@ -453,7 +456,7 @@ class BaechiSession:
         memory_bytes_per_device: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
         memory_fraction: float = 1.0,
         options: Optional[PlacementOptions] = None,
-        comm: CommCost = DEFAULT_COMM,
+        comm: Union[CommCost, str] = DEFAULT_COMM,
         inter_host_comm: Optional[CommCost] = None,
         cluster_spec: Any = None,
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -530,6 +533,9 @@ class BaechiSession:
         self._user_session = sess
         self._user_tables: Optional[_TableIO] = None  # export ops added to the user's graph
         self._options = options
+        auto_comm = isinstance(comm, str)  # 'auto', as _check_arguments let through
+        if auto_comm:
+            comm = DEFAULT_COMM
         remote = is_remote_target(target)
         if remote:
             target = target.rstrip("/")  # 'grpc://host:port/' is no host-port pair to TF
@@ -564,6 +570,15 @@ class BaechiSession:
                 comm=comm,
                 config=config,
             )
+        # comm='auto': the link fitted to copies between two of the devices, before anything runs.
+        self.link_fit = None
+        if auto_comm:
+            bench_config = session_config(self._setup, config, grappler=False)
+            self._setup, self.link_fit = with_fitted_link(
+                self._setup, remote_session_config(bench_config) if remote else bench_config,
+                target if remote else "", flag="comm='auto'")
+            if self.link_fit is not None:
+                log.info("%s", self.link_fit.describe())
         # The profile is taken with the optimizations the placed graph runs with.
         self._run_config = session_config(self._setup, config, grappler=grappler)
         profile_config = session_config(self._setup, config, grappler=grappler)
@@ -1430,10 +1445,13 @@ def _check_arguments(
             "(PlacementOptions(placement_method='m_etf', ...))"
         )
     for name, value in (("comm", comm), ("inter_host_comm", inter_host_comm)):
+        if name == "comm" and isinstance(value, str) and value.strip().lower() == "auto":
+            continue
         if value is not None and not isinstance(value, CommCost):
             raise ConfigError(
                 f"{name}={value!r} is a {type(value).__name__}; give a CommCost "
                 "(CommCost(slope_us_per_byte=..., intercept_us=...))"
+                + (", or comm='auto' to fit it to copies between the devices" if name == "comm" else "")
             )
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
