@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import sys
+import textwrap
 from typing import Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -100,7 +101,7 @@ def plot(rows: Sequence, path: str, title: str = "") -> None:
     ax.set_ylim(lo, hi)
     ax.set_xlabel("simulated step (ms)")
     ax.set_ylabel("measured step, median (ms)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 80), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
