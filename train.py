@@ -56,7 +56,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 _INTERRUPTED = "train: interrupted; no partial file was written"
 
@@ -122,7 +122,8 @@ flags.DEFINE_float(
     "scales the memory the placer sees (GPUs and CPU stand-ins alike).")
 flags.DEFINE_string("comm_cost_coeffs", "0.0001754,134",
                     "Transfer time 'slope,intercept' in us per byte and us "
-                    "(utils/communication_benchmark prints it).")
+                    "(utils/communication_benchmark prints it), or 'auto': fit it to copies "
+                    "timed between two of the devices before placing (about a second).")
 flags.DEFINE_float("comm_cost_factor", 1.0, "Multiplies both communication coefficients.")
 flags.DEFINE_float("cost_factor", 1.0,
                    "Multiplies every profiled op's compute time, and so the estimates made from "
@@ -562,8 +563,10 @@ def _comm_costs() -> tuple[Any, Any]:
             raise ConfigError(f"--{name}={value} must be a finite number > 0")
     scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
 
-    def scaled(flag: str) -> CommCost:
+    def scaled(flag: str) -> Optional[CommCost]:
         text = FLAGS[flag].value
+        if flag == "comm_cost_coeffs" and text.strip().lower() == "auto":
+            return None  # fitted once the devices are there (`_devices`)
         try:
             line = CommCost.parse(text)
         except ConfigError as e:
@@ -585,6 +588,7 @@ def _devices() -> tuple[Any, Any, str]:
     machine or, with --cluster_spec (or TF_CONFIG), on every task of a running cluster."""
     import tensorflow as tf
 
+    from baechi_tf.cluster import CommCost
     from baechi_tf.rewriter.devices import resolve_memory, session_config, session_devices
 
     fraction = FLAGS.memory_fraction
@@ -601,13 +605,14 @@ def _devices() -> tuple[Any, Any, str]:
         num_devices=FLAGS.num_gpus if FLAGS["num_gpus"].present else None,
         memory_per_device=memory,
         memory_fraction=fraction,
-        comm_cost_coeffs=comm,
+        comm_cost_coeffs=comm or CommCost(),
         inter_host_comm_cost_coeffs=inter,
         timeout_s=FLAGS.cluster_timeout,
         config=base,
     )
     if remote is not None:
-        return remote.devices, remote_session_config(session_config(remote.devices, base, grappler=False)), remote.target
+        setup = remote.devices
+        return _fitted(setup, remote_session_config(session_config(setup, base, grappler=False)), remote.target, comm)
     if inter is not None:  # it was dropped without a word
         print("train: --inter_host_comm_cost_coeffs is not used: every device is on this host (give "
               "--cluster_spec, or TF_CONFIG, to run across hosts)", file=sys.stderr, flush=True)
@@ -615,12 +620,30 @@ def _devices() -> tuple[Any, Any, str]:
         FLAGS.num_gpus,
         memory_bytes_per_device=memory,
         memory_fraction=fraction,
-        comm=comm,
+        comm=comm or CommCost(),
         config=base,
     )
     # Grappler off: --costgen profiles under the expert layout, whose devices split ops that the
     # remapper would fuse into one node on one of them.
-    return setup, session_config(setup, base, grappler=False), ""
+    return _fitted(setup, session_config(setup, base, grappler=False), "", comm)
+
+
+def _fitted(setup: Any, config: Any, target: str, comm: Any) -> tuple[Any, Any, str]:
+    """(setup, config, target), the setup's link fitted to copies between two of its devices
+    and scaled by --comm_cost_factor and --cost_factor when --comm_cost_coeffs=auto (`comm`
+    None), and the fit printed."""
+    if comm is not None:
+        return setup, config, target
+    from baechi_tf.cluster import CommCost
+    from baechi_tf.rewriter.devices import with_fitted_link
+
+    setup, fit = with_fitted_link(setup, config, target)
+    if fit is not None:
+        print(f"train: {fit.describe()}", flush=True)
+        scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
+        line = CommCost(fit.fit.comm.slope_us_per_byte * scale, fit.fit.comm.intercept_us * scale)
+        setup = dataclasses.replace(setup, cluster=dataclasses.replace(setup.cluster, comm=line))
+    return setup, config, target
 
 
 def _check_data_format(config: TrainConfig, setup: Any, target: str) -> None:

@@ -89,8 +89,17 @@ class Device:
     name: str  # full TF device name, e.g. '/job:localhost/replica:0/task:0/device:GPU:0'
     memory_bytes: int  # capacity the placer may fill
     type: str = "GPU"  # 'GPU' or 'CPU'; decides which kernels can run here
+    # Serves the copies it sends on the thread that runs its ops, as a CPU worker task serves
+    # gRPC's RecvTensor on its inter-op pool: a copy out starts only when no op runs here. GPUs
+    # copy on streams of their own (False).
+    sends_on_compute: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sends_on_compute, bool):
+            raise ConfigError(
+                f"device {self.name!r} has sends_on_compute={self.sends_on_compute!r}; give True "
+                "(copies out wait until no op runs here, as on a CPU worker task) or False"
+            )
         if not isinstance(self.name, str) or not _WHOLE.match(self.name):
             raise ConfigError(
                 f"device name {self.name!r} is malformed: use a TF device name such as "
@@ -278,10 +287,11 @@ class Cluster:
         return slope, intercept, least
 
     def twins(self) -> tuple[tuple[int, ...], ...]:
-        """Sets of at least two interchangeable devices, each ascending: of one memory and type,
-        and swapping any two of a set changes no copy's cost (copies between them, and to and
-        from every other device, cost the same). A placer may weigh one device of a set for all
-        those the schedule has not yet touched. One task's devices of one memory and type, in
+        """Sets of at least two interchangeable devices, each ascending: of one memory, type and
+        `Device.sends_on_compute`, and swapping any two of a set changes no copy's cost (copies
+        between them, and to and from every other device, cost the same). A placer may weigh one
+        device of a set for all those the schedule has not yet touched. One task's devices of
+        one memory and type, in
         any cluster `link` describes (`comm` within a task, `inter_task_comm` between), and all
         devices of one memory and type when copies between tasks cost what copies within do."""
         return self._twins
@@ -291,7 +301,7 @@ class Cluster:
         costs = [np.asarray(t, dtype=np.float64) for t in self.link_tables()]
         by_kind: dict[tuple[int, str], list[int]] = {}
         for i, d in enumerate(self.devices):
-            by_kind.setdefault((d.memory_bytes, d.type), []).append(i)
+            by_kind.setdefault((d.memory_bytes, d.type, d.sends_on_compute), []).append(i)
         out = []
         for kind in by_kind.values():
             # Checked on the links, not assumed from the tasks: the first device left and those
@@ -303,6 +313,11 @@ class Cluster:
                     out.append(tuple(left[ok].tolist()))
                 left = left[~ok]
         return tuple(sorted(out))
+
+    def sends_on_compute(self) -> tuple[bool, ...]:
+        """Per device, `Device.sends_on_compute`: whether a copy out of it waits until it runs
+        no op (the schedulers' rule)."""
+        return tuple(d.sends_on_compute for d in self.devices)
 
     def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
         """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""

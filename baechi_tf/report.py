@@ -57,6 +57,7 @@ def summary_table(result) -> str:
          f"{single / 1e3:.3f} ms  (speed-up {_ratio(single, result.makespan_us)})"
          if single is not None else "does not fit"),
         ("transfers", str(len(schedule.transfers))),
+        ("link", _link(cluster)),
         ("placement time", f"{result.placement_seconds:.3f} s"),
     ]
     if result.refine_stats is not None:  # auto's: the method names where refinement started
@@ -72,6 +73,19 @@ def _refinement(stats) -> str:
     if not after < before:
         return f"no gain in {stats.seconds:.1f} s"
     return f"{before / 1e3:.3f} -> {after / 1e3:.3f} ms ({100 * (after / before - 1):+.1f}%) in {stats.seconds:.1f} s"
+
+
+def _link(cluster) -> str:
+    """'0.0001754 us/B x + 134 us', and the line between tasks when there is one."""
+    def line(c) -> str:
+        return f"{c.slope_us_per_byte:.4g} us/B x + {c.intercept_us:.4g} us"
+
+    text = line(cluster.comm)
+    if cluster.inter_task_comm is not None:
+        text += f"; between tasks {line(cluster.inter_task_comm)}"
+    if any(cluster.sends_on_compute()):
+        text += "; copies wait until their sender runs no op"
+    return text
 
 
 def _ratio(a: float, b: float) -> str:

@@ -240,7 +240,8 @@ def start_two_tasks(cores: Sequence[int] = (0, 1), inter_op_threads: int = 1) ->
 
     workers = start_local_workers(NUM_DEVICES, 0, cpu_cores=list(cores),
                                   inter_op_threads=inter_op_threads, intra_op_threads=1)
-    devices = tuple(Device(f"{t.name}/device:CPU:0", MEMORY_BYTES, "CPU") for t in workers.spec.tasks)
+    devices = tuple(Device(f"{t.name}/device:CPU:0", MEMORY_BYTES, "CPU", sends_on_compute=True)
+                    for t in workers.spec.tasks)
     return TwoTasks(workers, workers.target, Cluster(devices))
 
 

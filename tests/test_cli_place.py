@@ -519,3 +519,36 @@ def test_run_metadata_that_is_not_of_the_graph_is_refused(files, tmp_path, capsy
         place("--graph", p["pb"], "--run_metadata", other, "--cost_path", p["cost"], "--out", out)
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_auto_comm_fits_the_link_between_two_stand_ins_before_placing(files, tmp_path, capsys):
+    _, p = files
+    out = tmp_path / "placed.pb"
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--num_devices", 2, "--device_type", "CPU",
+                 "--comm_cost_coeffs", "auto", "--placement_method", "m_etf", "--out", out) == 0
+    printed = capsys.readouterr().out
+    fitted = re.search(r"link fitted \(--comm_cost_coeffs=auto\): (\S+) us/B x \+ (\S+) us, "
+                       r"/device:CPU:1 -> /device:CPU:2, 20 sizes, .*CPU stand-ins in one process", printed)
+    assert fitted, printed
+    slope, intercept = float(fitted.group(1)), float(fitted.group(2))
+    # A hand-over of the sender's buffer: far below the default line (134 us, 5.7 GB/s).
+    assert 0 <= slope < 1.754e-4 and 0 <= intercept < 134
+    link = re.search(r"^link\s+(\S+) us/B x \+ (\S+) us$", printed, re.M)  # the summary's
+    assert link and float(link.group(1)) == pytest.approx(slope, rel=1e-3), printed
+    assert float(link.group(2)) == pytest.approx(intercept, rel=1e-3)
+    assert out.exists()
+
+
+def test_auto_comm_without_the_gpus_to_time_names_the_fix(files, tmp_path, capsys):
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has GPUs: auto times them")
+    _, p = files
+    out = tmp_path / "placed.pb"
+    assert place("--graph", p["pb"], "--cost_path", p["cost"], "--num_devices", 2, "--device_type", "GPU",
+                 "--comm_cost_coeffs", "auto", "--out", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("baechi place: error: --comm_cost_coeffs=auto times copies between the devices "
+                   "placed on, and this machine has 0 GPU(s): run it on the machine with the GPUs, or "
+                   "give the line as SLOPE,INTERCEPT (utils/communication_benchmark.py prints it "
+                   "there), or place on CPU stand-ins (--device_type=CPU)"), err
+    assert not out.exists()

@@ -150,3 +150,12 @@ def test_a_job_holding_a_slash_is_refused_not_read_as_another_task():
     # tasks were refused as 'the same device'; TF refuses such a name ("Unknown attribute 'b'").
     with pytest.raises(ConfigError, match="'/job:a/b/replica:0/task:0/device:GPU:0' is malformed"):
         Cluster(tuple(Device(f"/job:a/b/replica:0/task:{t}/device:GPU:0", GiB) for t in range(2)))
+
+
+def test_sends_on_compute_is_a_bool_and_parts_twins():
+    with pytest.raises(ConfigError, match=r"sends_on_compute='yes'; give True .* or False"):
+        Device("/device:CPU:0", GiB, "CPU", sends_on_compute="yes")
+    devices = tuple(Device(f"/device:CPU:{i}", GiB, "CPU", sends_on_compute=i < 2) for i in range(4))
+    cluster = Cluster(devices)
+    assert cluster.sends_on_compute() == (True, True, False, False)
+    assert cluster.twins() == ((0, 1), (2, 3))  # a copy out of 0 waits where one out of 2 does not

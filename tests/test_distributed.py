@@ -202,6 +202,8 @@ def test_every_tasks_standins_become_targets_with_full_names():
     assert setup.aliases == {"device:GPU:0": f"{W0}/device:CPU:1", "device:GPU:1": f"{W0}/device:CPU:2"}
     assert setup.cluster.link(0, 1) == fast and setup.cluster.link(2, 3) == fast
     assert setup.cluster.link(1, 2) == slow and setup.cluster.link(3, 0) == slow
+    # Copies to the other task are RecvTensor calls, served on the pool that runs a task's ops.
+    assert setup.cluster.sends_on_compute() == (True,) * 4
     # The master's task comes first, whatever the listing's order.
     again = devices_from_listing(list(reversed(_listing())), master_task=W1)
     assert again.cluster.names[0] == f"{W1}/device:CPU:1" and again.host.name == f"{W1}/device:CPU:0"
@@ -348,6 +350,21 @@ def test_no_cluster_means_one_machine(monkeypatch):
 
 def _losses(sess, model, steps=STEPS):
     return [sess.run([model.loss, model.train_op], model.feed(i))[0] for i in range(steps)]
+
+
+def test_comm_auto_times_copies_on_the_cluster(workers):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 8], name="x")
+        y = tf.reduce_sum(tf.matmul(x, x))
+    with BaechiSession(graph=graph, target=workers.target, comm="auto", num_devices=2,
+                       warmup_steps=0, profile_steps=1) as sess:
+        fit = sess.link_fit
+        assert (fit.src, fit.dst) == (f"{W0}/device:CPU:1", f"{W0}/device:CPU:2")
+        assert fit.note == "copies within one task" and fit.fit.num_sizes == 20
+        assert sess.devices.cluster.comm == fit.fit.comm
+        assert sess.devices.cluster.sends_on_compute() == (True,) * 4
+        assert sess.run(y, {x: np.ones([8, 8], np.float32)}) == 512
 
 
 def test_training_across_two_workers_equals_one_process_and_stops_them():

@@ -7,7 +7,8 @@ drawn at random among each op's successors), and asserts the same placement, the
 end of every op bit for bit, the same transfers, peak memory and order, and the same units of
 work (`work`), or the same error (type and message) when memory runs out or the cutoff is
 passed. Graphs: hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins,
-groups, free and dear links, hosts and unequal memories that make sets of twins), every graph of
+groups, free and dear links, hosts and unequal memories that make sets of twins, devices that
+send on their compute thread among devices that do not), every graph of
 tests/graphs.py, the graphs of bench/quality_graphs.py and the queueing graphs of
 bench/layered.py.
 """
@@ -238,6 +239,15 @@ def _compare_all(graph, cluster, seed=0, *, cutoffs=True):
 # ---------------------------------------------------------------- random DAGs
 
 
+def _senders(nd: int, memory_bytes: int, comm: CommCost = CommCost()) -> Cluster:
+    """nd devices of one task each, devices 0, 2, ... sending on their compute thread (as CPU
+    worker tasks do); GPU names, so that tests/graphs.py's pins find them."""
+    return Cluster(tuple(
+        Device(f"/job:worker/replica:0/task:{i}/device:GPU:{i}", memory_bytes,
+               sends_on_compute=i % 2 == 0) for i in range(nd)
+    ), comm)
+
+
 def _cluster(kind: str, nd: int, memory_bytes: int, comm: CommCost) -> Cluster:
     if kind == "hosts" and nd >= 2:  # two hosts: twins per host, copies between them dearer
         half = nd // 2
@@ -246,6 +256,8 @@ def _cluster(kind: str, nd: int, memory_bytes: int, comm: CommCost) -> Cluster:
             for i in range(nd)
         ]
         return Cluster(tuple(devices), comm, CommCost(comm.slope_us_per_byte * 10, comm.intercept_us * 3 + 1))
+    if kind == "senders" and nd >= 2:  # devices 0, 2, ... send on their compute thread
+        return _senders(nd, memory_bytes, comm)
     if kind == "unequal" and nd >= 2:  # every third device has a quarter of the memory
         return Cluster(tuple(
             Device(f"/device:GPU:{i}", memory_bytes // 4 if i % 3 == 2 else memory_bytes) for i in range(nd)
@@ -300,7 +312,7 @@ def _cases(draw):
     memory_bytes = 64 * GiB if memory == "loose" else max(
         4096, int(needs / nd * (0.8 if memory == "tight" else 0.3))
     )
-    kind = draw(st.sampled_from(["homogeneous", "hosts", "unequal"]))
+    kind = draw(st.sampled_from(["homogeneous", "hosts", "unequal", "senders"]))
     return graph, _cluster(kind, nd, memory_bytes, comm), seed
 
 
@@ -332,6 +344,10 @@ def _catalogue():
         yield f"random_dag {seed}", graphs.random_dag(
             seed, 40, edge_prob=0.12, group_prob=0.15, pin_prob=0.05, num_devices=4, persistent_prob=0.2
         ), graphs.cluster(4, memory_bytes=8 * MiB if seed % 2 else GiB)
+    for seed in range(4):
+        yield f"random_dag {seed}, senders", graphs.random_dag(
+            seed, 40, edge_prob=0.12, group_prob=0.15, pin_prob=0.05, num_devices=4, persistent_prob=0.2
+        ), _senders(4, 8 * MiB if seed % 2 else GiB)
     seeds = []
     for seed in range(400):
         try:
@@ -365,11 +381,13 @@ _QUEUEING = {
 }
 
 
+@pytest.mark.parametrize("senders", [False, True])
 @pytest.mark.parametrize("shape", sorted(_QUEUEING))
 @native
-def test_tail_queues_give_the_same_schedules(shape):
-    """Thousands of ready ops wait on one channel: tail queues fill and empty."""
-    _compare_all(_QUEUEING[shape](), graphs.cluster(4), cutoffs=False)
+def test_tail_queues_give_the_same_schedules(shape, senders):
+    """Thousands of ready ops wait on one channel: tail queues fill and empty; with `senders`,
+    half the devices send on their compute thread."""
+    _compare_all(_QUEUEING[shape](), _senders(4, GiB) if senders else graphs.cluster(4), cutoffs=False)
 
 
 @pytest.mark.parametrize("skip", [True, False])

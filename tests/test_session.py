@@ -1829,3 +1829,24 @@ def test_a_feed_key_of_another_graph_is_a_type_error_as_on_a_session():
                 session.run(s, feeds)
         with pytest.raises(TypeError, match="Cannot interpret feed_dict key as Tensor"):
             sess.make_callable(s, [stranger, y])
+
+
+def test_comm_auto_fits_the_link_between_the_stand_ins_and_places_with_it():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 64], name="x")
+        y = tf.reduce_sum(tf.matmul(x, x) + tf.matmul(x, tf.transpose(x)))
+    with BaechiSession(graph=graph, num_devices=2, comm="auto", **fast()) as sess:
+        fit = sess.link_fit
+        assert (fit.src, fit.dst) == (f"{TASK}/device:CPU:1", f"{TASK}/device:CPU:2")
+        assert sess.devices.cluster.comm == fit.fit.comm != CommCost()
+        assert fit.fit.num_sizes == 20 and "CPU stand-ins in one process" in fit.note
+        assert sess.run(y, {x: np.ones([64, 64], np.float32)}) == pytest.approx(2 * 64 ** 3)
+        assert sess.placement.result.cluster.comm == fit.fit.comm
+        c = fit.fit.comm  # the summary's link row formats the same numbers
+        assert f"{c.slope_us_per_byte:.4g} us/B x + {c.intercept_us:.4g} us" in sess.placement.summary()
+
+
+def test_comm_of_another_kind_names_auto_too():
+    with pytest.raises(ConfigError, match=r"comm='fast' is a str; give a CommCost .*, or comm='auto' to fit"):
+        BaechiSession(graph=tf.Graph(), num_devices=2, comm="fast")

@@ -1,5 +1,6 @@
 """The simulator against schedules computed by hand."""
 
+import dataclasses
 import itertools
 import random
 
@@ -97,6 +98,66 @@ def test_transfers_share_a_channel_in_time_order():
     sends = sorted((t.start_us, t.end_us) for t in s.transfers if t.src_device == 0)
     np.testing.assert_allclose(sends, [(10, 110.04), (110.04, 210.08), (210.08, 310.12)])
     assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
+def _sender_chain():
+    #  p(10) -> q(100) -> r(50)    p, q, r on device 0; c on device 1
+    #   \
+    #    c(10)                      p -> c: 4 B, 5 us
+    b = OpGraphBuilder()
+    for name, us in (("p", 10), ("q", 100), ("r", 50), ("c", 10)):
+        b.add_op(name, us, [4])
+    b.add_edge("p", "q")
+    b.add_edge("q", "r")
+    b.add_edge("p", "c")
+    return b.build()
+
+
+def _two(sends_on_compute):
+    return Cluster(tuple(Device(f"/job:worker/replica:0/task:{i}/device:CPU:0", 1 << 30, "CPU",
+                                sends_on_compute=sends_on_compute) for i in range(2)), CommCost(0, 5))
+
+
+@pytest.mark.parametrize("engine_name", ["python", "native"])
+def test_a_copy_from_a_device_that_sends_on_compute_waits_until_it_runs_nothing(engine_name):
+    # A GPU copies at once: p -> c at 10-15, c 15-25. A CPU worker task serves the copy when
+    # its thread is free: q and r run back to back after p (0-160), so the copy is 160-165.
+    from baechi_tf.placer import engine
+
+    if engine_name == "native" and not engine.native_available():
+        pytest.skip("the compiled engine is not built")
+    g = _sender_chain()
+    with engine.selected(engine_name):
+        gpu = simulate(g, _two(False), place(g, [0, 0, 0, 1]))
+        cpu = simulate(g, _two(True), place(g, [0, 0, 0, 1]))
+    assert gpu.start_us.tolist() == [0, 10, 110, 15]
+    ((_, _, _, start, end),) = [dataclasses.astuple(t) for t in gpu.transfers]
+    assert (start, end) == (10, 15)
+    assert cpu.start_us.tolist() == [0, 10, 110, 165]
+    ((_, _, _, start, end),) = [dataclasses.astuple(t) for t in cpu.transfers]
+    assert (start, end) == (160, 165)
+    assert cpu.makespan_us == 175
+    assert_valid_schedule(g, _two(True), Groups.singletons(g), cpu)
+
+
+@pytest.mark.parametrize("engine_name", ["python", "native"])
+def test_a_copy_from_a_device_that_sends_on_compute_takes_its_idle_time(engine_name):
+    # Device 0 runs p (0-10) and is idle until q: p -> c goes at 10-15. Device 1 runs x (0-50)
+    # and then c (50-60, its input long in) on the same thread: x -> q waits for c, 60-65.
+    from baechi_tf.placer import engine
+
+    if engine_name == "native" and not engine.native_available():
+        pytest.skip("the compiled engine is not built")
+    b = OpGraphBuilder()
+    for name, us in (("p", 10), ("x", 50), ("q", 100), ("c", 10)):
+        b.add_op(name, us, [4])
+    b.add_edge("x", "q")
+    b.add_edge("p", "c")
+    g = b.build()
+    with engine.selected(engine_name):
+        s = simulate(g, _two(True), place(g, [0, 1, 0, 1]))
+    assert s.start_us.tolist() == [0, 0, 65, 50]
+    assert sorted((t.start_us, t.end_us) for t in s.transfers) == [(10, 15), (60, 65)]
 
 
 def test_a_placement_that_moves_a_pinned_op_is_simulated_where_it_puts_it():

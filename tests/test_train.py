@@ -149,6 +149,21 @@ def test_the_seeds_placement_flags_and_the_originals_unused_ones(gnmt_profile, t
     assert len(set(placement.values())) > 1
 
 
+def test_comm_auto_fits_the_link_on_the_stand_ins_and_places_with_it(gnmt_profile, tmp_path):
+    path, profile = gnmt_profile
+    out, placement, ran = place(path, GNMT, "m_etf", tmp_path, "--comm_cost_coeffs=auto",
+                                "--comm_cost_factor=2")
+    fitted = re.search(r"^train: link fitted \(--comm_cost_coeffs=auto\): (\S+) us/B x \+ (\S+) us, "
+                       rf"{TASK}/device:CPU:1 -> {TASK}/device:CPU:2, 20 sizes, .*CPU stand-ins in one "
+                       "process", out, re.M)
+    assert fitted, out
+    link = re.search(r"^link\s+(\S+) us/B x \+ (\S+) us$", out, re.M)  # the summary's
+    assert link, out
+    for fit, used in zip(fitted.groups(), link.groups()):  # doubled by --comm_cost_factor
+        assert float(used) == pytest.approx(2 * float(fit), rel=1e-3)
+    check_ran_as_placed(placement, ran, profile)
+
+
 def test_lp_time_limit_reaches_the_placer(gnmt_profile):
     # A limit HiGHS cannot meet, with HiGHS named: the placement stops with the limit's error.
     path, _ = gnmt_profile

@@ -9,7 +9,8 @@ The original workflow (Baechi, SoCC 2020)::
 
 and the printed line gives ``--comm_cost_coeffs=a,b`` to train.py.
 
-For each size n in 2^0 .. 2^(exponent-1) float32 elements a fresh graph computes ``from_op =
+For each size n in 2^0 .. 2^(exponent-1) float32 elements (`baechi_tf.cost_model.comm_bench`,
+which ``--comm_cost_coeffs=auto`` runs too) a fresh graph computes ``from_op =
 matmul(variable[n, 1], variable[1, 1])`` on the source device and ``to_op = matmul(from_op,
 variable[1, 1])`` on the destination device. After `--num_warmup` untimed runs, each of
 `--num_runs` runs is traced with FULL_TRACE; the transfer time is the gap between the end of
@@ -68,8 +69,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
+from baechi_tf.cost_model.comm_bench import (  # noqa: E402,F401  (the benchmark's parts, here too)
+    measure_transfer_us,
+    round_trip_transfer_us,
+    transfer_gap_us,
+)
 from baechi_tf.cost_model.comm_fit import fit_comm_cost  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 
@@ -119,92 +124,6 @@ def _config(device_type: str, num_devices: int) -> Any:
     # Keep the two MatMuls as they are: Grappler would otherwise rewrite them.
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     return config
-
-
-def _event_times_ns(step_stats, name: str) -> list[tuple[int, int]]:
-    """(start, end) in ns of every step-stats record of the op `name`."""
-    out = []
-    for dev in step_stats.dev_stats:
-        for ns in dev.node_stats:
-            if ns.node_name != name:
-                continue
-            if ns.all_start_nanos:
-                out.append((ns.all_start_nanos, ns.all_start_nanos + ns.all_end_rel_nanos))
-            else:
-                start = ns.all_start_micros * 1000
-                out.append((start, start + ns.all_end_rel_micros * 1000))
-    return out
-
-
-def transfer_gap_us(step_stats) -> float:
-    """Earliest start of ``to_op`` minus latest end of ``from_op``, in microseconds."""
-    ends = [end for _, end in _event_times_ns(step_stats, "from_op")]
-    starts = [start for start, _ in _event_times_ns(step_stats, "to_op")]
-    if not ends or not starts:
-        raise RuntimeError("the trace has no record of from_op or to_op")
-    return (min(starts) - max(ends)) / 1000.0
-
-
-def round_trip_transfer_us(step_stats) -> float:
-    """Half of ``from_op -> mid_op -> to_op``'s gap less ``mid_op``'s own time, in microseconds.
-
-    ``from_op`` and ``to_op`` run on one host and ``mid_op``'s duration is measured on its own,
-    so no difference of two hosts' clocks enters the result.
-    """
-    mid = _event_times_ns(step_stats, "mid_op")
-    if not mid:
-        raise RuntimeError("the trace has no record of mid_op")
-    return (transfer_gap_us(step_stats) - sum(e - s for s, e in mid) / 1000.0) / 2.0
-
-
-def measure_transfer_us(
-    num_elements: int,
-    src: str,
-    dst: str,
-    config: Any,
-    *,
-    num_warmup: int,
-    num_runs: int,
-    target: str = "",
-    round_trip: bool = False,
-) -> list[float]:
-    """Transfer times in us of a float32 [num_elements, 1] tensor from `src` to `dst`.
-
-    With `round_trip`, the tensor goes to `dst` and back (`round_trip_transfer_us`).
-    """
-    import tensorflow as tf
-
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default():
-        ones = tf1.ones_initializer()
-        with tf.device(src):
-            big = tf1.get_variable("from_var", [num_elements, 1], initializer=ones,
-                                   use_resource=True)
-            w_from = tf1.get_variable("from_w", [1, 1], initializer=ones, use_resource=True)
-            from_op = tf.matmul(big, w_from, name="from_op")
-        with tf.device(dst):
-            w_to = tf1.get_variable("to_w", [1, 1], initializer=ones, use_resource=True)
-            to_op = tf.matmul(from_op, w_to, name="mid_op" if round_trip else "to_op").op
-        if round_trip:
-            with tf.device(src):
-                w_back = tf1.get_variable("back_w", [1, 1], initializer=ones, use_resource=True)
-                to_op = tf.matmul(to_op.outputs[0], w_back, name="to_op").op
-        init = tf1.global_variables_initializer()
-    options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
-    gap = round_trip_transfer_us if round_trip else transfer_gap_us
-    times = []
-    with tf1.Session(target, graph=graph, config=config) as sess:
-        sess.run(init)
-        for _ in range(num_warmup):
-            sess.run(to_op)
-            interrupts.check()  # a Ctrl-C that TF swallowed still stops the runs
-        for _ in range(num_runs):
-            metadata = tf1.RunMetadata()
-            sess.run(to_op, options=options, run_metadata=metadata)
-            interrupts.check()
-            times.append(gap(metadata.step_stats))
-    return times
 
 
 def _progress(done: int, total: int, text: str) -> None:

@@ -16,6 +16,12 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
   kept in time order, not in processing order. A gap between two bookings of a channel, or of the
   two channels together, shorter than the shortest transfer of the cluster can take no transfer
   and is closed (booked) at once.
+* A device that serves its copies on the thread that runs its ops (`Device.sends_on_compute`: a
+  CPU worker task, whose RecvTensor waits on its inter-op pool) starts a copy out only when it
+  runs no op: at the end of the block of back-to-back ops running at the producer's end (TF runs
+  a successor ready then on the same thread), as far as the ops committed so far go. Its busy
+  blocks are kept sorted (starts on a device never decrease), so the check is a bisection, and
+  a commit there makes the dry runs that read from it stale. GPUs copy on streams of their own.
 * Memory per device: persistent bytes of every op on it for the whole step; temporary bytes while
   an op runs; an op's outputs from its start (outputs nobody reads are freed at the op's end,
   outputs of sinks are kept); a received tensor from the start of its first consumer on that
@@ -398,6 +404,11 @@ class SchedulerState:
         self.device_free = [0.0] * nd  # compute clock
         self.last_op = [-1] * nd
         self.min_transfer_us = cluster.min_link_intercept_us()
+        # Of each device that sends on its compute thread (`Device.sends_on_compute`), when it
+        # runs ops: runs back to back merged into one busy block, sorted (`_sender_idle`).
+        self.sends_on_compute = list(cluster.sends_on_compute())
+        self.busy_start: list[list[float]] = [[] for _ in range(nd)]
+        self.busy_end: list[list[float]] = [[] for _ in range(nd)]
         self.chan_start: list[list[float]] = [[] for _ in range(nd)]
         self.chan_end: list[list[float]] = [[] for _ in range(nd)]
         # The bookings of two channels together, per pair (a, b), a < b, made when a copy between
@@ -450,6 +461,28 @@ class SchedulerState:
                         i += 1
             if t == t0 or len(lists) == 1:  # one list: its gap at t is free
                 return t
+
+    def _send_slot(self, a: int, b: int, t: float, w: float, extra: dict) -> float:
+        """`_slot` for a copy from a to b, which, when a sends on its compute thread
+        (`Device.sends_on_compute`), also starts only when a runs no op (`_sender_idle`). Each
+        round moves the start to the end of a busy block or of a booking, so it ends."""
+        if not self.sends_on_compute[a]:
+            return self._slot(a, b, t, w, extra)
+        while True:
+            t = self._sender_idle(a, t)
+            s = self._slot(a, b, t, w, extra)
+            if s == t or self._sender_idle(a, s) == s:
+                return s
+            t = s
+
+    def _sender_idle(self, dev: int, t: float) -> float:
+        """The earliest time >= t at which `dev` runs no op: the end of its busy block holding t,
+        or t. O(log n) in the blocks."""
+        starts = self.busy_start[dev]
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and self.busy_end[dev][i] > t:
+            return self.busy_end[dev][i]
+        return t
 
     def _pair(self, a: int, b: int) -> tuple[list[float], list[float]]:
         """The bookings of the channels of a and b together, gaps shorter than the shortest
@@ -507,7 +540,7 @@ class SchedulerState:
             arrived = self.arrival.get((t, dev))
             if arrived is None:
                 w = self.slope[pd][dev] * nbytes + self.intercept[pd][dev]
-                s = self._slot(pd, dev, self.end[p], w, extra)
+                s = self._send_slot(pd, dev, self.end[p], w, extra)
                 arrived = s + w
                 new_bytes += nbytes
                 if not commit:
@@ -592,7 +625,7 @@ class SchedulerState:
                     break
             else:
                 return None
-            s = self._slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
+            s = self._send_slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
             arrived = s + w
             _tentative(extra, (a, dev), s, arrived, self.min_transfer_us)
             done = max(done, arrived)
@@ -623,6 +656,20 @@ class SchedulerState:
             k += 1
         if k:
             del pending[:k]
+
+    def _ran(self, dev: int, start: float, end: float) -> None:
+        """Records that `dev`, which sends on its compute thread, runs an op from start to end:
+        copies out of it now wait for that (`_sender_idle`), so its dry runs are stale. Starts on
+        a device never decrease, so the blocks stay sorted; a run that starts as the last ends
+        extends that block (TF runs a successor ready then on the same thread)."""
+        self.chan_version[dev] += 1
+        starts, ends = self.busy_start[dev], self.busy_end[dev]
+        if ends and start <= ends[-1]:
+            if end > ends[-1]:
+                ends[-1] = end
+        elif end > start:
+            starts.append(start)
+            ends.append(end)
 
     def _free_later(self, dev: int, when: float, nbytes: int) -> None:
         if nbytes:
@@ -658,6 +705,8 @@ class SchedulerState:
         self.order.append(op)
         self.device_free[dev] = end
         self.last_op[dev] = op
+        if self.sends_on_compute[dev]:
+            self._ran(dev, start, end)
         self.usage[dev] += self.alloc[op] + new_bytes
         if self.usage[dev] > self.peak[dev]:
             self.peak[dev] = self.usage[dev]
@@ -1224,6 +1273,8 @@ class ListScheduler:
         snap = {f: list(getattr(st, f)) for f in self._STATE_FIELDS}
         snap["chan_start"] = [list(x) for x in st.chan_start]
         snap["chan_end"] = [list(x) for x in st.chan_end]
+        snap["busy_start"] = [list(x) for x in st.busy_start]
+        snap["busy_end"] = [list(x) for x in st.busy_end]
         snap["pair_lists"] = {k: (list(s), list(e)) for k, (s, e) in st.pair_lists.items()}
         snap["pending"] = [list(x) for x in st.pending]
         snap["twins"] = st.twins.saved()
@@ -1247,6 +1298,8 @@ class ListScheduler:
             setattr(st, f, list(snap[f]))
         st.chan_start = [list(x) for x in snap["chan_start"]]
         st.chan_end = [list(x) for x in snap["chan_end"]]
+        st.busy_start = [list(x) for x in snap["busy_start"]]
+        st.busy_end = [list(x) for x in snap["busy_end"]]
         st.pair_lists = {k: (list(s), list(e)) for k, (s, e) in snap["pair_lists"].items()}
         st.pairs_of = [[] for _ in range(st.num_devices)]
         for a, b in st.pair_lists:  # in the order they were made

@@ -127,7 +127,8 @@ def _native_cluster(cluster: Cluster, module):
     if cached is None:
         slope, intercept = cluster.link_tables()
         cached = _native_links[cluster] = module.Links(
-            np.asarray(slope, dtype=np.float64).ravel(), np.asarray(intercept, dtype=np.float64).ravel()
+            np.asarray(slope, dtype=np.float64).ravel(), np.asarray(intercept, dtype=np.float64).ravel(),
+            list(cluster.sends_on_compute()),
         )
     return cached
 

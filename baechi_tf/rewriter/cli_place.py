@@ -110,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--comm_cost_coeffs",
         default="0.0001754,134",
         help="transfer time 'slope,intercept' in us per byte and us between devices of one "
-        "host (default: %(default)s)",
+        "host, or 'auto': fit it to copies timed between two of the devices before placing "
+        "(about a second; CPU stand-ins on this machine, or the cluster of --cluster_spec) "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--inter_host_comm_cost_coeffs",
@@ -269,13 +271,21 @@ def run(args: argparse.Namespace) -> int:
     from baechi_tf.cli import check_outputs, options_from_args
     from baechi_tf.cluster import CommCost
     from baechi_tf.cost_model.profile import load_profile, read_bytes
-    from baechi_tf.rewriter.devices import gpu_cluster, resolve_memory, standin_cluster
+    from baechi_tf.rewriter.devices import (
+        gpu_cluster,
+        parse_comm,
+        resolve_memory,
+        session_config,
+        standin_cluster,
+        with_fitted_link,
+    )
+    from baechi_tf.rewriter.distributed import remote_session_config
     from baechi_tf.rewriter.distributed import cluster_from_flags, placement_by_host
     from baechi_tf.rewriter.graph_pass import place_graph_def
 
     options = options_from_args(args)
     memory = resolve_memory(args.memory_per_device)
-    comm = CommCost.parse(args.comm_cost_coeffs)
+    comm = parse_comm(args.comm_cost_coeffs)  # None: 'auto', fitted once the devices are known
     inter = (
         CommCost.parse(args.inter_host_comm_cost_coeffs)
         if args.inter_host_comm_cost_coeffs
@@ -296,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         args.cluster_spec,
         num_devices=args.num_devices,
         memory_per_device=memory,
-        comm_cost_coeffs=comm,
+        comm_cost_coeffs=comm or CommCost(),
         inter_host_comm_cost_coeffs=inter,
         timeout_s=args.cluster_timeout,
     )
@@ -312,7 +322,13 @@ def run(args: argparse.Namespace) -> int:
             )
         make = standin_cluster if args.device_type == "CPU" else gpu_cluster
         num_devices = _DEFAULT_NUM_DEVICES if args.num_devices is None else args.num_devices
-        setup = make(num_devices, memory, comm=comm)
+        setup = make(num_devices, memory, comm=comm or CommCost())
+    if comm is None:
+        config = session_config(setup, grappler=False)
+        setup, fitted = with_fitted_link(
+            setup, remote_session_config(config) if remote else config, remote.target if remote else "")
+        if fitted is not None:
+            print(fitted.describe())
     msg, is_meta, _ = read_graph_file(args.graph, graph_bytes)
     graph_def = msg.graph_def if is_meta else msg
     if args.replace_devices:

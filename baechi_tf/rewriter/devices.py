@@ -13,8 +13,12 @@ stand-in of GPU i.
 Placed sessions run with TensorFlow's optimizations, but for those that move ops off the devices
 a placement gave them (`placed_graph_config` says which, and why).
 
-Everything but `session_devices`, `session_config` and `placed_graph_config` is pure (no
-TensorFlow import).
+``comm="auto"`` (``--comm_cost_coeffs=auto``): `with_fitted_link` times copies between the
+setup's first two devices (`baechi_tf.cost_model.comm_bench.auto_comm`) and gives the setup with
+the fitted line.
+
+Everything but `session_devices`, `session_config`, `placed_graph_config` and `with_fitted_link`
+is pure (no TensorFlow import).
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ __all__ = [
     "host_memory_bytes",
     "memory_share",
     "placed_graph_config",
+    "parse_comm",
     "resolve_memory",
+    "with_fitted_link",
     "session_config",
     "session_devices",
     "standin_cluster",
@@ -256,6 +262,51 @@ _MEMORY_UNITS = {
 }
 _KNOWN_UNITS = "KiB, MiB, GiB, TiB, KB, MB, GB, TB or none (bytes)"
 _SIZE = re.compile(r"([-+]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?))([a-z]*)\Z", re.IGNORECASE)
+
+
+AUTO = "auto"
+
+
+def parse_comm(value: Any, flag: str = "--comm_cost_coeffs") -> Optional[CommCost]:
+    """`value` ('slope,intercept', a `CommCost` or None) as a `CommCost`; None for ``'auto'``
+    (fit it with `with_fitted_link` once the devices are there). `flag` names it in errors."""
+    if value is None or isinstance(value, CommCost):
+        return value
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    try:
+        return CommCost.parse(value)
+    except ConfigError as e:
+        raise ConfigError(f"{flag}={value!r}: {e}; or 'auto' to fit it to copies between the "
+                          "devices before placing") from None
+
+
+def with_fitted_link(setup: DeviceSetup, config: Any = None, target: str = "",
+                     flag: str = "--comm_cost_coeffs=auto") -> tuple[DeviceSetup, Any]:
+    """(`setup` with ``comm`` fitted to copies between its first two devices, the
+    `comm_bench.AutoComm` measured, or None with one device) for ``comm="auto"``. A session of
+    `config` (`session_config` of the setup when None) on `target` runs the copies.
+
+    Raises `ConfigError` naming the fix when this process cannot run them: GPUs asked for on a
+    machine without them (placing offline for another machine)."""
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.comm_bench import auto_comm
+
+    cluster = setup.cluster
+    if cluster.num_devices < 2:
+        return setup, None
+    if not target and cluster.devices[0].type == "GPU":
+        have = len(tf.config.list_physical_devices("GPU"))
+        if have < 2:
+            raise ConfigError(
+                f"{flag} times copies between the devices placed on, and this machine has {have} "
+                "GPU(s): run it on the machine with the GPUs, or give the line as SLOPE,INTERCEPT "
+                "(utils/communication_benchmark.py prints it there), or place on CPU stand-ins "
+                "(--device_type=CPU)"
+            )
+    fitted = auto_comm(cluster, config if config is not None else session_config(setup, grappler=False), target)
+    return dataclasses.replace(setup, cluster=dataclasses.replace(cluster, comm=fitted.fit.comm)), fitted
 
 
 def resolve_memory(text: Optional[str], flag: str = "--memory_per_device") -> int:

@@ -456,7 +456,10 @@ def devices_from_listing(
                 devices.append(Device(name, memory_share(limit, memory_fraction), "GPU"))
             else:
                 virtual = True
-                devices.append(Device(name, memory_share(memory_bytes_per_device, memory_fraction), "CPU"))
+                # Copies to other tasks are RecvTensor calls, which a CPU task serves on the pool
+                # that runs its ops (`Device.sends_on_compute`).
+                devices.append(Device(name, memory_share(memory_bytes_per_device, memory_fraction), "CPU",
+                                      sends_on_compute=len(by_task) > 1))
                 if task == master:
                     aliases[f"device:GPU:{i}"] = name
     return DeviceSetup(

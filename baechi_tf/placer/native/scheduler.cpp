@@ -100,10 +100,13 @@ struct Tables {
           free_at_end(to_vector(free_at_end_)) {}
 };
 
-// A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b].
+// A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b],
+// and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`).
 struct Links {
     std::vector<double> slope, intercept;
-    Links(F64Array slope_, F64Array intercept_) : slope(to_vector(slope_)), intercept(to_vector(intercept_)) {}
+    std::vector<char> sends_on_compute;
+    Links(F64Array slope_, F64Array intercept_, const std::vector<bool>& sends)
+        : slope(to_vector(slope_)), intercept(to_vector(intercept_)), sends_on_compute(sends.begin(), sends.end()) {}
 };
 
 // ------------------------------------------------------------------ the scheduler
@@ -140,6 +143,8 @@ class Scheduler {
         last_op_.assign(nd_, -1);
         chan_start_.resize(nd_);
         chan_end_.resize(nd_);
+        busy_start_.resize(nd_);
+        busy_end_.resize(nd_);
         pairs_of_.resize(nd_);
         chan_version_.assign(nd_, 0);
         ready_memo_.resize(n_);
@@ -287,7 +292,7 @@ class Scheduler {
         for (const auto& t : transfers_) transfers.append(py::make_tuple(t.tensor, t.src, t.dst, t.start, t.end));
         return py::make_tuple(
             scheduled_, last_time_, device_, start_, end_, order_, device_free_, last_op_, usage_, peak_,
-            tensor_consumers_left_, preds_left_, group_device_, chan_start_, chan_end_, pending, arrival_,
+            tensor_consumers_left_, preds_left_, group_device_, chan_start_, chan_end_, busy_start_, busy_end_, pending, arrival_,
             release_, set_of_, untouched_, distinct_, later, now, waited_, queues, next_tail_id_, transfers);
     }
 
@@ -389,6 +394,9 @@ class Scheduler {
     std::vector<double> device_free_;
     std::vector<i64> last_op_;
     std::vector<std::vector<double>> chan_start_, chan_end_;
+    // SchedulerState.busy_start / busy_end: of each device that sends on its compute thread, its
+    // runs of ops, back to back merged into one block
+    std::vector<std::vector<double>> busy_start_, busy_end_;
     // SchedulerState.pair_lists: the bookings of two channels together, as trees of gap widths,
     // made when a copy between the two first looks for a slot; pair_index_ maps a * nd + b
     // (a < b) to its tree, pairs_of_ a device to the trees it is in, in the order they were made.
@@ -525,6 +533,36 @@ class Scheduler {
         }
     }
 
+    // SchedulerState._send_slot
+    double send_slot(int a, int b, double t, double w, Extra& extra) {
+        if (!links_->sends_on_compute[a]) return slot(a, b, t, w, extra);
+        while (true) {
+            t = sender_idle(a, t);
+            double s = slot(a, b, t, w, extra);
+            if (s == t || sender_idle(a, s) == s) return s;
+            t = s;
+        }
+    }
+
+    double sender_idle(int dev, double t) const {  // SchedulerState._sender_idle
+        const auto& starts = busy_start_[dev];
+        std::size_t i = bisect_right(starts, t);
+        if (i > 0 && busy_end_[dev][i - 1] > t) return busy_end_[dev][i - 1];
+        return t;
+    }
+
+    void ran(int dev, double start, double end) {  // SchedulerState._ran
+        chan_version_[dev] += 1;
+        auto& starts = busy_start_[dev];
+        auto& ends = busy_end_[dev];
+        if (!ends.empty() && start <= ends.back()) {
+            if (end > ends.back()) ends.back() = end;
+        } else if (end > start) {
+            starts.push_back(start);
+            ends.push_back(end);
+        }
+    }
+
     const GapTreap& pair(int a, int b) {  // SchedulerState._pair
         if (a > b) std::swap(a, b);
         const i64 key = (i64)a * nd_ + b;
@@ -579,7 +617,7 @@ class Scheduler {
                 }
             }
             if (!solid) return std::nullopt;
-            double s = slot(a, dev, *tail, w, extra);
+            double s = send_slot(a, dev, *tail, w, extra);
             double arrived = s + w;
             tentative(extra, a, dev, s, arrived);
             done = std::max(done, arrived);
@@ -657,7 +695,7 @@ class Scheduler {
                 arrived = *known;
             } else {
                 double w = slope_[(i64)pd * nd_ + dev] * (double)nbytes + intercept_[(i64)pd * nd_ + dev];
-                double s = slot(pd, dev, end_[p], w, extra);
+                double s = send_slot(pd, dev, end_[p], w, extra);
                 arrived = s + w;
                 new_bytes += nbytes;
                 if (!commit) copies.push_back({pd, w, s, arrived, end_[p]});
@@ -759,6 +797,7 @@ class Scheduler {
         order_.push_back(op);
         device_free_[dev] = end;
         last_op_[dev] = op;
+        if (links_->sends_on_compute[dev]) ran(dev, start, end);
         usage_[dev] += T_->alloc[op] + new_bytes;
         if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
         std::vector<int> freed{dev};
@@ -1285,11 +1324,11 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 6;
+    m.attr("INTERFACE") = 7;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
-    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array>());
+    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")

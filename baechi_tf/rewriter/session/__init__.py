@@ -33,9 +33,10 @@ each). Against a cluster of TF servers (``target="grpc://host:port"``, or ``clus
 master is then the target) they come from the cluster instead
 (`baechi_tf.rewriter.distributed.discover_devices`, within `connect_timeout_s`): the devices of
 every task, `num_devices` being then a number per task (None: all); transfers between tasks cost
-`inter_host_comm` (default: `comm`). Profiling and the placed graph run on the cluster, in
-sessions whose state is isolated from each other's. The placed graph runs with TensorFlow's
-optimizations (Grappler, the classic graph optimizer), but for those of Grappler's optimizers that
+`inter_host_comm` (default: `comm`); ``comm="auto"`` fits `comm` to copies timed between two of
+the devices when the session is made (`devices.with_fitted_link`; the fit is `link_fit`).
+Profiling and the placed graph run on the cluster, in sessions whose state is isolated from each
+other's. The placed graph runs with TensorFlow's optimizations (Grappler, the classic graph optimizer), but for those of Grappler's optimizers that
 would move ops off their devices (`baechi_tf.rewriter.devices.placed_graph_config`), and the
 profile is taken with the same settings, so that it measures the fused and rewritten nodes that
 will run; ops a fused node replaces are placed with it. A placement that still splits such ops
@@ -73,7 +74,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import CostProfile, graph_fingerprint, graph_nodes, merge_profiles, save_profile
@@ -126,7 +127,7 @@ class BaechiSession:
         memory_bytes_per_device: int = DEFAULT_MEMORY_BYTES_PER_DEVICE,
         memory_fraction: float = 1.0,
         options: Optional[PlacementOptions] = None,
-        comm: CommCost = DEFAULT_COMM,
+        comm: Union[CommCost, str] = DEFAULT_COMM,
         inter_host_comm: Optional[CommCost] = None,
         cluster_spec: Any = None,
         connect_timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -182,6 +183,12 @@ class BaechiSession:
     def devices(self) -> DeviceSetup:
         """The placement targets, the host CPU and how sessions are configured for them."""
         return self._settings.setup
+
+    @property
+    def link_fit(self) -> Any:
+        """With ``comm="auto"``, the fit of the link to copies timed between two of the devices
+        (`baechi_tf.cost_model.comm_fit`); else None."""
+        return self._settings.link_fit
 
     @property
     def profile(self) -> Optional[CostProfile]:

@@ -9,11 +9,11 @@ import logging
 import numbers
 from typing import Any, Mapping, Optional
 
-from baechi_tf.cluster import CommCost
+from baechi_tf.cluster import DEFAULT_COMM, CommCost
 from baechi_tf.cost_model.profile import not_a_profile_to_replace
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PlacementOptions
-from baechi_tf.rewriter.devices import DeviceSetup, session_config, session_devices
+from baechi_tf.rewriter.devices import DeviceSetup, session_config, session_devices, with_fitted_link
 from baechi_tf.rewriter.distributed import (
     discover_devices,
     is_remote_target,
@@ -43,6 +43,7 @@ class Settings:
     cost_path: Optional[str]
     report_dir: Optional[str]  # reports of each placement (baechi_tf.reports)
     ignore_user_devices: bool  # ops pinned to devices that do not exist are placed as the others
+    link_fit: Any = None  # comm='auto': the fit of the link to copies between two devices
 
 
 def configure(sess: Any, arguments: Mapping[str, Any]) -> Settings:
@@ -111,6 +112,9 @@ def configure(sess: Any, arguments: Mapping[str, Any]) -> Settings:
             f"profile_steps={profile_steps}, warmup_steps={warmup_steps}: trace at least one "
             "step and warm up zero or more"
         )
+    auto_comm = isinstance(comm, str)  # 'auto', as _check_types let through
+    if auto_comm:
+        comm = DEFAULT_COMM
     spec = parse_cluster_spec(a.cluster_spec) if a.cluster_spec is not None else None
     if spec is not None and not target:
         target = spec.target
@@ -148,6 +152,15 @@ def configure(sess: Any, arguments: Mapping[str, Any]) -> Settings:
             comm=comm,
             config=config,
         )
+    # comm='auto': the link fitted to copies between two of the devices, before anything runs.
+    link_fit = None
+    if auto_comm:
+        bench_config = session_config(setup, config, grappler=False)
+        setup, link_fit = with_fitted_link(
+            setup, remote_session_config(bench_config) if remote else bench_config,
+            target if remote else "", flag="comm='auto'")
+        if link_fit is not None:
+            log.info("%s", link_fit.describe())
     # The profile is taken with the optimizations the placed graph runs with.
     run_config = session_config(setup, config, grappler=a.grappler)
     profile_config = session_config(setup, config, grappler=a.grappler)
@@ -175,6 +188,7 @@ def configure(sess: Any, arguments: Mapping[str, Any]) -> Settings:
         # Place ops pinned to devices that do not exist, too: as asked, or as TF's soft placement
         # does (a Session of that config runs them elsewhere).
         ignore_user_devices=a.ignore_user_devices or bool(config is not None and config.allow_soft_placement),
+        link_fit=link_fit,
     )
 
 
@@ -190,10 +204,13 @@ def _check_types(
             "(PlacementOptions(placement_method='m_etf', ...))"
         )
     for name, value in (("comm", comm), ("inter_host_comm", inter_host_comm)):
+        if name == "comm" and isinstance(value, str) and value.strip().lower() == "auto":
+            continue
         if value is not None and not isinstance(value, CommCost):
             raise ConfigError(
                 f"{name}={value!r} is a {type(value).__name__}; give a CommCost "
                 "(CommCost(slope_us_per_byte=..., intercept_us=...))"
+                + (", or comm='auto' to fit it to copies between the devices" if name == "comm" else "")
             )
     for name, value in (("warmup_steps", warmup_steps), ("profile_steps", profile_steps)):
         if isinstance(value, bool) or not isinstance(value, int):
