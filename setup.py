@@ -33,6 +33,7 @@ setup(
         "tensorflow-cpu==2.21.0",
         "numpy==2.4.6",
         "scipy==1.17.1",
+        "highspy==1.16.0",  # HiGHS's interior point without crossover (baechi_tf.sct.solvers)
         "cvxopt==1.3.3",
         "protobuf==7.36.2",
         "absl-py==2.5.1",

@@ -242,3 +242,12 @@ def test_time_unit_does_not_change_the_answer():
         time_unit_us=1.0,
     )
     assert solve_lp(unscaled, "highs").w_us == pytest.approx(sol.w_us)
+
+
+def test_relaxation_reports_a_lower_bound_within_the_certificate():
+    graph = layers(12)
+    for reduce in (True, False):
+        r = solve_sct_relaxation(graph, graphs.cluster(4), solver="highs", reduce=reduce, piece_ops=10)
+        whole = solve_lp(build_sct_lp(graph, graphs.cluster(4)), "highs").w_us
+        assert r.bound_us <= r.w_us
+        assert r.bound_us == pytest.approx(whole, rel=1e-9)

@@ -196,3 +196,43 @@ def test_interior_point_gets_what_simplex_left_of_the_time_limit(monkeypatch):
     lp = build_sct_lp(_layered(600), Cluster.homogeneous(4, 1 << 34))
     with pytest.raises(SolverError, match=r"within --lp_time_limit=5 s: dual simplex used it all in \d+ pivots"):
         solve_lp(lp, "highs", time_limit_s=5.0)
+
+
+def test_interior_point_answer_is_certified_by_its_dual_bound(monkeypatch):
+    """Interior point stops inside the optimal face, without crossover: its bound is a lower bound
+    of simplex's optimum and within the certified gap of the makespan of its own x."""
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct import solvers
+
+    lp = build_sct_lp(_layered(600), Cluster.homogeneous(4, 1 << 34))
+    simplex = solve_lp(lp, "highs")
+    assert simplex.bound_us == simplex.w_us
+    monkeypatch.setattr(solvers, "_HIGHS_SIMPLEX_ARCS", 0)
+    monkeypatch.setattr(solvers, "_HIGHS_PIVOTS_PER_ROW", 0.01)
+    ipm = solve_lp(lp, "highs")
+    assert ipm.method == "highs-ipm"
+    assert ipm.bound_us <= simplex.w_us * (1 + 1e-12)
+    assert ipm.bound_us >= simplex.w_us * (1 - solvers._IPM_CERTIFIED_RTOL)
+    makespan, bound = solvers._certified_gap(lp, ipm.x, np.zeros(lp.num_rows))
+    assert makespan * lp.time_unit_us >= simplex.w_us * (1 - 1e-9)  # the x's own makespan, feasible
+    assert bound == 0.0  # no multipliers: only w >= 0
+
+    monkeypatch.setattr(solvers, "_IPM_CERTIFIED_RTOL", -1.0)
+    with pytest.raises(SolverError, match=r"interior point left the m-SCT LP .* above its dual bound .*--lp_solver=cvxopt"):
+        solve_lp(lp, "highs")
+
+
+@pytest.mark.parametrize("name", sorted(LPS))
+def test_any_nonnegative_row_multipliers_bound_the_optimum(name):
+    """Weak duality over the box that caps starts at a feasible makespan (that of x = 1, every
+    transfer paid): never above the optimum, whatever the multipliers."""
+    from baechi_tf.sct import solvers
+
+    lp = LPS[name]()
+    optimum = solve_lp(lp, "highs").w_us / lp.time_unit_us
+    x = np.ones(lp.num_arcs)  # every transfer paid: feasible
+    rng = np.random.default_rng(len(name))
+    for _ in range(5):
+        duals = -rng.exponential(rng.choice([1e-3, 0.1, 1.0]), lp.num_rows)
+        makespan, bound = solvers._certified_gap(lp, x, duals)
+        assert bound <= optimum * (1 + 1e-12) + 1e-12 <= makespan * (1 + 1e-12) + 1e-12

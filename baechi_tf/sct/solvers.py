@@ -1,19 +1,31 @@
 """LP back ends for m-SCT: MOSEK, HiGHS and cvxopt, chosen with ``--lp_solver``.
 
 * ``mosek``: MOSEK through its own Python API (``pip install Mosek``); needs a licence.
-* ``highs``: HiGHS through ``scipy.optimize.linprog``; no licence. Dual simplex
-  (``method="highs-ds"``) solves every LP of at most 5000 arcs. A larger LP gets as many simplex
-  pivots as it has rows; if simplex is not done by then, HiGHS's interior-point method
-  (``"highs-ipm"``, with its crossover to a vertex) solves it from the start. Simplex needed 0.45-0.65
+* ``highs``: HiGHS; no licence. Dual simplex (``scipy.optimize.linprog``, ``method="highs-ds"``)
+  solves every LP of at most 5000 arcs. A larger LP gets as many simplex pivots as it has rows;
+  if simplex is not done by then, HiGHS's interior-point method (``"highs-ipm"``, IPX through
+  ``highspy``, HiGHS's own Python API) solves it from the start, on the dual LP
+  (``ipx_dualize_strategy=1``) and without crossover to a vertex. Simplex needed 0.45-0.65
   pivots per row on model-shaped LPs (the pieces of bench/lp_scaling.py's ``model`` graphs and of
   the GNMT, Inception and Transformer profiles, up to 39k arcs) but 2.6-4.7 on
-  bench/layered.py's graphs of 5k-10k ops (9k-18k arcs), at a cost per pivot growing with the LP:
-  there it took 11.5 s and 78 s where interior point takes 4.2 s and 9.3 s, while on model
-  shapes interior point is 1.3-4 times slower than simplex. The budget counts pivots, not
-  seconds, so the choice does not depend on the machine. `LPSolution.method` says which method
-  solved. The LP has many optimal vertices and the two methods may end at different ones, hence
-  at different favourite children: on layered graphs of 3k-10k ops m-SCT's makespan moved by
-  -2.3% to +3.1%; every LP of bench/quality.py's graphs is solved by simplex as before.
+  bench/layered.py's graphs of 5k-10k ops (9k-18k arcs), at a cost per pivot growing with the LP,
+  while on model shapes interior point is 1.3-4 times slower than simplex. The budget counts
+  pivots, not seconds, so the choice does not depend on the machine. `LPSolution.method` says
+  which method solved.
+
+  Interior point without crossover returns a point inside the optimal face, not a vertex, optimal
+  only to IPX's tolerances, so its answer is certified (`_certified_gap`): the makespan of its x
+  (a longest path, so a feasible value) and, by weak duality from its row duals, a lower bound
+  of the optimum, which `LPSolution.bound_us` reports. A solve whose makespan is more than
+  `_IPM_CERTIFIED_RTOL` (relative) above its bound raises `SolverError`. The other methods
+  report their own optimum as the bound. The LP has many optimal points and the methods may end
+  at different ones, hence at different favourite children: every LP of bench/quality.py's
+  graphs is solved by simplex. An interior point has fewer arcs at or below the rounding
+  threshold than a vertex (about 30% fewer favourite children on bench/layered.py's graphs of
+  3k-10k ops), and m-SCT's makespans there were within -4.7% to +0.9% of those from a vertex.
+  On those LPs (10k-20k arcs) IPX on the dual LP takes 0.55-0.65 of the time it takes on the
+  primal one, and crossover would add about 10%. Model-shaped LPs rarely get here (simplex
+  finishes them within budget), and on them the dual LP is the slower one.
 * ``cvxopt``: ``cvxopt.solvers.lp`` (its own interior-point method) with sparse matrices; the
   bounds become rows, since cvxopt has no bounds.
 * ``auto``: MOSEK when it is importable and licensed, else HiGHS; logs which. A back end that
@@ -32,6 +44,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import logging
+import os
+import sys
 import time
 from typing import Optional, Sequence
 
@@ -60,9 +74,10 @@ class LPSolution:
 
     x: np.ndarray  # float64 [num_arcs], x_ij in [0, 1]
     s_us: np.ndarray  # float64 [num_ops], start times
-    w_us: float  # the optimum: the makespan of the relaxation
+    w_us: float  # the makespan of the solution: the optimum (to the solver's tolerance)
     solver: str  # 'mosek', 'highs' or 'cvxopt'
     method: str  # how: 'highs-ds' or 'highs-ipm' (HiGHS's dual simplex or interior point), else = solver
+    bound_us: float  # a lower bound of the optimum: certified for 'highs-ipm', else w_us
 
 
 def mosek_licence_problem() -> Optional[str]:
@@ -125,7 +140,7 @@ def solve_lp(
 
 def _solve_with(lp: SctLP, name: str, time_limit_s: Optional[float]) -> LPSolution:
     solve = {"mosek": _solve_mosek, "highs": _solve_highs, "cvxopt": _solve_cvxopt}[name]
-    z, method = solve(lp, time_limit_s)
+    z, method, bound = solve(lp, time_limit_s)
     z = np.asarray(z, dtype=np.float64).reshape(-1)
     if z.shape != (lp.num_vars,) or not np.isfinite(z).all():
         raise SolverError(f"{name} returned no finite solution of the m-SCT LP ({_size(lp)})")
@@ -136,6 +151,7 @@ def _solve_with(lp: SctLP, name: str, time_limit_s: Optional[float]) -> LPSoluti
         w_us=float(z[a + v]) * lp.time_unit_us,
         solver=name,
         method=method,
+        bound_us=(float(z[a + v]) if bound is None else bound) * lp.time_unit_us,
     )
 
 
@@ -158,8 +174,8 @@ def _highs_pivot_budget(lp: SctLP) -> Optional[int]:
     return max(1, int(_HIGHS_PIVOTS_PER_ROW * lp.num_rows))
 
 
-def _linprog_highs(lp: SctLP, method: str, time_limit_s: Optional[float], max_pivots: Optional[int]):
-    """One ``scipy.optimize.linprog`` call: `method` is 'highs-ds' or 'highs-ipm'."""
+def _linprog_highs(lp: SctLP, time_limit_s: Optional[float], max_pivots: Optional[int]):
+    """One ``scipy.optimize.linprog`` call by HiGHS's dual simplex."""
     from scipy.optimize import linprog
 
     options = {}
@@ -172,16 +188,15 @@ def _linprog_highs(lp: SctLP, method: str, time_limit_s: Optional[float], max_pi
         A_ub=lp.A_ub,
         b_ub=lp.b_ub,
         bounds=np.column_stack((lp.lower, lp.upper)),
-        method=method,
+        method="highs-ds",
         options=options,
     )
 
 
-def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
+def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str, Optional[float]]:
     budget = _highs_pivot_budget(lp)
     start = time.monotonic()
-    method = "highs-ds"
-    res = _linprog_highs(lp, method, time_limit_s, budget)
+    res = _linprog_highs(lp, time_limit_s, budget)
     message = res.message
     if res.status == 1 and budget is not None and res.nit >= budget:
         log.info(
@@ -190,11 +205,9 @@ def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.nd
         )
         left = None if time_limit_s is None else time_limit_s - (time.monotonic() - start)
         if left is None or left > 0:
-            method = "highs-ipm"
-            res = _linprog_highs(lp, method, left, None)
-            message = res.message
-        else:
-            message = f"dual simplex used it all in {budget} pivots, leaving none for interior point"
+            z, bound = _ipm_highspy(lp, left)
+            return z, "highs-ipm", bound
+        message = f"dual simplex used it all in {budget} pivots, leaving none for interior point"
     if res.status == 1 and time_limit_s is not None:
         raise SolverError(
             f"HiGHS did not solve the m-SCT LP ({_size(lp)}) within --lp_time_limit="
@@ -202,13 +215,126 @@ def _solve_highs(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.nd
         )
     if res.status != 0 or res.x is None:
         raise SolverError(f"HiGHS did not solve the m-SCT LP ({_size(lp)}): {res.message}")
-    return res.x, method
+    return res.x, "highs-ds", None
+
+
+_IPM_CROSSOVER = "off"  # an interior point, not a vertex (module docstring)
+_IPM_CERTIFIED_RTOL = 1e-6  # largest (primal makespan - dual bound) / bound an IPM answer may have
+
+
+def _ipm_highspy(lp: SctLP, time_limit_s: Optional[float]) -> tuple[np.ndarray, float]:
+    """``(z, bound)``: IPX's interior point (dual LP, no crossover) and the weak-duality bound of
+    its row duals, in the LP's time unit. `SolverError` when HiGHS fails or the gap between the
+    makespan of the returned x and the bound passes `_IPM_CERTIFIED_RTOL`."""
+    try:
+        import highspy
+    except ImportError:
+        raise SolverError(
+            "HiGHS's interior point needs highspy (pip install highspy, a requirement of "
+            "baechi_tf); or use --lp_solver=cvxopt"
+        ) from None
+    h = _quiet_highs(highspy)
+    for option, value in (("output_flag", False), ("solver", "ipm"), ("run_crossover", _IPM_CROSSOVER),
+                          ("ipx_dualize_strategy", 1)):
+        h.setOptionValue(option, value)
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", float(time_limit_s))
+    model = highspy.HighsLp()
+    model.num_col_, model.num_row_ = lp.num_vars, lp.num_rows
+    model.col_cost_, model.col_lower_ = lp.c, lp.lower
+    model.col_upper_ = np.where(np.isinf(lp.upper), highspy.kHighsInf, lp.upper)
+    model.row_lower_, model.row_upper_ = np.full(lp.num_rows, -highspy.kHighsInf), lp.b_ub
+    csc = lp.A_ub.tocsc()
+    model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = csc.indptr, csc.indices, csc.data
+    h.passModel(model)
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kTimeLimit:
+        raise SolverError(
+            f"HiGHS did not solve the m-SCT LP ({_size(lp)}) within --lp_time_limit="
+            f"{time_limit_s:g} s: interior point stopped at its time limit"
+        )
+    solution = h.getSolution()
+    if status != highspy.HighsModelStatus.kOptimal or not solution.dual_valid:
+        raise SolverError(
+            f"HiGHS did not solve the m-SCT LP ({_size(lp)}) by interior point: {h.modelStatusToString(status)}"
+        )
+    z = np.asarray(solution.col_value, dtype=np.float64)
+    makespan, bound = _certified_gap(lp, np.clip(z[: lp.num_arcs], 0.0, 1.0), np.asarray(solution.row_dual))
+    if makespan > bound + _IPM_CERTIFIED_RTOL * abs(bound):
+        raise SolverError(
+            f"HiGHS's interior point left the m-SCT LP ({_size(lp)}) with x of makespan "
+            f"{makespan * lp.time_unit_us:.9g} us above its dual bound {bound * lp.time_unit_us:.9g} us; "
+            "use --lp_solver=cvxopt"
+        )
+    return z, bound
+
+
+def _quiet_highs(highspy):
+    """A new ``highspy.Highs``. The first one of a process prints HiGHS's banner on file
+    descriptor 1, where it would mix with a command's own output (JSON on stdout); it goes to
+    /dev/null instead."""
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _certified_gap(lp: SctLP, x: np.ndarray, row_dual: np.ndarray) -> tuple[float, float]:
+    """``(makespan, bound)`` in the LP's time unit: the longest path when arc a takes
+    ``p_i + c_a x_a`` (x in [0, 1], so a feasible makespan), and a lower bound of the optimum by
+    weak duality from any row multipliers (HiGHS's sign: <= 0 on ``<=`` rows, clipped there).
+
+    The bound is ``min over the box of c z + lam (A z - b)`` for ``lam = -row_dual >= 0``. The box
+    caps every start and w at the feasible makespan: the earliest starts of an optimal x end by the
+    optimum, so some optimal point lies in it, and the minimum over the box is finite. Time
+    O(V + A) (one pass in topological order)."""
+    unit = lp.time_unit_us
+    p, arc_us = lp.p_us / unit, lp.c_us / unit * x
+    start = lp.lower[lp.num_arcs : lp.w_index].tolist()
+    order = _topological_arcs(lp.arc_src, lp.arc_dst, lp.num_ops)
+    length = (p[lp.arc_src] + arc_us)[order].tolist()
+    for i, j, w in zip(lp.arc_src[order].tolist(), lp.arc_dst[order].tolist(), length):
+        if start[i] + w > start[j]:
+            start[j] = start[i] + w
+    makespan = float(max((np.asarray(start) + p).max(initial=0.0), lp.lower[lp.w_index]))
+    lam = np.maximum(-row_dual, 0.0)
+    reduced = lp.c + lp.A_ub.T @ lam
+    upper = lp.upper.copy()
+    upper[lp.num_arcs :] = makespan
+    bound = float(-lam @ lp.b_ub + np.minimum(reduced * lp.lower, reduced * upper).sum())
+    return makespan, bound
+
+
+def _topological_arcs(arc_src: np.ndarray, arc_dst: np.ndarray, n: int) -> np.ndarray:
+    """The arcs ordered by a topological order of their heads' ops (Kahn), so that every arc into
+    an op comes before the arcs out of it."""
+    by_src = np.argsort(arc_src, kind="stable")
+    first = np.searchsorted(arc_src[by_src], np.arange(n + 1)).tolist()
+    dst = arc_dst[by_src].tolist()
+    waiting = np.bincount(arc_dst, minlength=n).tolist()
+    ready = [i for i in range(n) if waiting[i] == 0]
+    rank = [0] * n
+    for position, i in enumerate(ready):  # `ready` grows as ops are freed
+        rank[i] = position
+        for k in range(first[i], first[i + 1]):
+            j = dst[k]
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    return np.argsort(np.asarray(rank)[arc_src], kind="stable")
 
 
 # ---------------------------------------------------------------- cvxopt
 
 
-def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
+def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str, None]:
     if importlib.util.find_spec("cvxopt") is None:
         raise SolverError("cvxopt is not installed: pip install cvxopt, or use --lp_solver=highs")
     import cvxopt
@@ -237,7 +363,7 @@ def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.n
             f"primal infeasibility {sol['primal infeasibility']}, dual infeasibility "
             f"{sol['dual infeasibility']}); try --lp_solver=highs"
         )
-    return np.array(sol["x"]).reshape(-1), "cvxopt"
+    return np.array(sol["x"]).reshape(-1), "cvxopt", None
 
 
 # ---------------------------------------------------------------- MOSEK
@@ -264,7 +390,7 @@ def _mosek_task(env, lp: SctLP):
     return task
 
 
-def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str]:
+def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str, None]:
     if importlib.util.find_spec("mosek") is None:
         raise SolverError(
             "MOSEK is not installed: pip install Mosek (it also needs a licence), or use "
@@ -295,7 +421,7 @@ def _solve_mosek(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.nd
                     f"MOSEK did not solve the m-SCT LP ({_size(lp)}): solution status {solsta}, "
                     f"problem status {task.getprosta(soltype)}, termination {trm}"
                 )
-            return np.array(task.getxx(soltype)), "mosek"
+            return np.array(task.getxx(soltype)), "mosek", None
 
 
 def _licence_message(e) -> str:
