@@ -131,6 +131,10 @@ _FORWARDING_TYPES = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient",
     "EnsureShape", "Snapshot", "Bitcast",
 })
+# Op types whose outputs are views of their inputs' buffers whatever else reads them; an op of
+# another type seen writing in place (TF's forward_input) does so only when nothing else holds the
+# input, which is taken as settled only for an input it alone reads.
+_VIEW_TYPES = _FORWARDING_TYPES - {"Snapshot"} | {"Slice", "Split", "SplitV", "Unpack"}
 # Op types whose value is a variable's buffer, which persistent bytes count.
 _VARIABLE_VIEW_TYPES = frozenset({"ReadVariableOp", "VariableV2", "Variable"})
 
@@ -199,6 +203,10 @@ def profile_from_step_stats(
     shadowed = _function_body_names(graph_def) & names.keys() if calls else set()
     acc: dict[str, _Acc] = {}
     data_inputs = _data_inputs(graph_def)
+    readers: dict[tuple[str, int], int] = {}  # data inputs reading each tensor
+    for ins in data_inputs.values():
+        for t in set(ins):
+            readers[t] = readers.get(t, 0) + 1
     step_totals: list[float] = []
     step_unmatched: list[dict[str, float]] = []
     sources = _SourceCache(names)
@@ -255,9 +263,16 @@ def profile_from_step_stats(
         for name, us in step_time.items():
             acc[name].times.append(us)
         for name, (outputs, allocated, persistent) in traced.items():
-            inputs = [traced[s][0].get(o) if s in traced else None for s, o in data_inputs.get(name, ())]
+            ins = data_inputs.get(name, ())
+            inputs = [traced[s][0].get(o) if s in traced else None for s, o in ins]
             step = output_buffers(names[name], outputs, inputs, allocated, persistent)
             a = acc[name]
+            if names[name] not in _VIEW_TYPES:  # in place only when nothing else reads the input
+                step = {k: v if v < 0 or readers.get(ins[v], 0) <= 1 else OWN_BUFFER for k, v in step.items()}
+            # What its records allocated beyond its own outputs (a variable's copy on write, an
+            # assignment's copy of a shared value) is scratch to the model.
+            own = sum(nbytes for k, (_, nbytes) in outputs.items() if step.get(k, OWN_BUFFER) == OWN_BUFFER)
+            a.temp = max(a.temp, allocated - own)
             if a.buffers is None:
                 a.buffers = step
             else:  # a buffer it was not in every step is its own
