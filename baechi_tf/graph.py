@@ -13,6 +13,13 @@ Edges are data edges, which carry the tensor ``(src, src_output)``, and control 
 consumers of one tensor share it: a tensor is sent to a device at most once. Tensors are numbered
 ``0..num_tensors-1`` in the order of their first edge.
 
+An output slot may reuse a buffer instead of allocating one (``output_alias``, per op and slot;
+empty when no output does): ``None`` for a buffer of its own; ``(src, slot)``, a data input of the
+op, for an output that is that input's buffer (TF's ``Identity``, ``Reshape``, an element-wise op
+done in place); `HELD` for a view of memory that persistent bytes already count (a variable's
+value as ``ReadVariableOp`` returns it). The scheduler's memory model reads it
+(`baechi_tf.placer.list_scheduler.buffer_tables`).
+
 The graph is immutable; derived arrays (adjacency in CSR form, topological order) are computed on
 first use and cached. Every traversal is iterative and linear in ops plus edges.
 """
@@ -30,10 +37,14 @@ import numpy as np
 
 from baechi_tf.errors import InvalidGraphError
 
-__all__ = ["CONTROL", "OpGraph", "OpGraphBuilder", "csr"]
+__all__ = ["CONTROL", "HELD", "OpGraph", "OpGraphBuilder", "csr"]
 
 CONTROL = -1
 """`src_output` of a control edge."""
+
+HELD = (-1, -1)
+"""`OpGraph.output_alias` of an output that allocates nothing: a view of memory that some op's
+persistent bytes count (a variable's value)."""
 
 MAX_TOTAL_BYTES = 1 << 62
 """Most bytes a graph may hold in all (outputs, scratch and persistent memory of every op), 4 EiB.
@@ -75,6 +86,9 @@ class OpGraph:
     edge_dst: np.ndarray  # int32 [num_edges]
     edge_src_output: np.ndarray  # int32 [num_edges], output slot of src, CONTROL for control
     op_types: tuple[str, ...] = ()  # optional TF op type per op, for reports
+    # per op, per output slot: None (own buffer), (src, slot) of a data input whose buffer it is,
+    # or HELD; () when no output reuses a buffer
+    output_alias: tuple[tuple[Optional[tuple[int, int]], ...], ...] = ()
 
     @classmethod
     def from_arrays(
@@ -90,6 +104,7 @@ class OpGraph:
         edge_dst: Sequence[int] = (),
         edge_src_output: Sequence[int] = (),
         op_types: Sequence[str] = (),
+        output_alias: Sequence[Sequence[Optional[tuple[int, int]]]] = (),
         *,
         validate: bool = True,
     ) -> "OpGraph":
@@ -129,6 +144,7 @@ class OpGraph:
             edge_dst=_frozen(edge_dst.astype(np.int32)),
             edge_src_output=_frozen(edge_src_output.astype(np.int32)),
             op_types=tuple(op_types),
+            output_alias=_alias_tuple(output_alias),
         )
         if validate:
             graph.validate()
@@ -340,6 +356,7 @@ class OpGraph:
                 raise InvalidGraphError(f"op {i} has no name; every op needs a non-empty name")
         self._check_costs()
         self._check_edges()
+        self._check_aliases()
         _ = self.topo_order  # raises on a cycle
 
     def _check_costs(self) -> None:
@@ -387,6 +404,33 @@ class OpGraph:
         if loops.size:
             name = self.names[int(self.edge_src[loops[0]])]
             raise InvalidGraphError(f"op {name!r} has an edge to itself; remove it")
+
+
+    def _check_aliases(self) -> None:
+        if not self.output_alias:
+            return
+        if len(self.output_alias) != self.num_ops:
+            raise InvalidGraphError(f"output_alias has {len(self.output_alias)} entries for {self.num_ops} ops")
+        data = set(zip(self.edge_src.tolist(), self.edge_src_output.tolist(), self.edge_dst.tolist()))
+        for op, (outs, aliases) in enumerate(zip(self.output_bytes, self.output_alias)):
+            if len(aliases) != len(outs):
+                raise InvalidGraphError(
+                    f"op {self.names[op]!r} has {len(outs)} outputs but {len(aliases)} entries in "
+                    "output_alias; give one per output slot (None for a buffer of its own)"
+                )
+            for slot, a in enumerate(aliases):
+                if a is not None and a != HELD and (*a, op) not in data:
+                    raise InvalidGraphError(
+                        f"output {slot} of op {self.names[op]!r} reuses the buffer of output {a[1]} "
+                        f"of op {a[0]}, which it does not read; an output can reuse only a data "
+                        "input's buffer (or be HELD, or None)"
+                    )
+
+
+def _alias_tuple(aliases: Sequence[Sequence[Optional[tuple[int, int]]]]) -> tuple:
+    """`output_alias` as tuples of None, HELD or (src, slot) pairs of ints; () when none aliases."""
+    out = tuple(tuple(None if a is None else (int(a[0]), int(a[1])) for a in outs) for outs in aliases)
+    return out if any(a is not None for outs in out for a in outs) else ()
 
 
 def _check_edge_ids(src, dst, out, names: Sequence[str], output_bytes: Sequence[Sequence[int]]) -> None:
@@ -524,6 +568,7 @@ class OpGraphBuilder:
         self._src: list[int] = []
         self._dst: list[int] = []
         self._out: list[int] = []
+        self._aliases: list[tuple] = []
 
     def add_op(
         self,
@@ -535,8 +580,12 @@ class OpGraphBuilder:
         device: Optional[str] = None,
         colocation: Iterable[str] = (),
         op_type: str = "",
+        output_alias: Iterable[Optional[tuple[str, int]]] = (),
     ) -> int:
-        """Adds an op and returns its id; raises `InvalidGraphError` on a repeated name."""
+        """Adds an op and returns its id; raises `InvalidGraphError` on a repeated name.
+
+        `output_alias`: per output slot, None, HELD, or (name of the producer, slot) of a data
+        input whose buffer the output is (`OpGraph.output_alias`); empty: every output its own."""
         if name in self._ids:
             raise InvalidGraphError(f"op name {name!r} is used by two ops; op names must be unique")
         op = len(self._ops)
@@ -545,6 +594,7 @@ class OpGraphBuilder:
             (name, compute_us, tuple(output_bytes), temp_bytes, persistent_bytes, device,
              tuple(colocation), op_type)
         )
+        self._aliases.append(tuple(output_alias))
         return op
 
     def _id(self, name: str, src: str, dst: str) -> int:
@@ -612,4 +662,16 @@ class OpGraphBuilder:
             edge_dst=self._dst,
             edge_src_output=self._out,
             op_types=cols[7],
+            output_alias=[self._alias_ids(op, outs) for op, outs in enumerate(cols[2])],
         )
+
+    def _alias_ids(self, op: int, outs: tuple) -> tuple:
+        aliases = self._aliases[op] or (None,) * len(outs)
+        out = []
+        for a in aliases:
+            if a is None or a == HELD:
+                out.append(a)
+            else:
+                name = self._ops[op][0]
+                out.append((self._id(a[0], a[0], name), int(a[1])))
+        return tuple(out)

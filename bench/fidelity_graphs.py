@@ -75,7 +75,7 @@ def _from_keras(name: str) -> FidelityGraph:
     """A tf_keras application's Momentum step, as bench/keras_graphs.py builds it."""
     import keras_graphs
 
-    graph, train_op, init, feeds = keras_graphs.build(name, KERAS_BATCH, KERAS_IMAGE_SIZE, KERAS_CLASSES)
+    graph, _, train_op, init, feeds = keras_graphs.build(name, KERAS_BATCH, KERAS_IMAGE_SIZE, KERAS_CLASSES)
     return FidelityGraph(
         name=name, graph_def=graph.as_graph_def(), target=train_op.name, init=(init.name,),
         feeds={t.name: v for t, v in feeds.items()},

@@ -297,7 +297,7 @@ def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
 VARIANTS = (
     ("sim_ran_bytes", "the same schedules without the memory of ops the step never ran"),
     ("sim_alias_bytes", "and an output that is a view of another buffer (a variable's, an input's) "
-     "held as part of that buffer"),
+     "in this run's trace, beyond those the profile marks, held as part of that buffer"),
     ("sim_standin_bytes", "and a tensor read on another stand-in held by its sender until that "
      "reader is done, not copied"),
     ("replay_bytes", "those rules with each op at the start and end it had in the traced step (the "
@@ -351,7 +351,8 @@ def _variant_blocks(result, step_stats) -> list:
     counted otherwise, by what the traced step shows:
 
     1. the blocks of ops that did not run in the step are left out;
-    2. an output whose buffer is one of its op's inputs' (the same address in the trace:
+    2. an output the model still gives a buffer of its own (the profile did not mark it:
+       `OpGraph.output_alias`) whose buffer is one of its op's inputs' (the same address in the trace:
        Identity, Reshape, an element-wise op done in place) is no block of its own: the input's
        block on that device is held until the output's would have been freed; an output whose
        buffer the op did not allocate and no input has (a variable's value, a constant's) is

@@ -6,10 +6,11 @@ of 1 GiB with the default link (0.0001754 us/B + 134 us).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from baechi_tf.cluster import Cluster, CommCost, GiB
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import HELD, OpGraph, OpGraphBuilder
 
 MiB = 1 << 20
 
@@ -223,3 +224,27 @@ def integer_dag_case(seed: int) -> tuple[OpGraph, Cluster, list[int], bool]:
         else:
             children.append(int(rng.choice(succ)) if rng.random() < 0.8 else -1)
     return graph, cluster(nd, memory_bytes, comm), children, colocate
+
+
+def with_aliases(graph: OpGraph, rng: random.Random, share: float) -> OpGraph:
+    """`graph` with about `share` of its output slots reusing a buffer (`OpGraph.output_alias`):
+    one of their op's data inputs' (three in four) or a view of persistent memory (HELD). Some
+    are not reused after all (a sink's, an output larger than its input)."""
+    if not share:
+        return graph
+    inputs: dict[int, list[tuple[int, int]]] = {}
+    for s, d, o in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
+        if o >= 0:
+            inputs.setdefault(d, []).append((s, o))
+    aliases = []
+    for op, outs in enumerate(graph.output_bytes):
+        row = []
+        for _ in outs:
+            if rng.random() < share:
+                row.append(rng.choice(inputs[op]) if op in inputs and rng.random() < 0.75 else HELD)
+            else:
+                row.append(None)
+        aliases.append(tuple(row))
+    out = dataclasses.replace(graph, output_alias=tuple(aliases))
+    out.validate()
+    return out

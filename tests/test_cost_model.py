@@ -28,7 +28,8 @@ from baechi_tf.cost_model import (
     save_profile,
     unrun_ops,
 )
-from baechi_tf.cost_model.profiler import with_types_not_run
+from baechi_tf.cost_model.profile import NO_BUFFER, OWN_BUFFER
+from baechi_tf.cost_model.profiler import output_buffers, with_types_not_run
 from baechi_tf.errors import ProfileError
 from baechi_tf.proto import cost_profile_pb2
 from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
@@ -405,7 +406,7 @@ def test_missing_directory_and_future_format(tmp_path):
     with pytest.raises(ProfileError, match="format 9"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 1  # digests of types and inputs only: a profile to take again
-    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2 and 3; profile the graph again"):
+    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2, 3 and 4; profile the graph again"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 2
     pb.ops.add(name="a", compute_us=-1.0)
@@ -496,3 +497,78 @@ def test_outputs_fit_to_a_graph_def_as_to_its_graph():
     assert all(len(c.output_bytes) <= outputs[n] for n, c in by_def.ops.items())
     assert len(by_def.ops[parts[0].op.name].output_bytes) == 3
     assert by_def.ops[both[0].op.name].temp_bytes >= 3 * 64
+
+
+def _traced_views():
+    """A traced step of a graph whose outputs reuse buffers: a variable's reads, views of a
+    MatMul's output, element-wise ops TF runs in place, and a Split of a buffer."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 64], name="x")
+        v = tf.compat.v1.get_variable("v", [64, 64], initializer=tf.compat.v1.ones_initializer(),
+                                      use_resource=True)
+        mm = tf.matmul(x, v.read_value(), name="mm")
+        view = tf.squeeze(tf.expand_dims(tf.reshape(tf.identity(mm, name="ident"), [-1], name="resh"), 0), name="sq")
+        tanh = tf.tanh(view, name="tanh")  # its input's only reader: done in place
+        parts = tf.split(tf.exp(x, name="exp"), 2, name="split")
+        out = tf.add(tf.reduce_sum(tanh), tf.reduce_sum(parts[0] * parts[1]), name="out")
+        init = tf.compat.v1.global_variables_initializer()
+    stats = []
+    with tf.compat.v1.Session(graph=g, config=profiling_config()) as sess:
+        sess.run(init)
+        for _ in range(2):
+            metadata = tf.compat.v1.RunMetadata()
+            sess.run(out, {x: np.ones((64, 64), np.float32)}, run_metadata=metadata,
+                     options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+            stats.append(metadata.step_stats)
+    return g.as_graph_def(), stats
+
+
+def test_outputs_that_reuse_a_buffer_are_read_from_the_trace():
+    graph_def, stats = _traced_views()
+    profile = profile_from_step_stats(stats, graph_def)
+    alias = {name: c.output_alias for name, c in profile.ops.items()}
+    read = next(n for n, c in profile.ops.items() if c.op_type == "ReadVariableOp")
+    assert alias[read] == (NO_BUFFER,)  # the variable's buffer
+    for name in ("ident", "resh", "sq", "tanh"):
+        assert alias[name] == (0,), name
+    assert alias["split"] == (1, 1)  # input 0 is the axis
+    assert alias["mm"] == alias["exp"] == ()  # their own buffers
+    # Format 4 keeps them; a format-3 file has none; a slot out of range is refused.
+    again = profile_from_bytes(profile_to_bytes(profile))
+    assert dict(again.ops) == dict(profile.ops)
+    pb = cost_profile_pb2.CostProfile.FromString(profile_to_bytes(profile))
+    assert pb.format_version == 4
+    pb.format_version = 3
+    for op in pb.ops:
+        del op.output_alias[:]
+    assert all(c.output_alias == () for c in profile_from_bytes(pb.SerializeToString()).ops.values())
+    pb.ops[0].output_alias.extend([-3])
+    with pytest.raises(ProfileError, match=f"gives op {pb.ops[0].name!r} output buffers \\[-3\\].*corrupt"):
+        profile_from_bytes(pb.SerializeToString())
+
+
+def test_an_output_reuses_a_buffer_only_if_it_did_in_every_step():
+    graph_def, stats = _traced_views()
+    first = stats[0]
+    changed = step_stats_pb2.StepStats()
+    changed.CopyFrom(stats[1])
+    for dev in changed.dev_stats:
+        for ns in dev.node_stats:
+            if ns.node_name == "tanh":  # not done in place in this step
+                ns.output[0].tensor_description.allocation_description.ptr += 64
+    profile = profile_from_step_stats([first, changed], graph_def)
+    assert profile.ops["tanh"].output_alias == ()
+    assert profile.ops["sq"].output_alias == (0,)
+
+
+def test_a_trace_without_addresses_falls_back_to_the_forwarding_types():
+    assert output_buffers("Identity", {0: (0, 8)}, [(0, 8)], 0, 0) == {0: 0}
+    assert output_buffers("IdentityN", {0: (0, 8), 1: (0, 4)}, [None, None], 0, 0) == {0: 0, 1: 1}
+    assert output_buffers("ReadVariableOp", {0: (0, 8)}, [None], 0, 0) == {0: NO_BUFFER}
+    assert output_buffers("Tanh", {0: (0, 8)}, [(0, 8)], 0, 0) == {0: OWN_BUFFER}
+    # With addresses: a constant's value is in its persistent memory; an op that allocated
+    # something may have put any output there.
+    assert output_buffers("Const", {0: (7, 8)}, [], 0, 8) == {0: NO_BUFFER}
+    assert output_buffers("Const", {0: (7, 8)}, [], 0, 4) == {0: OWN_BUFFER}
+    assert output_buffers("Unique", {0: (7, 8), 1: (9, 8)}, [(5, 8)], 16, 0) == {0: OWN_BUFFER, 1: OWN_BUFFER}

@@ -8,7 +8,8 @@ end of every op bit for bit, the same transfers, peak memory and order, and the 
 work (`work`), or the same error (type and message) when memory runs out or the cutoff is
 passed. Graphs: hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins,
 groups, free and dear links, hosts and unequal memories that make sets of twins, devices that
-send on their compute thread among devices that do not), every graph of
+send on their compute thread among devices that do not, outputs that reuse an input's buffer
+or view persistent memory), every graph of
 tests/graphs.py, the graphs of bench/quality_graphs.py and the queueing graphs of
 bench/layered.py.
 """
@@ -303,7 +304,7 @@ def _cases(draw):
                     b.add_control_edge(f"op{i}", f"op{j}")
                 else:
                     b.add_edge(f"op{i}", f"op{j}", rng.randrange(outputs[i]))
-    graph = b.build()
+    graph = graphs.with_aliases(b.build(), random.Random(seed + 1), draw(st.sampled_from([0.0, 0.3, 0.8])))
     comm = draw(st.sampled_from([
         CommCost(), CommCost(0.0, 0.0), CommCost(0.0, 134.0), CommCost(1e-9, 0.0), CommCost(1.0, 1e6),
     ]))

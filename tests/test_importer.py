@@ -7,9 +7,11 @@ import pytest
 import tensorflow as tf
 
 from baechi_tf.cluster import GiB
-from baechi_tf.cost_model import CostProfile, graph_fingerprint, graph_nodes
+from baechi_tf.cost_model import CostProfile, OpCost, graph_fingerprint, graph_nodes
+from baechi_tf.cost_model.profile import NO_BUFFER, OWN_BUFFER
 from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
-from baechi_tf.graph import CONTROL
+from baechi_tf.graph import CONTROL, HELD
+from baechi_tf.placer import Placement, simulate
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import colocation_groups
 from baechi_tf.placer.pipeline import PlacementOptions
@@ -264,6 +266,50 @@ def test_loop_back_edges_are_left_out():
     pairs = {(graph.names[s], graph.names[d]) for s, d in zip(graph.edge_src, graph.edge_dst)}
     assert not pairs & set(back)
     assert len(graph.topo_order) == len(gd.node)
+
+
+def test_outputs_that_reused_a_buffer_when_profiled_reuse_it_in_the_graph(lstm, imported):
+    graph = imported.graph
+    assert graph.output_alias, "the LSTM's step reads variables and reshapes tensors"
+    index = graph.index
+    nodes = {n.name: n for n in lstm.graph_def.node}
+    kinds = set()
+    for name, cost in lstm.profile.ops.items():
+        if name not in index:
+            continue
+        op = index[name]
+        data = [x for x in nodes[name].input if not x.startswith("^")]
+        for slot, got in enumerate(graph.output_alias[op]):
+            a = cost.output_alias[slot] if cost.output_alias else OWN_BUFFER
+            if a == NO_BUFFER:
+                assert got == HELD, name
+            elif a >= 0:
+                src, _, port = data[a].rpartition(":")
+                src, port = (src, int(port)) if src and port.isdigit() else (data[a], 0)
+                assert got == (index[src], port), name
+            else:
+                assert got is None, name
+            kinds.add("held" if got == HELD else "input" if got is not None else "own")
+    assert kinds == {"held", "input", "own"}
+    # One device: the reads and views count once, so the simulated peak is lower.
+    setup = standin_cluster(4, prefix=TASK)
+    placement = np.zeros(graph.num_ops, dtype=np.int32)
+    with_views = simulate(graph, setup.cluster, Placement(placement, "one"))
+    without = simulate(dataclasses.replace(graph, output_alias=()), setup.cluster, Placement(placement, "one"))
+    assert with_views.peak_memory_bytes[0] < without.peak_memory_bytes[0]
+
+
+def test_a_loop_back_edge_is_no_buffer_to_reuse():
+    gd = _while_loop_graph()
+    merge = next(n for n in gd.node if n.op == "Merge")
+    profile = dataclasses.replace(empty_profile(gd), ops={merge.name: OpCost(
+        merge.name, "Merge", 1.0, (12, 4), output_alias=(1, OWN_BUFFER))})
+    graph = import_graph_def(gd, profile, standin_cluster(2).cluster).graph
+    assert graph.output_alias == ()  # input 1 is the NextIteration, whose edge is left out
+    profile.ops[merge.name] = OpCost(merge.name, "Merge", 1.0, (12, 4), output_alias=(0, NO_BUFFER))
+    graph = import_graph_def(gd, profile, standin_cluster(2).cluster).graph
+    enter = merge.input[0].split(":")[0]
+    assert graph.output_alias[graph.index[merge.name]] == ((graph.index[enter], 0), HELD)
 
 
 def test_bad_graphs():

@@ -2,7 +2,8 @@
 
 A profile holds, per op, the median compute time over the traced steps and the maxima of each
 output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; `profiler`); for
-an op that a fused node replaced, the op it ran as (``fused_into``); and the traced time that no
+an op that a fused node replaced, the op it ran as (``fused_into``); per output, whether it reused
+a buffer (``output_alias``: an input's, or one its op did not allocate); and the traced time that no
 op of the graph accounts for, by node type (``unmatched_compute_us``). It
 remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and
 attributes, so that the same model at another size does not match; device fields and TF's
@@ -34,6 +35,8 @@ __all__ = [
     "Coverage",
     "CostProfile",
     "GraphNode",
+    "NO_BUFFER",
+    "OWN_BUFFER",
     "OpCost",
     "ProfileMismatch",
     "compare_to_graph",
@@ -56,8 +59,9 @@ _END = "end"
 # 2: node digests cover attributes (shapes, values, dtypes), not only types and inputs.
 # 3: ops carry fused_into, and the profile the traced time no op accounts for (format 2 is read:
 #    nothing fused, unmatched time unknown).
-_FORMAT_VERSION = 3
-_READ_VERSIONS = (2, 3)
+# 4: ops carry output_alias, the outputs that reused a buffer (formats 2 and 3 are read: none did).
+_FORMAT_VERSION = 4
+_READ_VERSIONS = (2, 3, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +79,16 @@ class OpCost:
     # the op whose fused node replaced this one, and whose time includes its work ('' when the op
     # ran as itself); such ops must share that op's device for the fusion to happen as profiled
     fused_into: str = ""
+    # per output slot, the buffer it was in every traced step: OWN_BUFFER, INPUT k >= 0 (its k-th
+    # data input's), or NO_BUFFER (one it did not allocate, a variable's); () when all were own
+    output_alias: tuple[int, ...] = ()
+
+
+OWN_BUFFER = -1
+"""`OpCost.output_alias` of an output that allocated a buffer of its own."""
+NO_BUFFER = -2
+"""`OpCost.output_alias` of an output in a buffer that neither its op allocated nor an input had
+(a variable's value, as ``ReadVariableOp`` returns it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +423,7 @@ def profile_to_bytes(profile: CostProfile) -> bytes:
             persistent_bytes=c.persistent_bytes,
             num_steps=c.num_steps,
             fused_into=c.fused_into,
+            output_alias=list(c.output_alias),
         )
     for node_type, us in sorted((profile.unmatched_compute_us or {}).items()):
         pb.unmatched.add(node_type=node_type, compute_us=us)
@@ -441,7 +456,7 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
     if pb.format_version not in _READ_VERSIONS:
         raise ProfileError(
             f"{source} has profile format {pb.format_version}, this baechi_tf reads formats "
-            f"{' and '.join(map(str, _READ_VERSIONS))}; profile the graph again"
+            f"{', '.join(map(str, _READ_VERSIONS[:-1]))} and {_READ_VERSIONS[-1]}; profile the graph again"
         )
     if pb.end_marker != _END:
         raise ProfileError(
@@ -458,6 +473,11 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
             raise ProfileError(
                 f"{source} gives op {c.name!r} a negative or non-numeric cost; the file is corrupt"
             )
+        if any(a < NO_BUFFER for a in c.output_alias) or len(c.output_alias) > len(c.output_bytes):
+            raise ProfileError(
+                f"{source} gives op {c.name!r} output buffers {list(c.output_alias)} for "
+                f"{len(c.output_bytes)} outputs (each -2, -1 or an input's position); the file is corrupt"
+            )
         ops[c.name] = OpCost(
             name=c.name,
             op_type=c.op_type,
@@ -468,6 +488,7 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
             device=c.device,
             num_steps=int(c.num_steps),
             fused_into=c.fused_into,
+            output_alias=tuple(int(a) for a in c.output_alias),
         )
     return CostProfile(
         ops=ops,

@@ -22,7 +22,8 @@ original Baechi does (after TF's ``BuildCostModel``):
 * Per op and step: the op's time (summed when it runs several times, as inside a loop), each
   output's bytes (the larger of the allocated bytes and the bytes its shape and type describe; a
   tensor that aliases a variable allocates nothing but still costs its size to send), temporary and
-  persistent memory. Over steps: the median time, the max of every memory figure.
+  persistent memory, and each output's buffer (`output_buffers`). Over steps: the median time, the
+  max of every memory figure, and the buffer an output had in every step (else its own).
 
 Profile with the optimizer settings the placed graph runs with (`BaechiSession` does: Grappler on
 but for what would move ops, `baechi_tf.rewriter.devices.placed_graph_config`), so that the fused
@@ -45,6 +46,8 @@ from typing import Any, Collection, Optional, Sequence
 from baechi_tf import interrupts
 from baechi_tf.progress import Progress
 from baechi_tf.cost_model.profile import (
+    NO_BUFFER,
+    OWN_BUFFER,
     CostProfile,
     OpCost,
     conditional_ops,
@@ -59,6 +62,7 @@ __all__ = [
     "ProfilingCutShort",
     "fetch_closure",
     "fit_outputs_to_graph",
+    "output_buffers",
     "profile_fetch",
     "profile_from_step_stats",
     "profiling_config",
@@ -110,7 +114,7 @@ def _described_bytes(description) -> int:
 class _Acc:
     """One op's figures over the traced steps."""
 
-    __slots__ = ("times", "outputs", "temp", "persistent", "device")
+    __slots__ = ("times", "outputs", "temp", "persistent", "device", "buffers")
 
     def __init__(self, device: str) -> None:
         self.times: list[float] = []
@@ -118,6 +122,68 @@ class _Acc:
         self.temp = 0
         self.persistent = 0
         self.device = device
+        self.buffers: Optional[dict[int, int]] = None  # slot -> buffer in every step so far
+
+
+# Op types whose outputs reuse their inputs' buffers (`output_buffers` when a trace has no
+# addresses): output slot i is input i's buffer (input 0's for the one-output views).
+_FORWARDING_TYPES = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient",
+    "EnsureShape", "Snapshot", "Bitcast",
+})
+# Op types whose outputs are views of their inputs' buffers whatever else reads them; an op of
+# another type seen writing in place (TF's forward_input) does so only when nothing else holds the
+# input, which is taken as settled only for an input it alone reads.
+_VIEW_TYPES = _FORWARDING_TYPES - {"Snapshot"} | {"Slice", "Split", "SplitV", "Unpack"}
+# Op types whose value is a variable's buffer, which persistent bytes count.
+_VARIABLE_VIEW_TYPES = frozenset({"ReadVariableOp", "VariableV2", "Variable"})
+
+
+def output_buffers(
+    op_type: str, outputs: dict[int, tuple[int, int]], inputs: Sequence[Optional[tuple[int, int]]],
+    allocated: int, persistent: int,
+) -> dict[int, int]:
+    """Per output slot of one traced run of an op, the buffer it was in (`OpCost.output_alias`).
+
+    `outputs`: slot -> (address, bytes) from ``allocation_description.ptr`` (0: not recorded);
+    `inputs`: per data input, the (address, bytes) of the buffer it read (None: not traced);
+    `allocated`: the bytes the op's allocation records allocated; `persistent`: its persistent
+    memory. An output at the address of an input's buffer is that input's (TF 2.21 records the
+    buffer's base address, also for a slice, Unpack or Split of it, and an input forwarded in
+    place); one no input has, from an op that allocated nothing, is NO_BUFFER when the op reads a
+    variable (`_VARIABLE_VIEW_TYPES`) or its persistent memory holds it (a constant); else its
+    own. Without an address, `_FORWARDING_TYPES` says."""
+    out = {}
+    for slot, (ptr, nbytes) in outputs.items():
+        if ptr:
+            k = next((k for k, i in enumerate(inputs) if i is not None and i[0] == ptr), None)
+            if k is not None:
+                out[slot] = k
+            elif allocated == 0 and (op_type in _VARIABLE_VIEW_TYPES or 0 < nbytes <= persistent):
+                out[slot] = NO_BUFFER
+            else:
+                out[slot] = OWN_BUFFER
+        elif op_type in _FORWARDING_TYPES and len(inputs) > (slot if op_type == "IdentityN" else 0):
+            out[slot] = slot if op_type == "IdentityN" else 0
+        elif op_type in _VARIABLE_VIEW_TYPES:
+            out[slot] = NO_BUFFER
+        else:
+            out[slot] = OWN_BUFFER
+    return out
+
+
+def _data_inputs(graph_def: Any) -> dict[str, list[tuple[str, int]]]:
+    """Node name -> its data inputs as (producer, output slot), in input order."""
+    out = {}
+    for node in graph_def.node:
+        ins = []
+        for text in node.input:
+            if text.startswith("^"):
+                continue
+            name, _, port = text.rpartition(":")
+            ins.append((name, int(port)) if name and port.isdigit() else (text, 0))
+        out[node.name] = ins
+    return out
 
 
 def profile_from_step_stats(
@@ -136,6 +202,11 @@ def profile_from_step_stats(
     calls = {n.name for n in graph_def.node if _calls_function(n)}
     shadowed = _function_body_names(graph_def) & names.keys() if calls else set()
     acc: dict[str, _Acc] = {}
+    data_inputs = _data_inputs(graph_def)
+    readers: dict[tuple[str, int], int] = {}  # data inputs reading each tensor
+    for ins in data_inputs.values():
+        for t in set(ins):
+            readers[t] = readers.get(t, 0) + 1
     step_totals: list[float] = []
     step_unmatched: list[dict[str, float]] = []
     sources = _SourceCache(names)
@@ -151,6 +222,7 @@ def profile_from_step_stats(
             elif _EXECUTOR.match(last):
                 executors.append(dev)
         step_time: dict[str, float] = {}
+        traced: dict[str, tuple[dict[int, tuple[int, int]], int, int]] = {}  # for `output_buffers`
         unmatched: dict[str, float] = {}
         total = 0.0
         for dev in executors:
@@ -170,6 +242,7 @@ def profile_from_step_stats(
                 step_time[op] = step_time.get(op, 0.0) + us
                 if op != name:  # a node Grappler made of the op: its time, not its outputs
                     continue
+                buffers = {}
                 for out in ns.output:
                     desc = out.tensor_description
                     nbytes = max(
@@ -179,10 +252,31 @@ def profile_from_step_stats(
                     )
                     if nbytes > a.outputs.get(out.slot, -1):
                         a.outputs[out.slot] = nbytes
+                    buffers[out.slot] = (int(desc.allocation_description.ptr), nbytes)
                 a.temp = max(a.temp, int(ns.memory_stats.temp_memory_size))
                 a.persistent = max(a.persistent, int(ns.memory_stats.persistent_memory_size))
+                traced[op] = (
+                    buffers,
+                    sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0),
+                    int(ns.memory_stats.persistent_memory_size),
+                )
         for name, us in step_time.items():
             acc[name].times.append(us)
+        for name, (outputs, allocated, persistent) in traced.items():
+            ins = data_inputs.get(name, ())
+            inputs = [traced[s][0].get(o) if s in traced else None for s, o in ins]
+            step = output_buffers(names[name], outputs, inputs, allocated, persistent)
+            a = acc[name]
+            if names[name] not in _VIEW_TYPES:  # in place only when nothing else reads the input
+                step = {k: v if v < 0 or readers.get(ins[v], 0) <= 1 else OWN_BUFFER for k, v in step.items()}
+            # What its records allocated beyond its own outputs (a variable's copy on write, an
+            # assignment's copy of a shared value) is scratch to the model.
+            own = sum(nbytes for k, (_, nbytes) in outputs.items() if step.get(k, OWN_BUFFER) == OWN_BUFFER)
+            a.temp = max(a.temp, allocated - own)
+            if a.buffers is None:
+                a.buffers = step
+            else:  # a buffer it was not in every step is its own
+                a.buffers = {k: v if step.get(k, v) == v else OWN_BUFFER for k, v in a.buffers.items()}
         step_totals.append(total)
         step_unmatched.append(unmatched)
     ops = {}
@@ -197,6 +291,7 @@ def profile_from_step_stats(
             persistent_bytes=a.persistent,
             device=a.device,
             num_steps=len(a.times),
+            output_alias=_alias_slots(a.buffers, width),
         )
     return CostProfile(
         ops=_with_fused_ops(ops, names, fused_ops(graph_def, partition_graphs) if partition_graphs else {}),
@@ -207,6 +302,12 @@ def profile_from_step_stats(
         traced_compute_us=median(step_totals),
         unmatched_compute_us=_median_by_type(step_unmatched),
     )
+
+
+def _alias_slots(buffers: Optional[dict[int, int]], width: int) -> tuple[int, ...]:
+    """`OpCost.output_alias` of width slots; () when every output had its own buffer."""
+    slots = tuple((buffers or {}).get(s, OWN_BUFFER) for s in range(width))
+    return slots if any(a != OWN_BUFFER for a in slots) else ()
 
 
 class _SourceCache:
@@ -442,8 +543,10 @@ def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
     for name, cost in profile.ops.items():
         n = counts.get(name, len(cost.output_bytes))
         if len(cost.output_bytes) > n:
+            alias = cost.output_alias[:n]
             cost = dataclasses.replace(cost, output_bytes=cost.output_bytes[:n],
-                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]))
+                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]),
+                                       output_alias=alias if any(a != OWN_BUFFER for a in alias) else ())
         ops[name] = cost
     return dataclasses.replace(profile, ops=ops)
 

@@ -29,7 +29,10 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
   last end of its consumers there (and, on the producer's device, of its transfers out), but
   never before the start of its last consumer, the moment the scheduler learns of the free. An
   op starts only when its allocation fits under the device's capacity, waiting for frees if
-  needed.
+  needed. An output that reuses a buffer (`OpGraph.output_alias`, `buffer_tables`) allocates
+  nothing on its op's device: an input's buffer there (the producer's, or the copy received) is
+  freed only when the last reader of either is done; a view of persistent memory is no buffer.
+  A copy of it sent to another device is a buffer of its own.
 
 Start times of successive decisions on a device never decrease (across devices they may: under
 m-SCT the ops a reservation held start, when it ends, before the last decision), so memory in
@@ -101,6 +104,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 from baechi_tf.placer.work import WorkMeter, current_meter, scheduler_work
@@ -159,17 +163,6 @@ def _close_in(starts: list[float], ends: list[float], s: float, e: float, gap: f
         del starts[i], ends[i]
     starts.insert(i, s)
     ends.insert(i, e)
-
-
-def free_at_end_bytes(graph: OpGraph) -> list[int]:
-    """Per op, the bytes freed when it ends: its scratch, plus the outputs nobody reads (a sink
-    keeps its outputs)."""
-    read = np.zeros(graph.num_ops, dtype=np.int64)
-    data = graph.tensor_src_output >= 0
-    np.add.at(read, graph.tensor_src[data], graph.tensor_bytes[data])
-    has_succ = np.asarray([bool(s) for s in graph.successors], dtype=bool)
-    unread = np.where(has_succ, graph.output_total_bytes - read, 0)
-    return (graph.temp_bytes + unread).tolist()
 
 
 def format_bytes(n: float) -> str:
@@ -284,8 +277,17 @@ class GraphTables:
         self.readers = tuple(tuple(r) for r in readers)  # per tensor, the ops reading it
         self.succ = graph.successors  # a tuple of tuples, cached on the graph
         self.num_preds = tuple(len(p) for p in graph.predecessors)
-        self.alloc = tuple((graph.output_total_bytes + graph.temp_bytes).tolist())
+        own, alias, _ = buffer_tables(graph)
+        self.alloc = tuple((own + graph.temp_bytes).tolist())
         self.free_at_end = tuple(free_at_end_bytes(graph))
+        # per tensor, OWN, HELD_VIEW or the tensor whose buffer it is on its producer's device
+        self.tensor_alias = tuple(alias.tolist())
+        self.tensor_src = tuple(graph.tensor_src.tolist())
+        # per op, the tensors whose buffers on its device its outputs that are read reuse
+        aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
+        for t in np.flatnonzero(alias >= 0).tolist():
+            aliased[self.tensor_src[t]].append(self.tensor_alias[t])
+        self.aliased = tuple(tuple(a) for a in aliased)
         self.persistent = tuple(graph.persistent_bytes.tolist())
 
 
@@ -431,6 +433,12 @@ class SchedulerState:
         self.pending: list[list[tuple[float, int]]] = [[] for _ in range(nd)]  # sorted frees
         self.arrival: dict[tuple[int, int], float] = {}  # (tensor, device) -> copy available
         self.release: dict[int, dict[int, float]] = {}  # tensor -> device -> last use
+        # (tensor, device) -> [holders, latest release]: a buffer that outputs reusing it hold
+        # too; freed when its own consumers and every such output are done (`_release`)
+        self.claims: dict[tuple[int, int], list] = {}
+        self.tensor_alias = tables.tensor_alias
+        self.tensor_src = tables.tensor_src
+        self.aliased = tables.aliased
         self.twins = UntouchedTwins(cluster, twins)  # `distinct`: the devices worth a dry run
         self.transfers: list[Transfer] = []
         self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
@@ -675,6 +683,29 @@ class SchedulerState:
         if nbytes:
             bisect.insort(self.pending[dev], (when, nbytes))
 
+    def _release(self, t: int, dev: int, when: float, freed: set[int]) -> None:
+        """One holder of tensor t's buffer on dev is done at `when`; frees it when none is left.
+        The buffer of an output that reuses its input's, on its producer's device, is that
+        input's: its release is one holder of the input's buffer less."""
+        while True:
+            claim = self.claims.get((t, dev))
+            if claim is not None:
+                claim[0] -= 1
+                if claim[1] < when:
+                    claim[1] = when
+                if claim[0]:
+                    return
+                when = claim[1]
+                del self.claims[(t, dev)]
+            source = self.tensor_alias[t]
+            if source == OWN or self.device[self.tensor_src[t]] != dev:
+                self._free_later(dev, when, self.tensor_bytes[t])
+                freed.add(dev)
+                return
+            if source == HELD_VIEW:
+                return
+            t = source
+
     @property
     def distinct(self) -> Sequence[int]:
         """The devices worth a dry run: all but the untouched twins that one stands for."""
@@ -712,6 +743,9 @@ class SchedulerState:
             self.peak[dev] = self.usage[dev]
         freed = {dev}
         self._free_later(dev, end, self.free_at_end[op])
+        for t in self.aliased[op]:  # its own consumers hold it until now: 2 holders at first
+            claim = self.claims.setdefault((t, dev), [1, -1.0])
+            claim[0] += 1
         seen: set[int] = set()
         for p, t, nbytes in self.inputs[op]:
             if t in seen:
@@ -723,8 +757,7 @@ class SchedulerState:
             self.tensor_consumers_left[t] -= 1
             if self.tensor_consumers_left[t] == 0:
                 for d, when in sorted(self.release.pop(t).items()):
-                    self._free_later(d, max(when, start), nbytes)
-                    freed.add(d)
+                    self._release(t, d, max(when, start), freed)
         for s in self.succ[op]:
             self.preds_left[s] -= 1
         return sorted(freed)
@@ -1280,6 +1313,7 @@ class ListScheduler:
         snap["twins"] = st.twins.saved()
         snap["arrival"] = dict(st.arrival)
         snap["release"] = {t: dict(r) for t, r in st.release.items()}
+        snap["claims"] = {k: list(c) for k, c in st.claims.items()}
         snap["later"] = [list(x) for x in self.later]
         snap["now"] = [list(x) for x in self.now]
         snap["waiting"] = [set(x) for x in self.waiting]
@@ -1312,6 +1346,7 @@ class ListScheduler:
         st.ready_memo.clear()  # versions only grow, but the memo may hold dry runs made after snap
         st.memo_devices.clear()
         st.release = {t: dict(r) for t, r in snap["release"].items()}
+        st.claims = {k: list(c) for k, c in snap["claims"].items()}
         self.later = [list(x) for x in snap["later"]]
         self.now = [list(x) for x in snap["now"]]
         self.in_now = [{op for _, op in x if op >= 0} for x in self.now]

@@ -38,6 +38,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer.buffers import OWN, buffer_tables
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]
@@ -115,25 +116,46 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
             last_send[tr.tensor] = tr.end_us
 
     succ = graph.successors
+    _, alias, reused = buffer_tables(graph)
+    tensor_src = graph.tensor_src.tolist()
+    # Buffers of read tensors by (tensor, device): [bytes, alloc, free, alloc rank, free rank,
+    # kind, op, slot]. An output reusing a buffer adds its would-be free to `extend`.
+    buffers: dict[tuple[int, int], list] = {}
+    reusing: list[tuple[int, int, int, float, int]] = []  # (tensor, source, device, free, free rank)
     for op in range(graph.num_ops):
         home = dev[op]
         for slot, b in enumerate(graph.output_bytes[op]):
             t = tensor_of_slot.get((op, slot))
             readers = consumers.get(t) if t is not None else None
             if not readers:
-                add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op, slot)
+                if (op, slot) not in reused:
+                    add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op, slot)
                 continue
             last = max(readers, key=rank.__getitem__)  # the commit that frees the tensor
             by_device: dict[int, list[int]] = {}
             for c in sorted(readers):
                 by_device.setdefault(dev[c], []).append(c)
             held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
-            add(home, b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot)
+            if alias[t] == OWN:
+                buffers[(t, home)] = [b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot]
+            elif alias[t] >= 0:
+                reusing.append((t, int(alias[t]), home, max(held, start[last]), rank[last]))
             for d, ops in sorted(by_device.items()):
                 if d != home:
                     first = min(ops, key=rank.__getitem__)  # its commit books the transfer
                     free = max(max(end[c] for c in ops), start[last])
-                    add(d, b, start[first], free, rank[first], rank[last], "received", op, slot)
+                    buffers[(t, d)] = [b, start[first], free, rank[first], rank[last], "received", op, slot]
+    # Latest producers first, so that a buffer reused by a reusing output is extended by both.
+    extend: dict[tuple[int, int], tuple[float, int]] = {}
+    for t, source, d, free, free_rank in sorted(reusing, key=lambda r: -rank[tensor_src[r[0]]]):
+        f, r = extend.get((t, d), (free, free_rank))
+        f, r = max(f, free), max(r, free_rank)
+        g, q = extend.get((source, d), (f, r))
+        extend[(source, d)] = (max(f, g), max(r, q))
+    for key, (b, a, f, ra, rf, kind, op, slot) in buffers.items():
+        if key in extend:
+            f, rf = max(f, extend[key][0]), max(rf, extend[key][1])
+        add(key[1], b, a, f, ra, rf, kind, op, slot)
     cols = list(zip(*rows)) if rows else [()] * 9
     return MemoryBlocks(
         device=np.asarray(cols[0], dtype=np.int32),

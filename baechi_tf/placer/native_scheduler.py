@@ -19,6 +19,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
+from baechi_tf.placer.buffers import buffer_tables
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import (
     EarliestStartPolicy,
@@ -105,8 +106,13 @@ def _native_tables(graph: OpGraph, module) -> tuple:
     np.cumsum([len(x) for x in succ], out=succ_ptr[1:])
     succ_flat = np.fromiter((s for x in succ for s in x), dtype=i64, count=int(succ_ptr[-1]))
     num_preds = np.asarray([len(p) for p in graph.predecessors], dtype=i64)
-    alloc = (graph.output_total_bytes + graph.temp_bytes).astype(i64)
+    own, tensor_alias, _ = buffer_tables(graph)
+    alloc = (own + graph.temp_bytes).astype(i64)
     free_at_end = np.asarray(free_at_end_bytes(graph), dtype=i64)
+    reusing = np.flatnonzero(tensor_alias >= 0)  # GraphTables.aliased, by producer
+    reusing = reusing[np.argsort(graph.tensor_src[reusing], kind="stable")]
+    al_ptr = np.zeros(n + 1, dtype=i64)
+    np.cumsum(np.bincount(graph.tensor_src[reusing], minlength=n), out=al_ptr[1:])
     bytes_bound = int(
         np.abs(alloc).sum() + np.abs(graph.persistent_bytes).sum() + np.abs(tensor_bytes).sum()
         + np.abs(free_at_end).sum()
@@ -116,6 +122,8 @@ def _native_tables(graph: OpGraph, module) -> tuple:
         graph.topo_order.astype(i64), in_ptr, src[by_dst], edge_tensor[by_dst],
         tensor_bytes[edge_tensor[by_dst]], np.bincount(edge_tensor, minlength=graph.num_tensors),
         rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
+        tensor_alias.astype(i64), graph.tensor_src.astype(i64), tensor_bytes, al_ptr,
+        tensor_alias[reusing].astype(i64),
     )
     cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
     return cached

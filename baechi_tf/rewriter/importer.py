@@ -61,6 +61,8 @@ from typing import Any, Callable, Mapping, Optional
 from baechi_tf.cluster import Cluster, Device
 from baechi_tf.cost_model.estimate import ShapeCost, fit_shape_cost, op_flops
 from baechi_tf.cost_model.profile import (
+    NO_BUFFER,
+    OWN_BUFFER,
     CostProfile,
     Coverage,
     OpCost,
@@ -69,7 +71,7 @@ from baechi_tf.cost_model.profile import (
     unrun_ops,
 )
 from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import HELD, OpGraph, OpGraphBuilder
 
 __all__ = [
     "ImportResult",
@@ -472,6 +474,7 @@ def import_graph_def(
             + _pool_grad_forward(node, target_types)
             + fused,
             op_type=node.op,
+            output_alias=_output_alias(node, cost, len(out_bytes), node_types, unrun),
         )
 
     _add_edges(builder, graph_def, node_types, unrun)
@@ -614,6 +617,28 @@ def _add_edges(
             dst_ids.append(dst)
             slots.append(port)
     builder.add_edges_by_id(src_ids, dst_ids, slots)
+
+
+def _output_alias(node: Any, cost: Optional[OpCost], width: int, node_types: Mapping[str, str],
+                  unrun: frozenset[str]) -> list:
+    """`OpGraphBuilder.add_op`'s output_alias from the profile's `OpCost.output_alias`: an input's
+    position becomes the (producer, slot) of that data input, kept only when `_add_edges` makes
+    its edge (not a loop's back edge, no op that never runs)."""
+    if cost is None or not cost.output_alias or node.name in unrun:
+        return []
+    inputs = [_parse_input(t) for t in node.input if not t.startswith("^")]
+    out: list = []
+    for slot in range(width):
+        a = cost.output_alias[slot] if slot < len(cost.output_alias) else OWN_BUFFER
+        if a == NO_BUFFER:
+            out.append(HELD)
+        elif 0 <= a < len(inputs) and inputs[a][0] not in unrun and not (
+            node.op in _BACK_EDGE_DST and node_types.get(inputs[a][0]) in _BACK_EDGE_SRC
+        ):
+            out.append(inputs[a])
+        else:
+            out.append(None)
+    return out
 
 
 def _needs_host(

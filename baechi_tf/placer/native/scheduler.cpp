@@ -87,18 +87,26 @@ struct Tables {
     std::vector<i64> rd_ptr, rd_op;      // readers of each tensor, in edge order
     std::vector<i64> succ_ptr, succ;     // successors of each op
     std::vector<i64> num_preds, alloc, free_at_end;
+    // GraphTables.tensor_alias (kOwn, kHeldView or a tensor), tensor_src, tensor_bytes, and per op
+    // the tensors whose buffers its read outputs reuse (`aliased`, as al_ptr/al_t)
+    std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t;
 
     Tables(i64 n_, i64 nt, F64Array compute_, I64Array topo_, I64Array topo_order_, I64Array in_ptr_,
            I64Array in_src_, I64Array in_t_, I64Array in_bytes_, I64Array consumers_, I64Array rd_ptr_,
            I64Array rd_op_, I64Array succ_ptr_, I64Array succ_, I64Array num_preds_, I64Array alloc_,
-           I64Array free_at_end_)
+           I64Array free_at_end_, I64Array tensor_alias_, I64Array tensor_src_, I64Array tensor_bytes_,
+           I64Array al_ptr_, I64Array al_t_)
         : n(n_), num_tensors(nt), compute(to_vector(compute_)), topo(to_vector(topo_)),
           topo_order(to_vector(topo_order_)), in_ptr(to_vector(in_ptr_)), in_src(to_vector(in_src_)),
           in_t(to_vector(in_t_)), in_bytes(to_vector(in_bytes_)), consumers(to_vector(consumers_)),
           rd_ptr(to_vector(rd_ptr_)), rd_op(to_vector(rd_op_)), succ_ptr(to_vector(succ_ptr_)),
           succ(to_vector(succ_)), num_preds(to_vector(num_preds_)), alloc(to_vector(alloc_)),
-          free_at_end(to_vector(free_at_end_)) {}
+          free_at_end(to_vector(free_at_end_)), tensor_alias(to_vector(tensor_alias_)),
+          tensor_src(to_vector(tensor_src_)), tensor_bytes(to_vector(tensor_bytes_)),
+          al_ptr(to_vector(al_ptr_)), al_t(to_vector(al_t_)) {}
 };
+
+constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
 
 // A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b],
 // and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`).
@@ -153,6 +161,7 @@ class Scheduler {
         peak_.assign(nd_, 0);
         pending_.resize(nd_);
         release_.resize(T_->num_tensors);
+        claims_.resize(T_->num_tensors);
         auto so = to_vector(twin_set_of);
         set_of_.assign(so.begin(), so.end());
         untouched_ = std::move(untouched);
@@ -288,12 +297,17 @@ class Scheduler {
             queues.append(py::make_tuple(qid, q.device, q.pool, q.sources, q.widths, q.since, members,
                                          q.has_entry, q.entry_key, q.entry_tp, q.now));
         }
-        py::list transfers;
+        py::list transfers, claims;
+        for (const auto& cs : claims_) {
+            py::list c;
+            for (const auto& x : cs) c.append(py::make_tuple(x.device, x.holders, x.when));
+            claims.append(c);
+        }
         for (const auto& t : transfers_) transfers.append(py::make_tuple(t.tensor, t.src, t.dst, t.start, t.end));
         return py::make_tuple(
             scheduled_, last_time_, device_, start_, end_, order_, device_free_, last_op_, usage_, peak_,
             tensor_consumers_left_, preds_left_, group_device_, chan_start_, chan_end_, busy_start_, busy_end_, pending, arrival_,
-            release_, set_of_, untouched_, distinct_, later, now, waited_, queues, next_tail_id_, transfers);
+            release_, claims, set_of_, untouched_, distinct_, later, now, waited_, queues, next_tail_id_, transfers);
     }
 
     // ---------------------------------------------------------------- accessors
@@ -410,6 +424,12 @@ class Scheduler {
     std::vector<std::vector<Pending>> pending_;
     std::vector<std::vector<std::pair<int, double>>> arrival_;  // per tensor, (device, copy in)
     std::vector<std::vector<std::pair<int, double>>> release_;  // tensor -> (device, last use)
+    struct Claim {
+        int device;
+        i64 holders;
+        double when;
+    };
+    std::vector<std::vector<Claim>> claims_;  // SchedulerState.claims, per tensor
     std::vector<int> set_of_;
     std::vector<std::vector<int>> untouched_;
     std::vector<int> distinct_;
@@ -774,6 +794,37 @@ class Scheduler {
         }
     }
 
+    // claims.setdefault((t, dev), [1, -1.0])
+    Claim& claim_of(i64 t, int dev) {
+        for (auto& c : claims_[t])
+            if (c.device == dev) return c;
+        claims_[t].push_back({dev, 1, -1.0});
+        return claims_[t].back();
+    }
+
+    // SchedulerState._release
+    void release(i64 t, int dev, double when, std::vector<int>& freed) {
+        while (true) {
+            auto& cs = claims_[t];
+            auto it = std::find_if(cs.begin(), cs.end(), [dev](const Claim& c) { return c.device == dev; });
+            if (it != cs.end()) {
+                it->holders -= 1;
+                if (it->when < when) it->when = when;
+                if (it->holders) return;
+                when = it->when;
+                cs.erase(it);
+            }
+            i64 source = T_->tensor_alias[t];
+            if (source == kOwn || device_[T_->tensor_src[t]] != dev) {
+                free_later(dev, when, T_->tensor_bytes[t]);
+                freed.push_back(dev);
+                return;
+            }
+            if (source == kHeldView) return;
+            t = source;
+        }
+    }
+
     void place_group(i64 g, int dev) {
         touch(dev);
         group_device_[g] = dev;
@@ -802,10 +853,11 @@ class Scheduler {
         if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
         std::vector<int> freed{dev};
         free_later(dev, end, T_->free_at_end[op]);
+        for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k) claim_of(T_->al_t[k], dev).holders += 1;
         auto& seen = seen_;
         seen.clear();
         for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
-            i64 t = T_->in_t[k], nbytes = T_->in_bytes[k];
+            i64 t = T_->in_t[k];
             if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
             seen.push_back(t);
             release_set_above(t, dev, end);
@@ -814,10 +866,7 @@ class Scheduler {
                 auto rel = std::move(release_[t]);
                 release_[t].clear();
                 std::sort(rel.begin(), rel.end());
-                for (auto& [d, when] : rel) {
-                    free_later(d, std::max(when, start), nbytes);
-                    freed.push_back(d);
-                }
+                for (auto& [d, when] : rel) release(t, d, std::max(when, start), freed);
             }
         }
         for (i64 k = T_->succ_ptr[op]; k < T_->succ_ptr[op + 1]; ++k) preds_left_[T_->succ[k]] -= 1;
@@ -1324,10 +1373,11 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 7;
+    m.attr("INTERFACE") = 8;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
-                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
+                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
+                      I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
