@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # `make TF_EXTRA=cpu` (or gpu) chooses by hand; `make tf-extra` prints the choice.
 TF_EXTRA ?= $$(sh tools/tf_extra.sh)
 
-.PHONY: demo test docs bench bench-optimality clean tf-extra
+.PHONY: demo test test-core docs bench bench-optimality clean tf-extra
 
 $(STAMP): Makefile setup.py pyproject.toml tools/tf_extra.sh baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
 		baechi_tf/placer/native/pieces.hpp baechi_tf/placer/native/sct_policy.hpp \
@@ -31,6 +31,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The tests that need no TensorFlow and take under a second each (graph, cluster, placers, m-SCT,
+# simulator, JSON), with TensorFlow's import refused: tests/conftest.py defines --core.
+test-core: $(STAMP)
+	$(PY) -m pytest -q --core tests
 
 # The documentation site, into site/ (tests/test_docs.py builds it too, with --strict).
 docs: $(STAMP)
