@@ -29,8 +29,12 @@ demo: $(STAMP)
 	$(PY) examples/gnmt_v2.py --batch_size=128 --vocab_size=16000 --max_seq_length=32 \
 		--rnn_units=256 --num_layers=4 --steps=30
 
+# The whole suite, spread over the machine's cores by pytest-xdist (at most 4 workers: each one
+# loads TensorFlow). A test file runs whole on one worker, so that its module fixtures are made
+# once. `make test TEST_WORKERS=0` runs it in this one process.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile tests
 
 # The tests that need no TensorFlow and take under a second each (graph, cluster, placers, m-SCT,
 # simulator, JSON), with TensorFlow's import refused: tests/conftest.py defines --core.

@@ -52,6 +52,7 @@ setup(
         # The docs tools are here too: tests/test_docs.py builds the site with --strict.
         "test": [
             "pytest==9.2.0",
+            "pytest-xdist==3.8.0",  # make test spreads the suite over the cores
             "hypothesis==6.170.17",
             "mkdocs==1.6.1",
             "mkdocs-material==9.8.2",
