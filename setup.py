@@ -20,6 +20,9 @@ native = Pybind11Extension(
 )
 native.optional = True
 
+# One TensorFlow version for both extras: the GPU build runs the code that the CPU build tests.
+TENSORFLOW = "2.21.0"
+
 setup(
     name="baechi_tf",
     version="0.1.0",
@@ -29,8 +32,11 @@ setup(
     package_data={"baechi_tf": ["proto/*.proto"]},
     ext_modules=[native],
     cmdclass={"build_ext": build_ext},
+    # TensorFlow comes from an extra, one of two builds at the same version: `baechi_tf[cpu]`
+    # (tensorflow-cpu) or `baechi_tf[gpu]` (tensorflow with NVIDIA's CUDA libraries). Without
+    # either, the TensorFlow-free core (the placers, `baechi place-json`) works, and the TF ends
+    # stop at their import with an error that names both extras (baechi_tf/rewriter/__init__.py).
     install_requires=[
-        "tensorflow-cpu==2.21.0",
         "numpy==2.4.6",
         "scipy==1.17.1",
         "highspy==1.16.0",  # HiGHS's interior point without crossover (baechi_tf.sct.solvers)
@@ -40,10 +46,13 @@ setup(
         "matplotlib==3.11.2",
     ],
     extras_require={
+        "cpu": [f"tensorflow-cpu=={TENSORFLOW}"],
+        "gpu": [f"tensorflow[and-cuda]=={TENSORFLOW}"],
         "mosek": ["Mosek==11.2.7"],
         # The docs tools are here too: tests/test_docs.py builds the site with --strict.
         "test": [
             "pytest==9.2.0",
+            "pytest-xdist==3.8.0",  # make test spreads the suite over the cores
             "hypothesis==6.170.17",
             "mkdocs==1.6.1",
             "mkdocs-material==9.8.2",

@@ -15,6 +15,7 @@ import sys
 from typing import Callable, Iterator, NoReturn, Sequence
 
 from baechi_tf import interrupts
+from baechi_tf._lazy import require_tensorflow
 from baechi_tf.errors import ConfigError
 
 __all__ = ["collector_paused", "exit_now", "flag_parser", "import_tensorflow_quietly", "native_stderr_quiet", "run_main"]
@@ -67,7 +68,9 @@ def import_tensorflow_quietly() -> None:
 
     TF's C++ start-up lines ("All log messages before absl::InitializeLog() ...", oneDNN) are
     printed before TF_CPP_MIN_LOG_LEVEL applies; without this, an error would not be one line.
+    Without TensorFlow it raises `TensorFlowMissingError`, which a command says in one line.
     """
+    require_tensorflow("this command")
     with native_stderr_quiet():
         import tensorflow  # noqa: F401
 

@@ -14,6 +14,7 @@ __all__ = [
     "OutputError",
     "ProfileError",
     "SolverError",
+    "TensorFlowMissingError",
     "first_line",
 ]
 
@@ -45,6 +46,11 @@ class InfeasiblePlacementError(BaechiError):
 
 class SolverError(BaechiError):
     """An LP solver failed, was infeasible, or is not available."""
+
+
+class TensorFlowMissingError(ConfigError, ModuleNotFoundError):
+    """A TensorFlow end was asked for where TensorFlow is not installed: a `ModuleNotFoundError`
+    too, for callers that catch those. Its message names the two extras that install it."""
 
 
 def first_line(error: BaseException) -> str:

@@ -14,6 +14,8 @@ from baechi_tf.rewriter.graph_pass import place_graph_def
 from test_importer import _while_loop_graph, empty_profile
 from tf_models import profiled_lstm
 
+pytestmark = pytest.mark.tf
+
 TASK = "/job:localhost/replica:0/task:0"
 
 

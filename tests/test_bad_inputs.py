@@ -23,6 +23,8 @@ from baechi_tf.cost_model import save_profile
 from baechi_tf.errors import BaechiError, ConfigError, InfeasiblePlacementError, ProfileError
 from tf_models import build_lstm, profiled_lstm
 
+pytestmark = pytest.mark.tf
+
 
 class _Trap:
     """Unpickling this writes a marker file: proof that a pickle was (never) loaded."""

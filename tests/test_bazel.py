@@ -20,11 +20,15 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("bazel") is None,
-    reason="bazel is not on PATH: install Debian's bazel-bootstrap "
-    "(apt-get install bazel-bootstrap)",
-)
+pytestmark = [
+    pytest.mark.bazel,
+    pytest.mark.tf,  # the built binaries import TensorFlow
+    pytest.mark.skipif(
+        shutil.which("bazel") is None,
+        reason="bazel is not on PATH: install Debian's bazel-bootstrap "
+        "(apt-get install bazel-bootstrap)",
+    ),
+]
 
 
 def _output_base() -> str:

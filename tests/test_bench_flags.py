@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -31,7 +33,7 @@ def unexplained_flags(help_text):
 
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
-                                    "lp_scaling.py", "make_profiles.py",
+                                    "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):

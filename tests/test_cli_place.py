@@ -17,6 +17,8 @@ from baechi_tf.cli import main
 from baechi_tf.cost_model import save_profile
 from tf_models import profiled_lstm
 
+pytestmark = pytest.mark.tf
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

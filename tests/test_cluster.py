@@ -117,6 +117,7 @@ def test_a_gpu_listed_under_a_memory_fraction_is_not_scaled_by_it_again(memory_f
     assert placed == pytest.approx(16 * GiB * min(memory_fraction, config_fraction or 1.0), rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["auto", "m_etf", "m_sct", "heft", "m_topo"])
 def test_the_slowest_copies_allowed_still_place_and_schedule_finitely(method):
     # At the limits every copy costs as much as a step may take: each method still places,

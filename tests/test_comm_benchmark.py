@@ -11,6 +11,8 @@ import tensorflow as tf
 
 import ctrl_c
 
+pytestmark = pytest.mark.tf
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARK = ROOT / "utils" / "communication_benchmark.py"
 LINE = re.compile(r"^Communication cost function: (\S+) x \+ (\S+)$", re.MULTILINE)

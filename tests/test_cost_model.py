@@ -34,6 +34,8 @@ from baechi_tf.errors import ProfileError
 from baechi_tf.proto import cost_profile_pb2
 from tf_models import BATCH, HIDDEN, INPUT_DIM, profiled_lstm
 
+pytestmark = pytest.mark.tf
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

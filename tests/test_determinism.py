@@ -24,6 +24,7 @@ def run_place_json(tmp_path, seed: str, method: str, extra=()) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["auto", "m_etf", "m_topo"])
 def test_same_placement_across_hash_seeds(tmp_path, method):
     a = run_place_json(tmp_path, "0", method)
@@ -31,6 +32,7 @@ def test_same_placement_across_hash_seeds(tmp_path, method):
     assert a == b
 
 
+@pytest.mark.slow
 def test_coplace_grouping_is_hash_seed_independent(tmp_path):
     a = run_place_json(tmp_path, "1", "m_etf", ["--grouper", "coplace"])
     b = run_place_json(tmp_path, "99", "m_etf", ["--grouper", "coplace"])

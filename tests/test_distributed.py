@@ -42,6 +42,8 @@ import ctrl_c
 from loaded import run_listing_modules
 from tf_models import build_lstm, profiled_lstm
 
+pytestmark = [pytest.mark.tf, pytest.mark.distributed]
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 W0, W1 = "/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"
 STEPS = 3

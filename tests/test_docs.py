@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(ROOT, "docs", "hooks"))
 import cli_reference  # noqa: E402  (docs/hooks/cli_reference.py)
 
 
+@pytest.mark.slow
 def test_site_builds_strictly(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(

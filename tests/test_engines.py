@@ -317,6 +317,7 @@ def _cases(draw):
     return graph, _cluster(kind, nd, memory_bytes, comm), seed
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(_cases())
 @native
@@ -361,12 +362,14 @@ def _catalogue():
         yield f"integer_dag_case {k}", g, c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, graph, cluster", list(_catalogue()), ids=lambda x: x if isinstance(x, str) else "")
 @native
 def test_the_test_graphs_give_the_same_schedules(name, graph, cluster):
     _compare_all(graph, cluster)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, graph, cluster", cases(), ids=lambda x: x if isinstance(x, str) else "")
 @native
 def test_the_quality_graphs_give_the_same_schedules(name, graph, cluster):
@@ -382,6 +385,7 @@ _QUEUEING = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("senders", [False, True])
 @pytest.mark.parametrize("shape", sorted(_QUEUEING))
 @native
@@ -391,6 +395,7 @@ def test_tail_queues_give_the_same_schedules(shape, senders):
     _compare_all(_QUEUEING[shape](), _senders(4, GiB) if senders else graphs.cluster(4), cutoffs=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("skip", [True, False])
 @native
 def test_twins_handed_over_give_the_same_schedules(skip, monkeypatch):
@@ -511,6 +516,7 @@ def test_m_sct_pools_give_the_same_schedules(monkeypatch):
     assert sum(pools) > 10
 
 
+@pytest.mark.slow
 @native
 @pytest.mark.parametrize("method", ["m_sct", "auto"])
 def test_the_pipeline_places_alike_on_both_engines(method):
@@ -549,6 +555,7 @@ def _refined(graph, cluster, seconds):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, graph, cluster", [
     ("fork_join", graphs.fork_join(8), graphs.cluster(3)),
     ("random_dag tight", graphs.random_dag(5, 60, edge_prob=0.1, group_prob=0.2, persistent_prob=0.2,
@@ -677,6 +684,7 @@ def _scan(starts, ends, t, w):
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not engine.native_available(), reason="the compiled core is not built")
 @settings(max_examples=400, deadline=None)
 @given(
@@ -707,6 +715,7 @@ def test_the_tree_of_gaps_answers_as_the_sorted_lists(bookings, queries, gap):
                     assert tree.fit(t, w) == _scan(starts, ends, t, w), (t, w)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(
     st.lists(st.tuples(_times, st.floats(0, 500, allow_nan=False)), max_size=60),
@@ -769,6 +778,7 @@ def _same_windows(graph, cluster, device_of, seed):
     assert compiled == python
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(_cases())
 @native

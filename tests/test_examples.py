@@ -18,6 +18,7 @@ TINY = ["--batch_size=4", "--vocab_size=40", "--max_seq_length=3", "--rnn_units=
         "--num_layers=2", "--num_devices=4", "--profile_steps=1", "--learning_rate=0.01"]
 
 
+@pytest.mark.tf
 def test_gnmt_v2_example_places_and_trains():
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, "--steps=4"],
@@ -40,6 +41,7 @@ def test_gnmt_v2_example_places_and_trains():
                      re.M), out
 
 
+@pytest.mark.tf
 def test_gnmt_v2_example_stops_on_ctrl_c_with_one_line():
     status, seen, err = ctrl_c.after_output(
         [sys.executable, os.path.join(ROOT, "examples", "gnmt_v2.py"), *TINY, "--steps=100000"],

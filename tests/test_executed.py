@@ -7,6 +7,8 @@ from tensorflow.core.framework import step_stats_pb2
 
 from baechi_tf.cost_model.executed import fused_ops, source_op, where_ops_ran
 
+pytestmark = pytest.mark.tf
+
 tf1 = tf.compat.v1
 
 GRAPH_NAMES = {

@@ -17,6 +17,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import fidelity_time as ft  # noqa: E402
 from tf_models import build_lstm  # noqa: E402
 
+pytestmark = pytest.mark.tf
+
 D0, D1 = "/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0"
 
 
@@ -131,6 +133,7 @@ def test_cpu_meter_gives_a_share_of_the_cores():
     assert 0.0 <= share <= 1.0
 
 
+@pytest.mark.distributed
 def test_the_step_time_half_runs_on_two_single_core_tasks(tmp_path):
     lstm = build_lstm()
     feeds = {t.name: v for t, v in lstm.feed(0).items()}

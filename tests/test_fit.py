@@ -125,6 +125,7 @@ def test_where_the_search_misses_a_placement_that_another_placer_finds_that_one_
     check_placement(graph, cluster, result.groups, result.placement)
 
 
+@pytest.mark.slow
 def test_where_the_search_misses_the_fastest_of_the_placers_that_fit_is_used(methods, caplog):
     """On the graph above only m-TOPO's placement fits (1,112.7 us; its original's variant's too);
     with a HEFT that returns auto's, which fits and is faster (978.1 us), m-ETF takes HEFT's. It
@@ -234,6 +235,7 @@ def test_the_refusal_names_the_op_at_fault_in_exact_bytes_when_rounding_would_hi
                 "(more devices do not help), or split the group"
             ), str(e.value)
 
+@pytest.mark.slow
 @given(graphs_with_memory())
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_auto_places_every_small_graph_that_some_placement_fits(case):
@@ -275,6 +277,7 @@ def _smallest_capacity(graph, num_devices, groups):
     return hi
 
 
+@pytest.mark.slow
 def test_at_the_least_memory_that_fits_auto_places_the_graph():
     outcomes = {"placed": 0, "by the fit search": 0}
 
@@ -301,6 +304,7 @@ def test_at_the_least_memory_that_fits_auto_places_the_graph():
     assert outcomes["placed"] > 400 and outcomes["by the fit search"] >= 1, outcomes
 
 
+@pytest.mark.slow
 def test_graphs_at_the_peak_of_a_planted_placement_are_placed():
     # bench/tight_memory.py's 20-80-op graphs (too many groups to try every placement): memory is
     # the peak of a random placement's simulation, so that placement fits and the graph must be

@@ -146,6 +146,7 @@ def grouped_dags(draw):
     return graph, groups, draw(st.sampled_from(["auto", "exact", "conservative"]))
 
 
+@pytest.mark.slow
 @given(grouped_dags())
 @settings(max_examples=300, deadline=None)
 def test_fused_graph_is_a_dag_that_keeps_costs_and_edges(case):

@@ -163,6 +163,7 @@ def test_self_loop():
         OpGraph.from_arrays(["a"], [1.0], [[4]], edge_src=[0], edge_dst=[0], edge_src_output=[0])
 
 
+@pytest.mark.slow
 def test_long_chain_has_no_recursion_limit():
     n = 50_000
     g = OpGraph.from_arrays(

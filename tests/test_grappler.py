@@ -13,6 +13,8 @@ from baechi_tf.models import GNMTHParams, build_model
 from baechi_tf.models.inception_v3 import InceptionV3HParams
 from baechi_tf.rewriter.devices import placed_graph_config, session_config, standin_cluster
 
+pytestmark = pytest.mark.tf
+
 tf1 = tf.compat.v1
 TASK = "/job:localhost/replica:0/task:0"
 STEPS = 3

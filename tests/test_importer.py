@@ -20,6 +20,8 @@ from baechi_tf.rewriter.graph_pass import place_graph_def
 from baechi_tf.rewriter.importer import import_graph_def
 from tf_models import BATCH, HIDDEN, INPUT_DIM, STEPS, profiled_lstm
 
+pytestmark = pytest.mark.tf
+
 TASK = "/job:localhost/replica:0/task:0"
 
 

@@ -22,6 +22,7 @@ def python_handles_sigint():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     from baechi_tf.cluster import Cluster
     from baechi_tf.json_io import graph_to_json
@@ -41,6 +42,7 @@ def test_ctrl_c_during_place_json_writes_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_reports_are_made_says_what_was_written(tmp_path):
     # The message said "nothing was written" with --out written and some reports in the folder.
     out, reports = tmp_path / "p.json", tmp_path / "reports"

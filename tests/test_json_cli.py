@@ -442,6 +442,7 @@ def test_a_file_with_a_byte_order_mark_is_read(tmp_path, capsys):
     assert "makespan (simulated)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_reports_that_would_replace_an_input_or_the_output_are_refused_first(tmp_path, capsys):
     # An input named like a report (summary.json) beside --report_dir was replaced by the report,
     # with exit status 0; so was an --out named trace.json in the report folder.
@@ -537,6 +538,7 @@ def test_a_report_folder_holding_files_of_the_users_is_refused_first(tmp_path, c
     assert {n: (reports / n).read_bytes() for n in os.listdir(reports)} == {**before, "memory_7.png": b"mine"}
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
     # The summary was printed before --out was written: a reader that went away (`| head`) cost
     # the output and gave a BrokenPipeError traceback.

@@ -403,6 +403,7 @@ def _first_not_earliest(graph, cluster, policy):
         step += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("memory", [graphs.GiB, 6 * graphs.MiB])
 def test_every_step_takes_the_earliest_start(memory):
     """The lazy heaps give what looking at every candidate afresh at every step gives. Seed 168

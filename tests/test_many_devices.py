@@ -108,6 +108,7 @@ def test_schedules_are_the_same_with_twins_weighed_once(kind, policy, monkeypatc
     assert handed > 0 and placed >= 3  # most runs compared real schedules
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["m_topo", "m_etf", "m_sct", "heft", "auto"])
 def test_placements_are_the_same_with_twins_weighed_once(method, monkeypatch):
     """Through the placers, on a layered graph and on 64 devices of one host and of four: the

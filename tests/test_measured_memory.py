@@ -21,6 +21,8 @@ import tensorflow as tf
 
 from baechi_tf.cost_model.measured_memory import measured_memory, variable_bytes
 
+pytestmark = pytest.mark.tf
+
 tf1 = tf.compat.v1
 KiB = 1024
 

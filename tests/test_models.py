@@ -22,6 +22,8 @@ from baechi_tf.models import (
 
 from loaded import run_listing_modules
 
+pytestmark = pytest.mark.tf
+
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILER = shutil.which("g++") or shutil.which("c++")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(COMPILER is None, reason="no C++ compiler (the python engine runs instead)")
 def test_the_tree_of_gaps_books_and_searches_as_sorted_lists(tmp_path):
     binary = str(tmp_path / "gaps_check")

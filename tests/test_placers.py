@@ -361,6 +361,7 @@ def test_a_work_cap_stops_a_run_exactly_when_its_whole_work_passes_it():
     assert _capped_m_etf_work("native") == used
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_auto_work_bounds_the_placers_and_keeps_the_placement_the_same(jobs, caplog):
     """Each placer after the first ones gets an equal share of half of --auto_work: one that
@@ -612,6 +613,7 @@ def test_far_more_devices_than_groups_is_a_warning(caplog):
     assert len(set(result.placement.device_of.tolist())) <= 8
 
 
+@pytest.mark.slow
 def test_thousands_of_devices_beyond_the_groups_are_refused_before_any_work():
     # 3,000 devices for a 97-op graph took 11 s and 850 MB to place on one device, 20,000 ran
     # out of memory: the link tables and the placers' weighing grow with the square of the devices.

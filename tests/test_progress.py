@@ -156,6 +156,7 @@ def test_a_placer_and_the_simulator_show_the_ops_scheduled(no_delay, monkeypatch
     assert err.endswith("\r\x1b[K")  # cleared at the end
 
 
+@pytest.mark.tf
 def test_profiling_shows_its_steps(no_delay, monkeypatch, capsys):
     import tensorflow as tf
 
@@ -172,6 +173,7 @@ def test_profiling_shows_its_steps(no_delay, monkeypatch, capsys):
     assert "\rprofiling  [" in err and "/3 steps" in err and "traced" in err
 
 
+@pytest.mark.slow
 def test_the_cli_draws_bars_on_a_terminal_and_none_in_a_pipe(tmp_path):
     # A real terminal (a pty) on stderr, the default delay: placing 1,000 ops shows the bars.
     import json

@@ -73,6 +73,7 @@ def static_needs(graph, groups):
     return need
 
 
+@pytest.mark.slow
 def test_every_placer_places_validly_or_proves_infeasible():
     outcomes: dict[tuple[str, str], int] = {}
     _check_placers(outcomes)
@@ -170,6 +171,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @given(json_values)
 @settings(**SETTINGS)
 def test_json_reader_raises_only_baechi_errors_on_random_documents(doc):
@@ -179,6 +181,7 @@ def test_json_reader_raises_only_baechi_errors_on_random_documents(doc):
         pass
 
 
+@pytest.mark.slow
 @given(st.data())
 @settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_json_reader_raises_only_baechi_errors_on_mutated_documents(data):

@@ -191,6 +191,7 @@ def test_timeline_peak_is_the_schedule_peak_where_ops_wait_for_memory():
     assert checked >= 50 and waited >= 10, (checked, waited)
 
 
+@pytest.mark.slow
 def test_timeline_peak_is_the_schedule_peak_with_equal_times():
     # Integer and zero compute times and free or constant-time links make many events share an
     # instant; only the commit order then says what the scheduler counted.
@@ -237,6 +238,7 @@ def _check_png(path: str, min_width: int, min_height: int) -> None:
     assert len(colours) > 8  # more than a blank canvas and a frame
 
 
+@pytest.mark.slow
 def test_reports_files(fork_join_reports):
     result, folder, paths = fork_join_reports
     nd = result.cluster.num_devices
@@ -248,6 +250,7 @@ def test_reports_files(fork_join_reports):
         _check_png(paths[f"memory_{d}"], 800, 300)
 
 
+@pytest.mark.slow
 def test_reports_are_deterministic(fork_join_reports, tmp_path):
     result, _, paths = fork_join_reports
     again = write_reports(result, str(tmp_path))
@@ -258,6 +261,7 @@ def test_reports_are_deterministic(fork_join_reports, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_reports_of_fewer_devices_remove_the_earlier_reports_extra_files(tmp_path):
     # A report of 2 devices written over one of 4 left memory_2.png and memory_3.png behind.
     graph, c = load_graph_json(FORK_JOIN)
@@ -275,6 +279,7 @@ def test_reports_of_fewer_devices_remove_the_earlier_reports_extra_files(tmp_pat
         assert json.load(f)["files"] == sorted(names)
 
 
+@pytest.mark.slow
 def test_reports_written_over_keep_their_mode(tmp_path):
     # A report file made private (0600) became 0644 when the next report replaced it.
     graph, c = load_graph_json(FORK_JOIN)
@@ -287,6 +292,7 @@ def test_reports_written_over_keep_their_mode(tmp_path):
     assert (tmp_path / "summary.json").stat().st_mode & 0o7777 == 0o640
 
 
+@pytest.mark.slow
 def test_reports_need_only_their_folder_writable(tmp_path):
     # The temporary folder was made beside the report folder: a writable folder in a parent the
     # user cannot write ended in a traceback after the placement.
@@ -394,6 +400,7 @@ def test_summary_matches_the_result(fork_join_reports):
     assert summary["critical_path"] == [graph.names[op] for op in s.critical_chain(graph, c)[0]]
 
 
+@pytest.mark.slow
 def test_reports_draw_names_with_dollar_signs_as_they_are(tmp_path):
     # matplotlib parses text with an even number of '$' as mathtext: an op named '$$' raised
     # ValueError (place-json --report_dir ended in a traceback after the placement), '$x$' was
@@ -413,6 +420,7 @@ def test_reports_draw_names_with_dollar_signs_as_they_are(tmp_path):
     _check_png(paths["memory_0"], 800, 300)
 
 
+@pytest.mark.slow
 def test_reports_of_a_large_graph(tmp_path):
     graph = layered_graph(2000, seed=0)
     c = cluster(4, GiB)
@@ -424,6 +432,7 @@ def test_reports_of_a_large_graph(tmp_path):
     assert sum(e.get("cat") == "op" for e in events) == 2000
 
 
+@pytest.mark.slow
 def test_place_json_report_dir(tmp_path, capsys):
     out = tmp_path / "reports"
     assert cli_main(["place-json", FORK_JOIN, "--placement_method", "m_etf", "--report_dir", str(out)]) == 0
@@ -431,6 +440,7 @@ def test_place_json_report_dir(tmp_path, capsys):
     assert {"gantt.png", "trace.json", "summary.json", "memory_0.png"} <= set(os.listdir(out))
 
 
+@pytest.mark.slow
 def test_reports_import_neither_tensorflow_nor_pyplot(tmp_path):
     code = (
         "import sys\n"
@@ -448,6 +458,7 @@ def test_reports_import_neither_tensorflow_nor_pyplot(tmp_path):
 # ---------------------------------------------------------------- TensorFlow ends
 
 
+@pytest.mark.tf
 def test_tensorflow_graph_and_step_stats(tmp_path):
     tf = pytest.importorskip("tensorflow")
     graph = tf.Graph()
@@ -594,6 +605,7 @@ def test_memory_png_draws_the_capacity_as_a_line_above_the_curve(fork_join_repor
     assert rows[line + 3 :].sum() < 0.05 * rows[line]  # nothing red under it: the curve is not red
 
 
+@pytest.mark.slow
 def test_reports_are_written_all_at_once_or_not_at_all(tmp_path):
     # Files were written one by one into the folder: an error (or Ctrl-C) part way left some new
     # reports beside old ones.
@@ -629,6 +641,7 @@ def test_names_the_font_cannot_draw_give_no_warnings(tmp_path):
     assert os.path.getsize(paths["gantt"]) > 0
 
 
+@pytest.mark.tf
 def test_tensorflow_ops_that_ran_side_by_side_get_lanes_of_their_own():
     # TF runs a CPU device's independent ops at once on its threads, but its step stats give
     # every op thread_id 0: the real step's events overlapped on one trace thread (an op inside a
@@ -784,6 +797,7 @@ def test_gantt_rows_of_several_tasks_keep_their_whole_label():
     assert fig.axes[0].get_position().x0 == pytest.approx(0.085)
 
 
+@pytest.mark.slow
 def test_gantt_rows_of_a_job_with_a_very_long_name_keep_the_end_of_their_label(tmp_path):
     # The margin grew with the widest label: a job name of 200 characters made it wider than the
     # figure, and place-json --report_dir ended in a traceback (the axes' width was negative).
@@ -828,6 +842,7 @@ def test_a_step_of_no_time_has_an_axis_of_one_microsecond():
         assert ax.xaxis.get_offset_text().get_text() == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.5, 0.4])
 def test_memory_pngs_drawn_over_one_figure_are_each_device_s_own(fraction):
     # Each memory PNG had a figure of its own (40 ms each, most of it ticks and text that all
@@ -853,6 +868,7 @@ def test_memory_pngs_drawn_over_one_figure_are_each_device_s_own(fraction):
         assert pngs[d] == _png(_memory_figure(result, d, mem)), d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_devices, every", [(256, 1), (1024, 4)])
 def test_gantt_of_many_devices_keeps_a_row_per_device_within_its_height(num_devices, every):
     # A row was 62 px whatever the devices: 256 devices made a PNG of 1400 x 16,027 px, 1,024 one

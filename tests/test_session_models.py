@@ -1,11 +1,14 @@
 """BaechiSession on a real model whose CPU kernels add output slots at run time."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from baechi_tf import BaechiSession
 from baechi_tf.models import build_model
 from baechi_tf.models.inception_v3 import InceptionV3HParams
+
+pytestmark = pytest.mark.tf
 
 
 def test_training_inception_v3_profiles_places_and_trains():

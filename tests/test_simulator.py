@@ -629,6 +629,7 @@ def _between_cut_ops(rng, inner, devices):
     return b.build(), graphs.cluster(devices, comm=CommCost(0.5, 20))
 
 
+@pytest.mark.slow
 def test_energetic_bounds_never_beat_a_placement_and_often_rise():
     # Phases between two cut ops, every placement on 2 or 3 devices: the bound holds, and the
     # energetic bounds of the phase and of the whole graph lift it over the others in 11 of
@@ -798,6 +799,7 @@ def _best_pinned_makespan(graph, cluster, groups):
     )
 
 
+@pytest.mark.slow
 def test_lower_bound_with_pins_never_beats_a_placement_that_keeps_them():
     # Random DAGs of 4-7 ops, half of them pinned, with and without colocation groups, on 2 or
     # 3 devices with copies of 20-220 us: every placement that holds the pins (and groups) is

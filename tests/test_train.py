@@ -20,6 +20,8 @@ import ctrl_c
 from loaded import run_listing_modules
 from baechi_tf.cost_model import load_profile
 
+pytestmark = pytest.mark.tf
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "/job:localhost/replica:0/task:0"
 STANDINS = {f"{TASK}/device:CPU:{i}" for i in range(1, 5)}
@@ -514,6 +516,7 @@ def test_a_cost_file_that_is_not_a_profile_is_refused(tmp_path):
         assert str(path) in done.stderr
 
 
+@pytest.mark.distributed
 def test_costgen_and_placement_across_two_local_workers(tmp_path):
     """train.py --cluster_spec: profile and place on the devices of two worker processes."""
     from baechi_tf.rewriter.distributed import start_local_workers

@@ -46,6 +46,7 @@ def _same(a, b) -> None:
     assert a.refine_stats == dataclasses.replace(b.refine_stats, seconds=a.refine_stats.seconds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, placer_type",
     [("rnn", "default"), ("fork-join", "default"), ("transformer", "fusion")],
@@ -69,6 +70,7 @@ def test_side_by_side_the_placement_is_the_one_placed_in_this_process(caplog, ca
         assert any(r.name == "baechi_tf.placer.layers" for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_side_by_side_with_a_host_outside_the_cluster(caplog):
     graph = rnn()
     sources = [op for op in range(graph.num_ops) if not graph.predecessors[op]]
@@ -156,6 +158,7 @@ def test_arguments_that_do_not_pickle_are_placed_in_this_process(caplog):
     assert not _worker_lines(caplog)
 
 
+@pytest.mark.slow
 def test_a_method_registered_here_runs_here(caplog, methods):
     from baechi_tf.placer.heft import place_heft
 
@@ -179,6 +182,7 @@ def test_placement_jobs_must_be_a_whole_number(jobs):
         PlacementOptions(placement_jobs=jobs).validate()
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_candidates_are_placed_side_by_side_stops_the_workers(tmp_path):
     from baechi_tf.json_io import graph_to_json
     from layered import layered_graph
