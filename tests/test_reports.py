@@ -504,7 +504,7 @@ def test_tensorflow_graph_and_step_stats(tmp_path):
 
 
 def test_device_labels_drop_a_task_that_every_device_shares():
-    from baechi_tf.reports import _device_label
+    from baechi_tf.reports.gantt import _device_label
 
     # A session's devices all live in '/job:localhost/replica:0/task:0': the Gantt rows say only
     # 'CPU:1' (the whole name did not fit the margin); devices of several tasks keep theirs.
@@ -582,7 +582,7 @@ def test_the_critical_path_of_the_reports_accounts_for_the_whole_step(fork_join_
 
 
 def test_gantt_highlights_the_critical_path_across_the_step(fork_join_reports):
-    from baechi_tf.reports import _gantt_png
+    from baechi_tf.reports.gantt import _gantt_png
 
     result, _, paths = fork_join_reports
     critical = result.schedule.critical_path(result.graph, result.cluster)
@@ -649,7 +649,7 @@ def test_tensorflow_ops_that_ran_side_by_side_get_lanes_of_their_own():
     pytest.importorskip("tensorflow")
     from tensorflow.core.framework import step_stats_pb2
 
-    from baechi_tf.reports import _tf_events
+    from baechi_tf.reports.trace import _tf_events
 
     stats = step_stats_pb2.StepStats()
     dev = stats.dev_stats.add(device="/job:localhost/replica:0/task:0/device:CPU:1")
@@ -680,7 +680,7 @@ def test_tensorflow_ops_that_ran_side_by_side_get_lanes_of_their_own():
 def test_memory_png_zooms_a_low_curve_in_a_unit_of_its_own():
     # The zoomed inset kept the capacity's unit: a peak of 300 KiB on an 8 GiB device had ticks
     # of 0 to 3 under a '1e-4' offset (GiB) that ran into the inset's title.
-    from baechi_tf.reports import _memory_figure
+    from baechi_tf.reports.memory import _memory_figure
 
     graph = chain(4, nbytes=100 * 1024)
     c = cluster(1, 8 * GiB)
@@ -702,7 +702,7 @@ def test_memory_png_zooms_a_low_curve_in_a_unit_of_its_own():
 
 def test_gantt_legend_names_ops_without_a_type():
     # Where some ops had a type and others none, the legend's entry of the untyped ones was '?'.
-    from baechi_tf.reports import _colour_keys
+    from baechi_tf.reports.gantt import _colour_keys
 
     b = OpGraphBuilder()
     b.add_op("src", 10, [4])
@@ -716,7 +716,8 @@ def test_gantt_legend_names_ops_without_a_type():
 def test_reports_show_the_placer_s_share_of_each_device(tmp_path):
     # With --placer_memory_fraction the terminal's table showed the share the placer could fill;
     # summary.json and memory_<i>.png showed only the whole capacity, far above it.
-    from baechi_tf.reports import _memory_figure, summary
+    from baechi_tf.reports import summary
+    from baechi_tf.reports.memory import _memory_figure
 
     graph, c = load_graph_json(FORK_JOIN)
     result = place(graph, c, PlacementOptions(placement_method="m_etf", memory_fraction=0.2))
@@ -741,7 +742,8 @@ def test_reports_show_the_placer_s_share_of_each_device(tmp_path):
 def test_a_step_of_minutes_is_drawn_in_seconds():
     # A 40-minute step had an axis 'time (ms)' of 0 to 2.4 under a '1e6' offset, and the Gantt's
     # title said 'makespan 2.4e+03 s'.
-    from baechi_tf.reports import _memory_figure, _time_unit, _us
+    from baechi_tf.reports.drawing import _time_unit, _us
+    from baechi_tf.reports.memory import _memory_figure
 
     assert _time_unit(9_999.0) == (1.0, "us")
     assert _time_unit(9_999_999.0) == (1e-3, "ms")
@@ -777,7 +779,7 @@ def test_gantt_rows_of_several_tasks_keep_their_whole_label():
     # The margin had room for about 18 characters: 'parameter_server/r0/t0 CPU:0' was cut
     # to '_server/r0/t0 CPU:0' at the figure's left edge, 'worker/r0/t12 GPU:0' to 'orker...'.
     from baechi_tf.cluster import Cluster, Device
-    from baechi_tf.reports import _gantt_figure
+    from baechi_tf.reports.gantt import _gantt_figure
 
     c = Cluster((Device("/job:parameter_server/replica:0/task:0/device:CPU:0", GiB, "CPU"),
                  Device("/job:worker/replica:0/task:12/device:GPU:0", GiB, "GPU")), CommCost())
@@ -803,7 +805,7 @@ def test_gantt_rows_of_a_job_with_a_very_long_name_keep_the_end_of_their_label(t
     # figure, and place-json --report_dir ended in a traceback (the axes' width was negative).
     # Such a label keeps its end, where the task and device are, after '…'.
     from baechi_tf.cluster import Cluster, Device
-    from baechi_tf.reports import _gantt_figure
+    from baechi_tf.reports.gantt import _gantt_figure
 
     c = Cluster((Device(f"/job:{'x' * 200}/replica:0/task:0/device:GPU:0", GiB),
                  Device("/job:w/replica:0/task:1/device:GPU:0", GiB)), CommCost())
@@ -825,7 +827,8 @@ def test_gantt_rows_of_a_job_with_a_very_long_name_keep_the_end_of_their_label(t
 
 def test_a_step_of_no_time_has_an_axis_of_one_microsecond():
     # Ops of 0 us: the axes ran from 0 to 1e-9 us under a '1e-9' offset.
-    from baechi_tf.reports import _gantt_figure, _memory_figure
+    from baechi_tf.reports.gantt import _gantt_figure
+    from baechi_tf.reports.memory import _memory_figure
 
     b = OpGraphBuilder()
     b.add_op("a", 0.0, [4])
@@ -852,7 +855,8 @@ def test_memory_pngs_drawn_over_one_figure_are_each_device_s_own(fraction):
     # share, in an order that goes back and forth between frames. At 40%, the share's line
     # crosses the labels of the zoomed inset's x axis, which were drawn under it, not over it.
     from baechi_tf.cluster import Cluster, Device
-    from baechi_tf.reports import _MAX_FRAMES, _memory_figure, _memory_pngs, _png
+    from baechi_tf.reports.drawing import _png
+    from baechi_tf.reports.memory import _MAX_FRAMES, _memory_figure, _memory_pngs
 
     capacities = [(64 + 32 * (d % (_MAX_FRAMES + 2))) * MiB for d in range(2 * _MAX_FRAMES + 6)]
     c = Cluster(tuple(Device(f"/device:GPU:{d}", cap) for d, cap in enumerate(capacities)))
@@ -880,7 +884,7 @@ def test_gantt_of_many_devices_keeps_a_row_per_device_within_its_height(num_devi
     import matplotlib.image
 
     from baechi_tf.cluster import Cluster
-    from baechi_tf.reports import _gantt_figure, _gantt_png
+    from baechi_tf.reports.gantt import _gantt_figure, _gantt_png
 
     graph = layered_graph(2 * num_devices, seed=2)
     c = Cluster.homogeneous(num_devices, GiB)
