@@ -41,7 +41,8 @@ from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
 from baechi_tf.rewriter.devices import host_device as default_host_device
-from baechi_tf.rewriter.importer import KernelLookup, import_graph_def, resolve_function_devices
+from baechi_tf.rewriter.importer import KernelLookup, import_graph_def
+from baechi_tf.rewriter.pins import resolve_function_devices
 
 __all__ = ["PlacementReport", "place_graph_def", "place_with_host"]
 

@@ -18,27 +18,27 @@ One op per node, in node order, with:
   ``NextIteration -> Merge`` back edges of loops are left out, so the graph is a DAG, and so are
   the edges of ops that no profiled step runs: no tensor or message goes to them in a step.
 * **Colocation**: the TF colocation names of ``_class: loc:@x``, plus the colocations TF's own
-  placer adds: an op taking a resource handle or a reference from another op (as its input is
-  declared: not one reading the value through a reference) runs on that op's device (a handle
-  that a functional ``While`` takes and hands out again comes from where it went in:
-  `_handle_source`), and so does a dataset op reading another dataset. TF moves it there
-  whatever the GraphDef says: where the two are pinned to different devices, the reader's pin
-  gives way (`_implicit_colocation`). Iterators go with the graph's
-  ``Iterator.from_string_handle`` ops: any of them may be fed in by its string handle, and TF
-  makes an iterator from a handle only on the device where the iterator lives. An op calling
-  functions that a session inlines (functional control flow) goes with the ops of the graph that
-  the functions' nodes name in their ``_class``; such an op named by a node with a device is
-  pinned there, and one named by a node taking a resource handle argument goes with the handle's
-  maker (`_inlined_colocation`). A v1 loop's ``Enter`` goes with its first reader
-  (`_enter_readers`), and on CPU devices an NCHW ``MaxPoolGrad`` with its ``MaxPool``
-  (`_pool_grad_forward`). An op that a fused node replaced while profiling goes with the op the
-  node ran as (``OpCost.fused_into``: Grappler's remapper fuses ops of different devices into
-  one node on one of them), unless the user pinned the two to different devices.
-* **Pinned devices**: a node whose ``device`` names one device (``/device:GPU:1``, ``/cpu:0``,
-  ...) stays there. `device_aliases` map a name to another (virtual CPU devices stand in for
-  GPUs). A node naming the host CPU that is not a cluster device is pinned to `host_device`. A
-  device that is neither is an error, unless `ignore_user_devices`, which lets the placer move
-  it. Partial names (``/job:worker``) pin nothing.
+  placer adds (`baechi_tf.rewriter.colocation`): an op taking a resource handle or a reference from
+  another op (as its input is declared: not one reading the value through a reference) runs on that
+  op's device (a handle that a functional ``While`` takes and hands out again comes from where it
+  went in: `_handle_source`), and so does a dataset op reading another dataset. TF moves it there
+  whatever the GraphDef says: where the two are pinned to different devices, the reader's pin gives
+  way (`_implicit_colocation`). Iterators go with the graph's ``Iterator.from_string_handle`` ops:
+  any of them may be fed in by its string handle, and TF makes an iterator from a handle only on
+  the device where the iterator lives. An op calling functions that a session inlines (functional
+  control flow) goes with the ops of the graph that the functions' nodes name in their ``_class``;
+  such an op named by a node with a device is pinned there, and one named by a node taking a
+  resource handle argument goes with the handle's maker (`_inlined_colocation`). A v1 loop's
+  ``Enter`` goes with its first reader (`_enter_readers`), and on CPU devices an NCHW
+  ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`). An op that a fused node replaced
+  while profiling goes with the op the node ran as (``OpCost.fused_into``: Grappler's remapper
+  fuses ops of different devices into one node on one of them), unless the user pinned the two to
+  different devices.
+* **Pinned devices** (`baechi_tf.rewriter.pins`): a node whose ``device`` names one device
+  (``/device:GPU:1``, ``/cpu:0``, ...) stays there. `device_aliases` map a name to another (virtual
+  CPU devices stand in for GPUs). A node naming the host CPU that is not a cluster device is pinned
+  to `host_device`. A device that is neither is an error, unless `ignore_user_devices`, which lets
+  the placer move it. Partial names (``/job:worker``) pin nothing.
 * **Kernels**: an op without a kernel for the cluster's device type, but with a CPU kernel, is
   pinned to the host CPU (TF's registry,
   ``tensorflow.python.framework.kernels.get_registered_kernels_for_op``). A registry that knows
@@ -70,16 +70,25 @@ from baechi_tf.cost_model.profile import (
     compare_to_graph,
     unrun_ops,
 )
-from baechi_tf.errors import ConfigError, InvalidGraphError, ProfileError
+from baechi_tf.errors import InvalidGraphError, ProfileError
 from baechi_tf.graph import HELD, OpGraph, OpGraphBuilder
+from baechi_tf.rewriter.colocation import (
+    _FROM_STRING_HANDLE,
+    _ITERATORS,
+    _enter_readers,
+    _fused_colocation,
+    _implicit_colocation,
+    _inlined_colocation,
+    _parse_input,
+    _pool_grad_forward,
+)
+from baechi_tf.rewriter.pins import _DeviceResolver, _resolve_function_devices
 
 __all__ = [
     "ImportResult",
     "VARIABLE_OP_TYPES",
     "has_registered_kernel",
     "import_graph_def",
-    "resolve_function_devices",
-    "resolve_user_devices",
 ]
 
 log = logging.getLogger(__name__)
@@ -126,16 +135,6 @@ def has_registered_kernel(op_type: str, device_type: str) -> bool:
 def _registry_knows(lookup: KernelLookup, device_type: str) -> bool:
     # Every real device type has a MatMul kernel; a registry without one was built without it.
     return lookup("MatMul", device_type)
-
-
-def _parse_input(text: str) -> tuple[str, int]:
-    """'^a' -> ('a', -1); 'a:2' -> ('a', 2); 'a' -> ('a', 0)."""
-    if text.startswith("^"):
-        return text[1:], -1
-    name, sep, port = text.rpartition(":")
-    if sep and port.isdigit():
-        return name, int(port)
-    return text, 0
 
 
 def _static_bytes(tensor) -> int:
@@ -197,144 +196,6 @@ def _structure(graph_def) -> OpGraph:
             if src in types and not (types[src] in _BACK_EDGE_SRC and node.op in _BACK_EDGE_DST):
                 builder.add_control_edge(src, node.name)
     return builder.build()
-
-
-class _DeviceResolver:
-    """Maps a node's ``device`` field to a cluster device name, the host CPU, or nothing."""
-
-    def __init__(
-        self,
-        cluster: Cluster,
-        host: Optional[Device],
-        aliases: Mapping[str, str],
-        ignore_user_devices: bool,
-    ) -> None:
-        self.cluster = cluster
-        self.host = host
-        self.host_cluster = Cluster((host,)) if host is not None else None
-        self.aliases = {self._local(k) or k: v for k, v in aliases.items()}
-        self._alias_specs = {k: self._spec(v) for k, v in self.aliases.items()}  # parsed once
-        self.ignore = ignore_user_devices
-        self.ignored: list[str] = []
-
-    @staticmethod
-    def _spec(text: str):
-        import tensorflow as tf
-
-        try:
-            return tf.DeviceSpec.from_string(text)
-        except (ValueError, TypeError):
-            return None
-
-    @classmethod
-    def _local(cls, text: str) -> Optional[str]:
-        spec = cls._spec(text)
-        if spec is None or spec.device_type is None or spec.device_index is None:
-            return None
-        return f"device:{spec.device_type.upper()}:{spec.device_index}"
-
-    def resolve(self, op_name: str, text: str, function: Optional[str] = None) -> tuple[Optional[str], bool]:
-        """(device name or None, whether it is the host CPU); `function` names the library
-        function whose node `op_name` is, if it is one."""
-        if not text:
-            return None, False
-        what = f"op {op_name!r}" + (f" of function {function!r}" if function else "")
-        spec = self._spec(text)
-        if spec is None:
-            raise ConfigError(f"{what} has the malformed device {text!r}")
-        if spec.device_type is None or spec.device_index is None:
-            return None, False  # a job or task only: no single device
-        local = f"device:{spec.device_type.upper()}:{spec.device_index}"
-        if local in self.aliases and self._same_task(spec, self._alias_specs[local]):
-            return self.aliases[local], False
-        i = self.cluster.find(text)
-        if i is not None:
-            return self.cluster.names[i], False
-        if self.host_cluster is not None and self.host_cluster.find(text) is not None:
-            return self.host.name, True  # type: ignore[union-attr]
-        if self.ignore:
-            self.ignored.append(op_name)
-            return None, False
-        raise ConfigError(
-            f"{what} is pinned to {text!r}, which is not one of the devices "
-            f"({', '.join(self.cluster.names)}); give a device of that name (more devices, if "
-            "its index is past theirs), or ignore the pins the graph carries "
-            "(ignore_user_devices=True, --ignore_user_devices)"
-        )
-
-    @staticmethod
-    def _same_task(spec, own) -> bool:
-        """Whether the job, replica and task that `spec` names, if any, are those of `own`, the
-        stand-in's parsed name (a GPU of this process written in full,
-        ``/job:localhost/replica:0/task:0/device:GPU:0``)."""
-        return own is not None and all(
-            mine is None or mine == theirs
-            for mine, theirs in ((spec.job, own.job), (spec.replica, own.replica), (spec.task, own.task))
-        )
-
-
-def resolve_user_devices(
-    graph_def: Any,
-    cluster: Cluster,
-    *,
-    host_device: Optional[Device] = None,
-    device_aliases: Optional[Mapping[str, str]] = None,
-    ignore_user_devices: bool = False,
-) -> Any:
-    """A copy of `graph_def` whose device fields name the devices `import_graph_def` pins the
-    nodes to (a stand-in for a GPU, the host), and are empty where it pins nothing (a job or task
-    only, a device ignored with `ignore_user_devices`): a copy TF can run on `cluster`, as a
-    profiling copy must. `ConfigError` for a pin to a device that is not there, as the import's.
-    """
-    return _resolved_copy(graph_def, cluster, host_device, device_aliases, ignore_user_devices, nodes=True)
-
-
-def resolve_function_devices(
-    graph_def: Any,
-    cluster: Cluster,
-    *,
-    host_device: Optional[Device] = None,
-    device_aliases: Optional[Mapping[str, str]] = None,
-    ignore_user_devices: bool = False,
-) -> Any:
-    """A copy of `graph_def` whose functions' nodes name the devices their pins resolve to, as
-    `resolve_user_devices` does for the graph's nodes (the graph's nodes are left as they are):
-    the body of a v2 loop or cond built under ``tf.device('/GPU:0')`` runs on the stand-in for
-    that GPU, as the loop does. `ConfigError` for a pin to a device that is not there."""
-    return _resolved_copy(graph_def, cluster, host_device, device_aliases, ignore_user_devices, nodes=False)
-
-
-def _resolved_copy(
-    graph_def: Any,
-    cluster: Cluster,
-    host_device: Optional[Device],
-    device_aliases: Optional[Mapping[str, str]],
-    ignore_user_devices: bool,
-    *,
-    nodes: bool,
-) -> Any:
-    """A copy of `graph_def` with its functions' pins resolved, and its nodes' with `nodes`."""
-    resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-    if nodes:
-        for node in out.node:
-            if node.device:
-                node.device = resolver.resolve(node.name, node.device)[0] or ""
-    _resolve_function_devices(out, resolver)
-    return out
-
-
-def _resolve_function_devices(graph_def: Any, resolver: "_DeviceResolver", *, write: bool = True) -> None:
-    """Resolves the device of each node of `graph_def`'s functions in place (a copy's); without
-    `write`, only raises `ConfigError` for a pin to a device that is not there (as for the graph's
-    nodes), before any placement is made."""
-    for fdef in graph_def.library.function:
-        for node in fdef.node_def:
-            if node.device:
-                device = resolver.resolve(node.name, node.device, fdef.signature.name)[0]
-                if write:
-                    node.device = device or ""
 
 
 def import_graph_def(
@@ -650,280 +511,3 @@ def _needs_host(
     if any(lookup(op_type, t) for t in checked_types):
         return False
     return "CPU" not in checked_types and lookup(op_type, "CPU")
-
-
-_ENTERS = frozenset({"Enter", "RefEnter"})
-
-
-def _enter_readers(graph_def: Any) -> dict[str, tuple[str, ...]]:
-    """Each v1 loop ``Enter`` node's first data reader (in node order), which it must share a
-    device with: an Enter placed apart from every op that reads it (the loop-invariant count of
-    a gradient loop on a device of its own, say) made TF's step wait forever, the receiving
-    device's iterations expecting copies that its device sent once. Not where both nodes name
-    different devices (the user's pins hold)."""
-    enters = {n.name: n for n in graph_def.node if n.op in _ENTERS}
-    out: dict[str, tuple[str, ...]] = {}
-    if not enters:
-        return out
-    for node in graph_def.node:
-        for text in node.input:
-            src, slot = _parse_input(text)
-            enter = enters.get(src) if slot >= 0 else None
-            if enter is None or src in out:
-                continue
-            if enter.device and node.device and enter.device != node.device:
-                out[src] = ()
-            else:
-                out[src] = (node.name,)
-    return out
-
-
-# Ops whose functions a session inlines into the graph before TF's placer runs (functional
-# control flow is lowered to Switch, Merge, Enter... and calls of its branches and bodies).
-_INLINED_CALLS = frozenset({
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-    "PartitionedCall", "StatefulPartitionedCall",
-})
-
-
-# Functional ops whose first input (the condition, the branch index) is not a function argument.
-_SELECTING_CALLS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
-_DT_RESOURCE = 20  # types_pb2.DT_RESOURCE
-
-
-def _called_functions(node: Any, functions: Mapping[str, Any]) -> list[str]:
-    """The library functions `node` calls where a session inlines them (none for other ops)."""
-    if node.op in functions:
-        return [node.op]
-    if node.op not in _INLINED_CALLS:
-        return []
-    names = []
-    for value in node.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        names.extend(f.name for f in value.list.func)
-    return [n for n in names if n in functions]
-
-
-def _argument_inputs(node: Any) -> list[str]:
-    """The inputs of a calling `node` that are its functions' arguments, in order."""
-    data = [text for text in node.input if not text.startswith("^")]
-    return data[1:] if node.op in _SELECTING_CALLS else data
-
-
-def _inlined_colocation(graph_def: Any, tfg: Any) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """What the functions that ops call put ops of the graph with, once a session inlines them:
-    a node of a body or branch (or of a function that one calls, inlined in turn) runs on its own
-    device, else on its caller's, and its ``_class: loc:@x`` names `x` of the graph when the
-    function itself has no node `x` (TF prefixes only the names of the function's own nodes).
-    While v2 makes such names: a loop's gradient body colocated with a shape it hoisted out of
-    the loop, 'gradients/Mean_grad/Shape', is put with the graph's op of that name. A node taking
-    a resource handle argument runs with the handle's maker, and so does what it names then (a
-    gradient branch's VariableShape colocated with the forward Case).
-
-    Returns the ops of the graph each op shares a device with (a caller, those named by nodes
-    that run on its device; an op named by a node taking a handle, the handle's maker) and the
-    device that nodes naming a device put an op of the graph on (the first one, in the order of
-    the graph's nodes and the functions' nodes). Time: O(nodes of the functions each caller
-    reaches)."""
-    import tensorflow as tf
-
-    functions = {f.signature.name: f for f in graph_def.library.function}
-    if not functions:
-        return {}, {}
-    top = {node.name for node in graph_def.node}
-    # function -> (node's device, op of the graph it names, the handle arguments it takes)
-    named_in: dict[str, list[tuple[str, str, tuple[int, ...]]]] = {}
-    # function -> (calling node's device, function, its arguments' indices among the caller's)
-    calls: dict[str, list[tuple[str, str, tuple[Optional[int], ...]]]] = {}
-    for name, fdef in functions.items():
-        own = {node.name for node in fdef.node_def}
-        args = {a.name: k for k, a in enumerate(fdef.signature.input_arg)}
-        handles = {a.name for a in fdef.signature.input_arg if a.type == _DT_RESOURCE}
-        named_in[name], calls[name] = [], []
-        for node in fdef.node_def:
-            passed = tuple(args.get(text) for text in _argument_inputs(node))
-            calls[name].extend((node.device, f, passed) for f in _called_functions(node, functions))
-            taken = tuple(args[text] for text in node.input if text in handles)
-            for value in node.attr["_class"].list.s if "_class" in node.attr else ():
-                text = value.decode() if isinstance(value, bytes) else value
-                target = text[len("loc:@"):]
-                if text.startswith("loc:@") and target not in own and target in top:
-                    named_in[name].append((node.device, target, taken))
-    out: dict[str, list[str]] = {}
-    pins: dict[str, str] = {}
-    for node in graph_def.node:
-        called = _called_functions(node, functions)
-        if not called:
-            continue
-        op = tfg.get_operation_by_name(node.name)
-        inputs = list(op.inputs)[1:] if node.op in _SELECTING_CALLS else list(op.inputs)
-        makers = tuple(_handle_source(t).op.name if t.dtype == tf.resource else None for t in inputs)
-        todo = [("", f, makers) for f in reversed(called)]
-        seen: set[tuple[str, str, tuple[Optional[str], ...]]] = set()
-        while todo:
-            device, name, sources = todo.pop()
-            if (device, name, sources) in seen:
-                continue
-            seen.add((device, name, sources))
-            for own_device, target, taken in named_in[name]:
-                with_handles = sorted({sources[k] for k in taken if k < len(sources) and sources[k]})
-                if with_handles:  # TF puts a handle's reader with its maker, whatever its pin
-                    out.setdefault(target, []).extend(with_handles)
-                elif own_device or device:
-                    pins.setdefault(target, own_device or device)
-                elif target != node.name:
-                    out.setdefault(node.name, []).append(target)
-            for own_device, f, passed in reversed(calls[name]):
-                inner = tuple(sources[k] if k is not None and k < len(sources) else None for k in passed)
-                todo.append((own_device or device, f, inner))
-    return {k: list(dict.fromkeys(v)) for k, v in out.items()}, pins
-
-
-_NCHW_POOL_GRADS = frozenset({"MaxPoolGrad", "MaxPoolGradV2"})
-
-
-def _pool_grad_forward(node: Any, device_types: Any) -> tuple[str, ...]:
-    """The pooling op an NCHW ``MaxPoolGrad`` on CPU devices shares a device with. Apart from it,
-    Inception-v3 in NCHW failed its first step under HEFT, m-SCT and m-TOPO placements: TF ran
-    its own CPU kernel, which takes NHWC only ('Default MaxPoolingGradOp only supports NHWC on
-    device type CPU'), not oneDNN's; kept together, each of them ran. (A small conv and pool
-    split the same way ran: what else makes TF pick its own kernel is not known.)"""
-    if node.op not in _NCHW_POOL_GRADS or "CPU" not in device_types or len(node.input) < 2:
-        return ()
-    # `in` first: reading a missing key of a NodeDef's attr map adds it to the user's graph.
-    if "data_format" not in node.attr or node.attr["data_format"].s != b"NCHW":
-        return ()
-    return (_parse_input(node.input[1])[0],)
-
-
-def _fused_colocation(name: str, cost: Optional[OpCost], user_pins: Mapping[str, tuple]) -> tuple[str, ...]:
-    """The op whose fused node replaced op `name` while profiling (``cost.fused_into``), as a
-    colocation name; none when the user pinned the two ops to different devices (the session
-    then runs without the fusion) or the op is not in the graph."""
-    into = cost.fused_into if cost is not None else ""
-    if not into or into not in user_pins:
-        return ()
-    mine, theirs = user_pins[name][0], user_pins[into][0]
-    return () if mine is not None and theirs is not None and mine != theirs else (into,)
-
-
-# Ops TF's placer does not put with their resource inputs: those of its
-# InputColocationExemptionRegistry, function calls (and datasets with a function, `_exempt`) that
-# hand the resources to the ops of a function, which go with them; and functional control flow,
-# which a session lowers to Switch, Merge and Enter nodes before placing (those go with the
-# resource, the op is gone).
-_RESOURCE_COLOCATION_EXEMPT = frozenset({
-    "PartitionedCall", "StatefulPartitionedCall",
-    "If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
-})
-
-
-def _exempt(op: Any) -> bool:
-    """Whether TF leaves `op` where it is rather than put it with the resources it takes: a
-    dataset with a function takes them for it, as TF registers every such dataset (``map`` with
-    or without ``num_parallel_calls``, ``filter``, ``take_while``, ``interleave``, ``scan``...)."""
-    if op.type in _RESOURCE_COLOCATION_EXEMPT:
-        return True
-    return _is_dataset(op.type) and any(a.HasField("func") or a.list.func for a in op.node_def.attr.values())
-
-
-def _implicit_colocation(tfg: Any, pins: Mapping[str, Optional[str]]) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """The producers TF's placer puts each op with, and the pins of `pins` it drops to do so.
-
-    TF colocates an op with the producers of its inputs of resource or reference type (the input
-    the op declares: a `MatMul` reading a reference variable's output directly reads its value,
-    and may run elsewhere; function calls take resources where they are), and a dataset op with
-    the dataset it reads. It walks those edges in
-    the order it made them (its ops in order, each one's inputs in order), and where the two sides
-    are pinned to different devices the consumer's side takes the producer's (its placer:
-    "Ignoring device specification ... because the input edge ... is a reference connection").
-    So a variable's readers pinned to two devices run where the variable's own pin, else its
-    first pinned reader, puts it. The second result maps each op whose pin TF overrides to the
-    device it runs on. The pin of an op that makes a resource (no inputs, one resource or
-    reference output: a variable, a table) is never overridden by another such pin: an op taking
-    resources that two of them are pinned to different devices is an `InvalidGraphError`, as TF
-    refuses it ("a reference or resource edge connects colocation groups with incompatible
-    resource devices").
-    """
-    import tensorflow as tf
-
-    parent: dict[str, str] = {}
-    pin_of: dict[str, Optional[str]] = {}  # a root -> its set's pin
-    made_on: dict[str, tuple[str, str]] = {}  # a root -> (an op making a resource, its pin)
-    for op in tfg.get_operations():
-        if not op.inputs and len(op.outputs) == 1 and pins.get(op.name) is not None:
-            dtype = op.outputs[0].dtype
-            if dtype == tf.resource or dtype._is_ref_dtype:
-                made_on[op.name] = (op.name, pins[op.name])
-
-    def find(name: str) -> str:
-        root = name
-        while parent.get(root, root) != root:
-            root = parent[root]
-        while name != root:
-            parent[name], name = root, parent.get(name, root)
-        return root
-
-    out: dict[str, list[str]] = {}
-    for op in tfg.get_operations():
-        producers: list[str] = []
-        for t, dtype in zip(op.inputs, op._input_types):
-            src = _handle_source(t).op if dtype == tf.resource else t.op
-            if dtype == tf.variant:
-                if not (_is_dataset(src.type) and _is_dataset(op.type)):
-                    continue
-            elif not (dtype == tf.resource or dtype._is_ref_dtype) or _exempt(op):
-                continue
-            producers.append(src.name)
-            a, b = find(src.name), find(op.name)
-            if a == b:
-                continue
-            pa, pb = pin_of.get(a, pins.get(a)), pin_of.get(b, pins.get(b))
-            ma, mb = made_on.get(a), made_on.get(b)
-            if ma is not None and mb is not None and ma[1] != mb[1]:
-                raise InvalidGraphError(
-                    f"op {op.name!r} takes {src.name!r}, which puts {mb[0]!r} (pinned to "
-                    f"{mb[1]!r}) and {ma[0]!r} (pinned to {ma[1]!r}) on one device: TF refuses such "
-                    "a graph ('a reference or resource edge connects colocation groups with "
-                    "incompatible resource devices'); pin them to one device"
-                )
-            parent[b] = a
-            pin_of[a] = pa if pa is not None else pb  # the producer's side wins a conflict
-            if mb is not None:
-                made_on[a] = mb
-        if producers:
-            out[op.name] = list(dict.fromkeys(producers))
-    overridden = {}
-    for name, pin in pins.items():
-        if pin is not None:
-            root = find(name)
-            runs_on = pin_of.get(root, pins.get(root))
-            if runs_on is not None and runs_on != pin:
-                overridden[name] = runs_on
-    return out, overridden
-
-
-_WHILES = frozenset({"While", "StatelessWhile"})
-
-
-def _handle_source(t: Any) -> Any:
-    """The tensor a functional loop's output `t` passes through: a ``While`` hands out each loop
-    variable it takes, and a resource handle it takes comes out as it went in (a session lowers
-    the loop to Enter -> Merge -> Switch -> Exit nodes, each taking the handle from the one
-    before, so TF runs a reader of the output with the handle's maker). Other tensors are
-    their own source."""
-    while t.op.type in _WHILES and t.value_index < len(t.op.inputs):
-        t = t.op.inputs[t.value_index]
-    return t
-
-
-# Ops that make an iterator resource, and those that make one from a string handle.
-_FROM_STRING_HANDLE = frozenset({"IteratorFromStringHandle", "IteratorFromStringHandleV2"})
-_ITERATORS = _FROM_STRING_HANDLE | {
-    "Iterator", "IteratorV2", "OneShotIterator", "AnonymousIterator", "AnonymousIteratorV2", "AnonymousIteratorV3",
-}
-
-
-def _is_dataset(op_type: str) -> bool:
-    return "Dataset" in op_type

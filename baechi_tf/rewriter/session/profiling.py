@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from baechi_tf.cost_model.profile import CostProfile
 from baechi_tf.errors import first_line
-from baechi_tf.rewriter.importer import resolve_user_devices
+from baechi_tf.rewriter.pins import resolve_user_devices
 from baechi_tf.rewriter.session.arguments import Settings
 from baechi_tf.rewriter.session.fetches import WRITER_INIT_TYPES, blocks_on_state
 from baechi_tf.rewriter.session.replays import Replays, summary_redirect
