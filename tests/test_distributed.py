@@ -34,10 +34,10 @@ from baechi_tf.rewriter.distributed import (
     parse_cluster_spec,
     placement_by_host,
     remote_session_config,
-    _tf_config_task,
     resolve_cluster_spec,
     start_local_workers,
 )
+from baechi_tf.rewriter.distributed.spec import _tf_config_task
 import ctrl_c
 from loaded import run_listing_modules
 from tf_models import build_lstm, profiled_lstm
@@ -497,7 +497,7 @@ def test_an_error_inside_stops_the_workers():
 def test_a_port_taken_between_its_choice_and_the_servers_start_is_retried(monkeypatch):
     # The retry looked for "address already in use" in the worker's log; TF 2.21 says "Could not
     # start gRPC server", so the workers failed instead (multi_host.py, now and then).
-    import baechi_tf.rewriter.distributed as distributed
+    import baechi_tf.rewriter.distributed.local_workers as distributed
 
     chosen = []
     real = distributed._free_ports

@@ -279,8 +279,7 @@ def run(args: argparse.Namespace) -> int:
         standin_cluster,
         with_fitted_link,
     )
-    from baechi_tf.rewriter.distributed import remote_session_config
-    from baechi_tf.rewriter.distributed import cluster_from_flags, placement_by_host
+    from baechi_tf.rewriter.distributed.discovery import cluster_from_flags, placement_by_host, remote_session_config
     from baechi_tf.rewriter.graph_pass import place_graph_def
 
     options = options_from_args(args)

@@ -81,7 +81,7 @@ from baechi_tf.cost_model.profile import CostProfile, graph_fingerprint, graph_n
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import DEFAULT_MEMORY_BYTES_PER_DEVICE, DeviceSetup
-from baechi_tf.rewriter.distributed import DEFAULT_TIMEOUT_S
+from baechi_tf.rewriter.distributed.discovery import DEFAULT_TIMEOUT_S
 from baechi_tf.rewriter.graph_pass import PlacementReport, place_graph_def
 from baechi_tf.rewriter.session.arguments import configure
 from baechi_tf.rewriter.session.fetches import (

@@ -14,12 +14,8 @@ from baechi_tf.cost_model.profile import not_a_profile_to_replace
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.rewriter.devices import DeviceSetup, session_config, session_devices, with_fitted_link
-from baechi_tf.rewriter.distributed import (
-    discover_devices,
-    is_remote_target,
-    parse_cluster_spec,
-    remote_session_config,
-)
+from baechi_tf.rewriter.distributed.discovery import discover_devices, is_remote_target, remote_session_config
+from baechi_tf.rewriter.distributed.spec import parse_cluster_spec
 
 __all__ = ["Settings", "configure"]
 
