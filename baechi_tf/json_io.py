@@ -23,7 +23,8 @@ from typing import Any, Mapping
 
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import BaechiError, ConfigError, InvalidGraphError
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 
 __all__ = ["graph_to_json", "load_graph_json", "parse_graph_json", "result_to_json"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baechi_tf.placer.list_scheduler import format_bytes
+from baechi_tf.placer.scheduler_state import format_bytes
 
 __all__ = ["counted", "one_device_label", "summary_table"]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 
 
 def layered_graph(num_ops: int, seed: int = 0, width: int = 0) -> OpGraph:

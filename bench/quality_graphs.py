@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from baechi_tf.cluster import Cluster, GiB
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 
 KiB, MiB = 1 << 10, 1 << 20
 

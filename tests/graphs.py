@@ -10,7 +10,8 @@ import dataclasses
 import random
 
 from baechi_tf.cluster import Cluster, CommCost, GiB
-from baechi_tf.graph import HELD, OpGraph, OpGraphBuilder
+from baechi_tf.graph import HELD, OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 
 MiB = 1 << 20
 

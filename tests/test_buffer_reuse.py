@@ -2,7 +2,7 @@
 engines: hand-drawn graphs with their peaks worked out by hand, the memory timeline's blocks, and
 the import from a profile.
 
-Model (`list_scheduler.buffer_tables`): an output that is its input's buffer allocates nothing on
+Model (`buffers.buffer_tables`): an output that is its input's buffer allocates nothing on
 its op's device; that buffer is freed when the last reader of either is done. A view of persistent
 memory (HELD) allocates nothing. A copy to another device is a buffer of its own. A sink's outputs
 and an output larger than the input it names are buffers of their own.
@@ -13,7 +13,8 @@ import pytest
 
 import graphs
 from baechi_tf.errors import InvalidGraphError
-from baechi_tf.graph import HELD, OpGraphBuilder
+from baechi_tf.graph import HELD
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, engine, simulate
 from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes
 from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline

@@ -34,16 +34,13 @@ from hypothesis import strategies as st
 import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device, GiB
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Groups, Placement, colocation_groups, engine, simulate
-from baechi_tf.placer import list_scheduler, native_scheduler
-from baechi_tf.placer.list_scheduler import (
-    EarliestStartPolicy,
-    ScheduleCutOff,
-    UntouchedTwins,
-    _close_in,
-    run_with_headroom,
-)
+from baechi_tf.placer import list_scheduler, native_scheduler, scheduler_state, tail_queues
+from baechi_tf.placer.headroom import run_with_headroom
+from baechi_tf.placer.policies import EarliestStartPolicy, ScheduleCutOff
+from baechi_tf.placer.scheduler_state import _close_in
+from baechi_tf.placer.twins import UntouchedTwins
 from baechi_tf.placer.m_sct import FavouriteChildPolicy, MSCTOptions, favourite_children_of
 from baechi_tf.placer.work import metered
 
@@ -500,16 +497,16 @@ def test_headroom_retries_give_the_same_schedules():
 @native
 def test_m_sct_pools_give_the_same_schedules(monkeypatch):
     """Ops held back from a device kept for a favourite child wait in the device's pool (a
-    `_TailQueue` without sources), which chained updates of one variable and fan-outs fill: the
+    `TailQueue` without sources), which chained updates of one variable and fan-outs fill: the
     Python engine made pools here, and the engines agree."""
     pools = []
-    init = list_scheduler._TailQueue.__init__
+    init = tail_queues.TailQueue.__init__
 
     def counted(self, device, sources, widths, since):
         pools.append(sources is None)
         init(self, device, sources, widths, since)
 
-    monkeypatch.setattr(list_scheduler._TailQueue, "__init__", counted)
+    monkeypatch.setattr(tail_queues.TailQueue, "__init__", counted)
     for graph in (colocated_updates_graph(301, chained=True), fan_out_graph(300), layered_graph(400, seed=7)):
         for child in _children(graph, graphs.cluster(4), 6):
             _same(_m_sct(graph, graphs.cluster(4), child))
@@ -600,7 +597,8 @@ def test_native_snapshots_restore_into_a_new_scheduler():
     """As tests/test_list_scheduler.py does for the Python engine: a snapshot taken while tail
     queues are open, restored into the same scheduler and into a new one, ends as a run
     without snapshots does."""
-    from baechi_tf.placer.list_scheduler import FixedPolicy, make_list_scheduler
+    from baechi_tf.placer.policies import FixedPolicy
+    from baechi_tf.placer.run_scheduler import make_list_scheduler
     from baechi_tf.placer.native_scheduler import NativeListScheduler
 
     graph = colocated_updates_graph(301)
@@ -636,7 +634,7 @@ def test_native_snapshots_restore_into_a_new_scheduler():
 @pytest.mark.parametrize("limit", ["steps", "evaluations"])
 def test_a_compiled_run_comes_back_to_python_in_chunks(limit, monkeypatch):
     """The progress bar is told, and Ctrl-C (a KeyboardInterrupt between chunks) stops the run."""
-    from baechi_tf.placer.list_scheduler import make_list_scheduler
+    from baechi_tf.placer.run_scheduler import make_list_scheduler
     from baechi_tf.placer.native_scheduler import NativeListScheduler
 
     monkeypatch.setattr(native_scheduler, "_NATIVE_STEPS" if limit == "steps" else "_NATIVE_EVALUATIONS", 50)
@@ -738,7 +736,7 @@ def test_a_dry_runs_merged_bookings_answer_as_its_copies_one_by_one(copies, quer
             i = bisect.bisect_left(raw_starts, s)
             raw_starts.insert(i, s)
             raw_ends.insert(i, e)
-        list_scheduler._tentative(extra, (0, 1), s, e, gap)
+        scheduler_state._tentative(extra, (0, 1), s, e, gap)
         for q, q_extra in queries:
             assert _scan(*extra[0], q, gap + q_extra) == _scan(raw_starts, raw_ends, q, gap + q_extra)
     if raw_starts:

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.json_io import parse_graph_json
 from baechi_tf.placer import colocation_groups
 from baechi_tf.placer.check import check_placement

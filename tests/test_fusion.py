@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import graphs
 from baechi_tf.errors import ConfigError
-from baechi_tf.graph import CONTROL, OpGraphBuilder
+from baechi_tf.graph import CONTROL
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.json_io import load_graph_json
 from baechi_tf.placer import Placement, colocation_groups, coplace
 from baechi_tf.placer.fusion import FusionOptions, fuse

@@ -14,7 +14,8 @@ import pytest
 
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.json_io import load_graph_json, parse_graph_json
 from baechi_tf.placer.grouping import coplace, make_groups
 from baechi_tf.placer.pipeline import PlacementOptions, place

@@ -3,7 +3,8 @@ import pytest
 
 import graphs
 from baechi_tf.errors import InvalidGraphError
-from baechi_tf.graph import CONTROL, OpGraph, OpGraphBuilder
+from baechi_tf.graph import CONTROL, OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 
 
 def test_builder_arrays_and_tensors():

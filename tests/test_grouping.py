@@ -2,7 +2,7 @@ import pytest
 
 import graphs
 from baechi_tf.errors import ConfigError, InvalidGraphError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer.grouping import colocation_groups, coplace, make_groups
 
 

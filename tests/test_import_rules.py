@@ -2,7 +2,8 @@
 rewriter (and the other ends), then the session and the command lines. A module imports only from
 its own layer and the layers below it, no TensorFlow is imported below the rewriter, and inside the
 placer nothing imports the pipeline, the top of it (auto's package and the fallback ladder sit
-below it). The rules are read from the source with `ast` (every import, also those inside
+below it), and the list scheduler's core imports neither the compiled engine's side nor the entry
+points that run it, and passes on no name it imports. The rules are read from the source with `ast` (every import, also those inside
 functions), and the TensorFlow rule is checked again by importing the placer in a fresh process.
 """
 
@@ -20,6 +21,7 @@ PACKAGE = os.path.join(ROOT, "baechi_tf")
 LAYERS = {
     "baechi_tf.errors": 0,
     "baechi_tf.graph": 0,
+    "baechi_tf.graph_builder": 0,  # OpGraphBuilder: a graph built op by op, by name
     "baechi_tf.cluster": 0,
     "baechi_tf._steps": 0,
     "baechi_tf._lazy": 0,
@@ -129,6 +131,51 @@ def test_nothing_in_the_placer_imports_the_pipeline():
         if target == "baechi_tf.placer.pipeline"
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# The list scheduler's modules: its core (the Python engine's loop and what it is made of), then
+# the compiled engine's side, then the entry points that pick an engine and run it.
+SCHEDULER_CORE = tuple(
+    f"baechi_tf.placer.{m}"
+    for m in ("list_scheduler", "scheduler_state", "policies", "twins", "tail_queues", "pins", "snapshots", "buffers")
+)
+SCHEDULER_ENTRIES = ("baechi_tf.placer.run_scheduler", "baechi_tf.placer.headroom")
+
+
+def test_the_scheduler_core_imports_neither_engine_choice_nor_entry_points():
+    above = SCHEDULER_ENTRIES + ("baechi_tf.placer.native_scheduler",)
+    wrong = [
+        f"{module}:{line} imports {target}"
+        for module in SCHEDULER_CORE
+        for line, target in imports(module)
+        if target in above
+    ]
+    wrong += [
+        f"baechi_tf.placer.native_scheduler:{line} imports {target}"
+        for line, target in imports("baechi_tf.placer.native_scheduler")
+        if target in SCHEDULER_ENTRIES
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _reexported(module: str) -> list[str]:
+    """The names in `module`'s `__all__` that it imports instead of defining."""
+    tree = ast.parse(open(MODULES[module]).read())
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    listed = [
+        e.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in n.targets)
+        for e in n.value.elts
+    ]
+    assert listed, f"{module} has no __all__"
+    return sorted(set(listed) & imported)
+
+
+def test_each_name_of_the_scheduler_has_one_home():
+    # A name is imported from the module that defines it, never from one that passes it on.
+    wrong = {m: _reexported(m) for m in SCHEDULER_CORE + SCHEDULER_ENTRIES + ("baechi_tf.placer.native_scheduler",)}
+    assert not {m: names for m, names in wrong.items() if names}
 
 
 def test_the_registry_loads_auto_only_when_auto_runs():

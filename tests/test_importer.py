@@ -353,7 +353,7 @@ def test_a_host_placement_reports_the_bound_of_the_colocation_groups(method):
     place()'s it keeps TF colocation groups whole: u2 must stay beside v, which costs 30 us of
     v's time or u1's 40 us copy (see test_simulator's colocated-input case)."""
     from baechi_tf.cluster import Cluster, CommCost, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.placer.bounds import lower_bound_us
     from baechi_tf.rewriter.graph_pass import place_with_host
 
@@ -383,7 +383,7 @@ def test_the_weights_of_ops_pinned_to_the_host_need_no_room_on_the_devices(metho
     free op first, its 2 MB of weights counted on a 256 KiB device: every method refused a graph
     that a Session runs ("give the devices more memory")."""
     from baechi_tf.cluster import Cluster, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()
@@ -411,7 +411,7 @@ def _host_copy_graph():
     """'h' on the host feeds 'a' and 'c': on one device its 300 B copy stays while 'b' runs
     (300 + 100 + 100 B); the placer, which sees the host's ops without their bytes, finds that
     one device fits 400 B."""
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
 
     b = OpGraphBuilder()
     b.add_op("h", 1, [300], device=_HOST)
@@ -454,7 +454,7 @@ def test_a_fallback_once_the_host_runs_its_ops_is_named_after_the_method_asked_f
     host's bytes); that one did not fit either and another search's replaced it: it was named
     'm_etf+fit+fit' (fuzzed graph, seed 150)."""
     from baechi_tf.cluster import Cluster, CommCost, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()
@@ -497,7 +497,7 @@ def test_auto_falls_back_when_none_of_its_candidates_fits_with_the_copies_from_t
     graph as it runs, `fit+host`) among its candidates, as a method alone falls back to it, so
     the fallback after auto is not needed."""
     from baechi_tf.cluster import Cluster, CommCost, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()
@@ -521,7 +521,7 @@ def test_auto_falls_back_when_none_of_its_candidates_fits_with_the_copies_from_t
 
 def _fan_out_from_host():
     """The host sends a 1 MB batch (1,010 us a copy) to four towers of 100 us each."""
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
 
     b = OpGraphBuilder()
     b.add_op("batch", 1, [1_000_000], device=_HOST)
@@ -582,7 +582,7 @@ def test_auto_is_no_slower_than_a_method_that_packs_once_the_host_runs_its_ops()
     packing of the graph as it runs, 202.2 us; auto had no such candidate and kept m-TOPO's
     206.15 us (fuzzed graph, seed 1359)."""
     from baechi_tf.cluster import Cluster, CommCost, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()
@@ -613,7 +613,7 @@ def test_an_op_too_big_for_any_device_once_it_receives_from_the_host_is_named(me
     fits tried"; it now says why none can fit, as it does without a host."""
     from baechi_tf.cluster import Cluster, Device
     from baechi_tf.errors import InfeasiblePlacementError
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import place_with_host
 
     b = OpGraphBuilder()
@@ -644,7 +644,7 @@ def test_one_device_that_no_longer_fits_once_the_host_runs_its_ops_says_so():
 
 
 def test_nothing_is_left_to_place_when_every_colocation_group_holds_a_pin():
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.rewriter.graph_pass import _nothing_to_place
 
     def graph(*ops):

@@ -556,7 +556,7 @@ def test_a_closed_stdout_still_gets_the_outputs_written(tmp_path):
 
 def test_the_one_device_baseline_and_its_label_with_host_ops_and_small_devices():
     from baechi_tf.cluster import Cluster, Device
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.placer.pipeline import PlacementOptions, place
     from baechi_tf.report import one_device_label
     from baechi_tf.rewriter.graph_pass import place_with_host

@@ -7,7 +7,7 @@ import pytest
 
 import graphs
 from baechi_tf.errors import InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import ladder
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import Groups, make_groups

@@ -6,7 +6,7 @@ import pytest
 import graphs
 from baechi_tf.cluster import Cluster, GiB
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import check_placement, colocation_groups
 from baechi_tf.placer.layers import find_layers, place_layers
 from baechi_tf.placer.pipeline import PlacementOptions, place
@@ -268,7 +268,7 @@ def test_layouts_that_cannot_beat_the_best_stop_early_and_change_nothing(monkeyp
     it ends before the best so far: a run stops once an op would start after that (a fifth of
     the layers placer's time on `make demo`'s graph). The placements are those of full runs."""
     from baechi_tf.placer import layers
-    from baechi_tf.placer.list_scheduler import ScheduleCutOff
+    from baechi_tf.placer.policies import ScheduleCutOff
 
     run, stopped = layers._run, []
 

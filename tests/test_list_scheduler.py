@@ -1,5 +1,5 @@
 """The list scheduler's shortcuts, remembered dry runs (`SchedulerState.ready_memo`) and tail
-queues (`_TailQueue`), change no schedule."""
+queues (`TailQueue`), change no schedule."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import graphs
 from baechi_tf.cluster import CommCost
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.placer import Groups, colocation_groups
-from baechi_tf.placer.list_scheduler import EarliestStartPolicy, FixedPolicy, ListScheduler, byte_formatter
+from baechi_tf.placer.list_scheduler import ListScheduler
+from baechi_tf.placer.policies import EarliestStartPolicy, FixedPolicy
+from baechi_tf.placer.scheduler_state import byte_formatter
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 from baechi_tf.placer.simulator import simulate
 
@@ -110,9 +112,9 @@ def test_memo_is_used():
 
 def test_pinned_group_devices():
     from baechi_tf.errors import ConfigError
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
     from baechi_tf.placer import colocation_groups
-    from baechi_tf.placer.list_scheduler import pinned_group_devices
+    from baechi_tf.placer.pins import pinned_group_devices
 
     b = OpGraphBuilder()
     b.add_op("free", 1, [4])
@@ -422,7 +424,7 @@ def _integer_dag(seed: int, num_ops: int, edge_prob: float):
     arrivals coincide often, as they rarely do with the default link."""
     import random
 
-    from baechi_tf.graph import OpGraphBuilder
+    from baechi_tf.graph_builder import OpGraphBuilder
 
     rng = random.Random(seed)
     b = OpGraphBuilder()
@@ -461,7 +463,7 @@ def test_m_sct_tail_queues_with_coinciding_times():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from baechi_tf.placer.list_scheduler import _close_in  # noqa: E402
+from baechi_tf.placer.scheduler_state import _close_in  # noqa: E402
 
 _bookings = st.lists(
     st.tuples(st.integers(0, 400), st.integers(1, 60)).map(lambda p: (p[0] / 4, (p[0] + p[1]) / 4)),
@@ -500,7 +502,7 @@ def test_a_copy_takes_the_first_gap_free_on_both_channels_however_far():
     """The gap search has no cut-off: a copy goes into the first gap that is free on both
     channels and wide enough, past any number of narrower ones (it went after the channels'
     last booking once 16 bookings were stepped over)."""
-    from baechi_tf.placer.list_scheduler import SchedulerState
+    from baechi_tf.placer.scheduler_state import SchedulerState
 
     graph = graphs.chain(2)
     cluster = graphs.cluster(3, comm=CommCost(0.0, 10.0))

@@ -7,7 +7,7 @@ import pytest
 
 import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.sct.lp import arc_comm_us, build_sct_lp, sct_lp
 from baechi_tf.sct.relaxation import solve_sct_relaxation
 from baechi_tf.sct.solvers import solve_lp

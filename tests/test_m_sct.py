@@ -12,7 +12,7 @@ import pytest
 import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError, SolverError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Groups, colocation_groups, lower_bound_us, simulate
 from baechi_tf.placer.m_etf import place_m_etf
 from baechi_tf.placer.m_sct import MSCTOptions, favourite_children_of, place_m_sct, schedule_m_sct

@@ -12,7 +12,9 @@ import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device, GiB
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.placer import Groups, colocation_groups, simulate
-from baechi_tf.placer.list_scheduler import EarliestStartPolicy, ListScheduler, UntouchedTwins
+from baechi_tf.placer.list_scheduler import ListScheduler
+from baechi_tf.placer.policies import EarliestStartPolicy
+from baechi_tf.placer.twins import UntouchedTwins
 from baechi_tf.placer.m_sct import FavouriteChildPolicy, favourite_children_of
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 

@@ -11,7 +11,7 @@ import pytest
 import graphs
 from baechi_tf.cluster import CommCost
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import (
     Groups,
     Placement,

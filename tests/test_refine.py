@@ -5,7 +5,7 @@ import pytest
 
 import graphs
 from baechi_tf.cluster import CommCost
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
 from baechi_tf.placer.pipeline import PlacementOptions, place
 from baechi_tf.placer.auto.refine import WORK_PER_SECOND, RefineOptions, refine, simulation_work, work_budget

@@ -17,7 +17,8 @@ import pytest
 
 from baechi_tf.cli import main as cli_main
 from baechi_tf.cluster import CommCost
-from baechi_tf.graph import OpGraph, OpGraphBuilder
+from baechi_tf.graph import OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.json_io import load_graph_json
 from baechi_tf.placer import Placement, simulate
 from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, memory_timeline

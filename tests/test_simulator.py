@@ -10,7 +10,7 @@ import pytest
 import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.errors import InfeasiblePlacementError
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import (
     Groups,
     Placement,
@@ -53,7 +53,7 @@ def test_chain_on_one_device_is_the_sum():
 
 
 def test_a_cutoff_stops_a_simulation_only_once_an_op_would_start_after_it():
-    from baechi_tf.placer.list_scheduler import ScheduleCutOff
+    from baechi_tf.placer.policies import ScheduleCutOff
 
     g = graphs.chain(4, compute_us=100, nbytes=1000)
     c = graphs.cluster(2, comm=COMM)
@@ -789,7 +789,7 @@ def test_lower_bound_pays_for_a_copy_between_ops_pinned_apart():
 
 def _best_pinned_makespan(graph, cluster, groups):
     """The least simulated makespan over every placement that keeps groups whole and pins held."""
-    from baechi_tf.placer.list_scheduler import pinned_group_devices
+    from baechi_tf.placer.pins import pinned_group_devices
 
     pins = pinned_group_devices(graph, cluster, groups)
     choices = [[int(p)] if p >= 0 else range(cluster.num_devices) for p in pins]

@@ -8,7 +8,7 @@ import pytest
 
 import graphs
 from baechi_tf.cluster import CommCost
-from baechi_tf.graph import OpGraphBuilder
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, colocation_groups, place_m_etf, simulate
 from baechi_tf.placer.auto.refine import RefineOptions, refine
 from baechi_tf.placer.auto.windows import _Loads, balance_windows

@@ -27,7 +27,7 @@ from baechi_tf.errors import ConfigError
 from baechi_tf.graph import OpGraph, csr
 from baechi_tf.placer.energetic import energetic_bounds, energetic_us
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import pinned_device_index, pinned_group_devices
+from baechi_tf.placer.pins import pinned_device_index, pinned_group_devices
 
 __all__ = ["critical_path_us", "lower_bound_us"]
 

@@ -10,7 +10,8 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError, InvalidGraphError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import format_bytes, pinned_device_index
+from baechi_tf.placer.pins import pinned_device_index
+from baechi_tf.placer.scheduler_state import format_bytes
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 

@@ -42,10 +42,11 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import buffer_tables
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import (
-    FixedPolicy, GraphTables, ListScheduler, byte_formatter, format_bytes, make_list_scheduler,
-    pinned_group_devices,
-)
+from baechi_tf.placer.list_scheduler import ListScheduler
+from baechi_tf.placer.pins import pinned_group_devices
+from baechi_tf.placer.policies import FixedPolicy
+from baechi_tf.placer.run_scheduler import make_list_scheduler
+from baechi_tf.placer.scheduler_state import GraphTables, byte_formatter, format_bytes
 from baechi_tf.placer.m_topo import static_group_bytes
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.progress import Progress

@@ -9,7 +9,7 @@ only when the one before found no placement that fits.
 A method alone climbs the steps whose `run` is here, in order (`fall_back`): packing, fit
 search, other placers, error. The steps around them run where their inputs are: the refusal
 (`refuse`) before any placer, the headroom inside the list scheduler
-(`list_scheduler.run_with_headroom`), the TF groups around the whole placement (`regrouped`), the
+(`headroom.run_with_headroom`), the TF groups around the whole placement (`regrouped`), the
 host ops after it (`host_fallback`). auto runs the same steps as candidates instead
 (`auto_fallbacks`; see `auto.portfolio.place_auto`'s `fallbacks`).
 
@@ -34,7 +34,7 @@ from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fit import FitSearch
 from baechi_tf.placer.fusion import FusedGraph
 from baechi_tf.placer.grouping import Groups, make_groups
-from baechi_tf.placer.list_scheduler import pinned_group_devices
+from baechi_tf.placer.pins import pinned_group_devices
 from baechi_tf.placer.pack import place_packed
 from baechi_tf.placer.schedule import Placement, Schedule
 
@@ -135,7 +135,7 @@ LADDER: tuple[Step, ...] = (
     Step(
         "headroom", "runs m-ETF, m-SCT and `layers` again with 25%, then 50%, then 75% of each device "
         "kept free of weights (persistent bytes)", "their greedy run ran out of memory", "`<method>`",
-        "`list_scheduler.run_with_headroom`, `HEADROOMS`",
+        "`headroom.run_with_headroom`, `HEADROOMS`",
     ),
     Step(
         "packing", "a memory-first packing of whole groups, which fits whenever it packs",

@@ -44,13 +44,10 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import ConfigError, InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import (
-    EarliestStartPolicy,
-    ScheduleCutOff,
-    format_bytes,
-    pinned_group_devices,
-    run_with_headroom,
-)
+from baechi_tf.placer.headroom import run_with_headroom
+from baechi_tf.placer.pins import pinned_group_devices
+from baechi_tf.placer.policies import EarliestStartPolicy, ScheduleCutOff
+from baechi_tf.placer.scheduler_state import format_bytes
 from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["find_layers", "place_layers"]

@@ -46,7 +46,7 @@ with several copies books them in input order, so that a booking that delays its
 let a later one take an earlier slot.
 
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
-(device, sources, widths) (`_TailQueue`) instead of being evaluated again at each booking, and
+(device, sources, widths) (`TailQueue`) instead of being evaluated again at each booking, and
 so do the ops a policy holds back from a device to a common floor (m-SCT's reservations). The
 schedules are the same as without the queues (tests compare them; so did 2,902 m-SCT, m-ETF and
 simulator schedules of 1,408 seeded random and benchmark graphs and clusters, and 9,491 of 9,495
@@ -62,10 +62,11 @@ twin (`ListScheduler._hand_over`), which would have held the same. Ties between 
 the lower device, the first twin, so the schedules are exactly those of weighing every device
 (tests/test_many_devices.py compares them). A step looks only at the devices that hold candidates.
 
-Two engines run it. This module (with `scheduler_state` and `policies`) is the readable reference;
-`native/scheduler.cpp` is its port to C++ (`native_scheduler.NativeListScheduler`), step for step,
-which `run_list_scheduler`, `make_list_scheduler` and so m-ETF, m-SCT, the simulator, refinement and
-the fit search run when `engine.current()` is "native" and the policy is `FixedPolicy`,
+Two engines run it. This module (with `scheduler_state`, `policies`, `twins`, `tail_queues`,
+`pins` and `snapshots`) is the readable reference; `native/scheduler.cpp` is its port to C++
+(`native_scheduler.NativeListScheduler`), step for step, which `run_scheduler`'s
+`run_list_scheduler` and `make_list_scheduler`, and so m-ETF, m-SCT, the simulator, refinement and
+the fit search, run when `engine.current()` is "native" and the policy is `FixedPolicy`,
 `EarliestStartPolicy` or m-SCT's `FavouriteChildPolicy` (`native_scheduler.POLICIES`; other
 policies, subclasses included, run here). tests/test_engines.py holds the two to bit-identical
 schedules: a change to the model lands in both at once. The compiled engine is C++ through pybind11,
@@ -94,132 +95,39 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import free_at_end_bytes  # noqa: F401  (re-exported)
 from baechi_tf.placer.grouping import Groups
+from baechi_tf.placer.pins import place_pinned
+from baechi_tf.placer.policies import Policy, ScheduleCutOff
 from baechi_tf.placer.schedule import Placement, Schedule
-from baechi_tf.placer.work import WorkMeter, current_meter, scheduler_work
+from baechi_tf.placer.scheduler_state import GraphTables, SchedulerState, _ro, _stuck
+from baechi_tf.placer.snapshots import Snapshots
+from baechi_tf.placer.tail_queues import TailQueue
+from baechi_tf.placer.twins import UntouchedTwins
+from baechi_tf.placer.work import WorkMeter, scheduler_work
 from baechi_tf.progress import Progress
-from baechi_tf.placer.policies import EarliestStartPolicy, FixedPolicy, Policy, ScheduleCutOff
-from baechi_tf.placer.scheduler_state import (  # noqa: F401  (_close_in, _tentative: tests')
-    _tentative,
-    _close_in,
-    format_bytes,
-    byte_formatter,
-    GraphTables,
-    UntouchedTwins,
-    SchedulerState,
-    _ro,
-    _place_pinned,
-    pinned_device_index,
-    pinned_group_devices,
-    _stuck,
-)
 
-__all__ = [
-    "EarliestStartPolicy",
-    "FixedPolicy",
-    "GraphTables",
-    "ListScheduler",
-    "Policy",
-    "ScheduleCutOff",
-    "SchedulerState",
-    "UntouchedTwins",
-    "byte_formatter",
-    "format_bytes",
-    "free_at_end_bytes",
-    "make_list_scheduler",
-    "pinned_device_index",
-    "pinned_group_devices",
-    "run_list_scheduler",
-    "run_with_headroom",
-]
+__all__ = ["ListScheduler"]
 
-_INF = float("inf")
 # Scheduling steps between progress bar updates: a step can take milliseconds when thousands of
 # ready ops wait for copies over one channel, and the bar redraws only every 0.1 s anyway.
 _STEPS_PER_UPDATE = 64
 
 
-class _TailQueue:
-    """Candidates of one device whose start was the arrival of their copies from `sources`,
-    `widths` us long, booked one after another after everything on the channels they use, from
-    `since` or later (their other copies, if any, took gaps before and arrived no later).
-
-    While, for each source, its channel or the device's stays busy without a gap from `since` to
-    the channels' tail, every member's such copies still go after the tail, one after another, so
-    no member starts before the tail plus the widths: one entry in the device's `later` heap stands
-    for all members (in topological order, as ties between equal starts are broken), instead of
-    each member being evaluated again at every booking. Copies that go to the tail of busy
-    channels are the case where thousands of ready ops wait on one channel (updates colocated
-    with a variable and fed from other devices, gathers of one embedding feeding other devices,
-    ops of a fan-out waiting for their source to be sent to a device), which was quadratic.
-
-    A *pool* (`sources` and `widths` None) holds the ops a policy held back from the device to its
-    `Policy.hold_floor`: while the floor holds, no member (the exempt op aside) starts before
-    it, so one entry keyed at the floor stands for all of them; when the policy stops holding
-    ops there, that entry goes down to the device's free time (`ListScheduler.step`), where each
-    member was offered again one by one before. m-SCT's reservations held the same thousands of
-    ops at each step on chained updates of one variable and on fan-outs, which was quadratic.
-    """
-
-    __slots__ = ("device", "sources", "widths", "since", "members", "entry", "now", "ids")
-
-    def __init__(
-        self, device: int, sources: Optional[tuple[int, ...]], widths: Optional[tuple[float, ...]],
-        since: float,
-    ) -> None:
-        self.device, self.sources, self.widths, self.since = device, sources, widths, since
-        self.members: list[tuple[int, int, float]] = []  # heap of (topo, op, start when queued)
-        self.entry: Optional[tuple[float, int]] = None  # (key, topo) of the live heap entry
-        self.now = False  # whether that entry is in the device's `now` heap (else `later`)
-        self.ids: set[int] = set()  # a pool's members (an op is one at most once)
-
-    @property
-    def pool(self) -> bool:
-        """Whether its members are ops held to the policy's floor (no copies)."""
-        return self.sources is None
-
-    def push(self, tp: int, op: int, start: float) -> None:
-        if self.pool:
-            if op in self.ids:
-                return
-            self.ids.add(op)
-        heapq.heappush(self.members, (tp, op, start))
-
-    def pop(self) -> tuple[int, int, float]:
-        """Removes and returns the first member (topological order)."""
-        out = heapq.heappop(self.members)
-        self.ids.discard(out[1])
-        return out
-
-    def saved(self) -> tuple:
-        """Its state as plain data (a snapshot's), for `restored`."""
-        return (self.device, self.sources, self.widths, self.since, list(self.members), self.entry,
-                self.now, set(self.ids))
-
-    @staticmethod
-    def restored(saved: tuple) -> "_TailQueue":
-        device, sources, widths, since, members, entry, now, ids = saved
-        out = _TailQueue(device, sources, widths, since)
-        out.members, out.entry, out.now, out.ids = list(members), entry, now, set(ids)
-        return out
-
-
-class ListScheduler:
+class ListScheduler(Snapshots):
     """One run of the list scheduler, step by step, with snapshots to resume from.
 
-    `run_list_scheduler` is the plain entry point; the refiner uses `snapshot`/`restore` to
-    re-simulate only the part of a schedule that a move can change.
+    `run_scheduler.run_list_scheduler` is the plain entry point; the refiner uses
+    `snapshot`/`restore` (`snapshots.Snapshots`) to re-simulate only the part of a schedule that a
+    move can change.
     """
 
-    # Whether candidates waiting on a busy channel share one entry (`_TailQueue`); the
+    # Whether candidates waiting on a busy channel share one entry (`TailQueue`); the
     # schedules are the same either way but in rare cases (see the module's docstring).
     queue_tails = True
     # Whether an op has at most one entry in a device's `now` heap (`in_now`); the schedules are
@@ -242,7 +150,7 @@ class ListScheduler:
         state = self.state = SchedulerState(
             graph, cluster, groups, persistent_headroom, tables, twins=policy.twins_alike
         )
-        _place_pinned(graph, cluster, groups, state, initial_group_device)
+        place_pinned(graph, cluster, groups, state, initial_group_device)
         if initial_group_device is not None:
             for g, dev in enumerate(initial_group_device):
                 if dev >= 0 and state.group_device[g] < 0:
@@ -266,11 +174,11 @@ class ListScheduler:
         self.busy: list[int] = []
         self.is_busy = [False] * nd
         # Candidates whose start is the arrival of their copies booked after everything on their
-        # channels, queued per (device, source devices, copy widths) (`_TailQueue`), by id.
-        self.tail_queues: dict[int, _TailQueue] = {}
+        # channels, queued per (device, source devices, copy widths) (`TailQueue`), by id.
+        self.tail_queues: dict[int, TailQueue] = {}
         self.tail_ids: dict[tuple[int, tuple[int, ...], tuple[float, ...]], int] = {}
         self._next_tail_id = 0  # never reused: an entry of a dropped queue finds no queue
-        self.pools: dict[int, int] = {}  # device -> id of its pool of held ops (`_TailQueue`)
+        self.pools: dict[int, int] = {}  # device -> id of its pool of held ops (`TailQueue`)
         # `tail_copy` when it gave the start, or (None, None, 0.0, start) when the policy held
         # the op to its `hold_floor`; see `evaluate`.
         self.tail_bound: Optional[tuple] = None
@@ -345,7 +253,7 @@ class ListScheduler:
     def best(self, d: int) -> Optional[tuple[float, int, int, int]]:
         """The (start, topo, device, op) that starts first on device d.
 
-        An entry whose op is negative stands for a tail queue (`_TailQueue`): in `later` its
+        An entry whose op is negative stands for a tail queue (`TailQueue`): in `later` its
         members start no earlier than its key, in `now` (where its members may start when the
         device is free) it hands them out one at a time in topological order.
         """
@@ -438,7 +346,7 @@ class ListScheduler:
             self._next_tail_id += 1
             queue = self.tail_queues.get(-1 - op)
             if queue is not None and queue.device == dev:
-                copy = self.tail_queues[qid] = _TailQueue.restored(queue.saved())
+                copy = self.tail_queues[qid] = TailQueue.restored(queue.saved())
                 copy.device = twin
                 self.tail_ids[(twin, copy.sources, copy.widths)] = qid
                 if copy.pool:
@@ -500,7 +408,7 @@ class ListScheduler:
         if queue is None:
             qid = self.tail_ids[qkey] = self._next_tail_id
             self._next_tail_id += 1
-            queue = self.tail_queues[qid] = _TailQueue(d, sources, widths, start)
+            queue = self.tail_queues[qid] = TailQueue(d, sources, widths, start)
             if queue.pool:
                 self.pools[d] = qid
         elif start < queue.since:
@@ -510,7 +418,7 @@ class ListScheduler:
             queue.entry = (v, tp)
             heapq.heappush(h, (v, tp, -1 - qid))
 
-    def _tail_entry(self, h: list, key: float, tp: int, op: int) -> Optional["_TailQueue"]:
+    def _tail_entry(self, h: list, key: float, tp: int, op: int) -> Optional["TailQueue"]:
         """Looks at the entry (key, tp, op) of a tail queue at the top of `h`. Returns the queue
         when the entry is exact: the queue's first member can start no earlier than `key`, and
         may start then. Otherwise drops the entry (its queue was emptied or entered again),
@@ -545,8 +453,8 @@ class ListScheduler:
             return None
         return queue
 
-    def _queue_bound(self, queue: "_TailQueue") -> Optional[float]:
-        """No member of `queue` starts before this, if not None (`_TailQueue`).
+    def _queue_bound(self, queue: "TailQueue") -> Optional[float]:
+        """No member of `queue` starts before this, if not None (`TailQueue`).
 
         A pool's: the policy's floor, unless the op exempt from it is a member (None); the
         device's free time while the policy holds nothing back there."""
@@ -557,7 +465,7 @@ class ListScheduler:
             return self.state.device_free[queue.device]
         return None if floor[1] in queue.ids else floor[0]
 
-    def _drop(self, queue: "_TailQueue") -> None:
+    def _drop(self, queue: "TailQueue") -> None:
         qkey = (queue.device, queue.sources, queue.widths)
         del self.tail_queues[self.tail_ids.pop(qkey)]
         if queue.pool:
@@ -676,165 +584,3 @@ class ListScheduler:
             peak_memory_bytes=tuple(int(p) for p in state.peak),
             order=_ro(np.asarray(state.order, dtype=np.int32)),
         )
-
-    # ---------------------------------------------------------------- snapshots
-
-    _STATE_FIELDS = (
-        "device", "start", "end", "order", "device_free", "last_op", "usage", "peak",
-        "tensor_consumers_left", "preds_left", "group_device", "transfers",
-    )
-
-    def snapshot(self) -> dict:
-        """A copy of everything a step changes (static arrays are shared)."""
-        st = self.state
-        snap = {f: list(getattr(st, f)) for f in self._STATE_FIELDS}
-        snap["chan_start"] = [list(x) for x in st.chan_start]
-        snap["chan_end"] = [list(x) for x in st.chan_end]
-        snap["busy_start"] = [list(x) for x in st.busy_start]
-        snap["busy_end"] = [list(x) for x in st.busy_end]
-        snap["pair_lists"] = {k: (list(s), list(e)) for k, (s, e) in st.pair_lists.items()}
-        snap["pending"] = [list(x) for x in st.pending]
-        snap["twins"] = st.twins.saved()
-        snap["arrival"] = dict(st.arrival)
-        snap["release"] = {t: dict(r) for t, r in st.release.items()}
-        snap["claims"] = {k: list(c) for k, c in st.claims.items()}
-        snap["later"] = [list(x) for x in self.later]
-        snap["now"] = [list(x) for x in self.now]
-        snap["waiting"] = [set(x) for x in self.waiting]
-        snap["waited"] = list(self.waited)
-        snap["dead"] = set(self.dead)
-        snap["tail_queues"] = {qid: q.saved() for qid, q in self.tail_queues.items()}
-        snap["next_tail_id"] = self._next_tail_id
-        snap["scheduled"] = self.scheduled
-        snap["last_time"] = self.last_time
-        return snap
-
-    def restore(self, snap: dict) -> None:
-        """Returns to `snap` (which stays usable for later restores)."""
-        st = self.state
-        for f in self._STATE_FIELDS:
-            setattr(st, f, list(snap[f]))
-        st.chan_start = [list(x) for x in snap["chan_start"]]
-        st.chan_end = [list(x) for x in snap["chan_end"]]
-        st.busy_start = [list(x) for x in snap["busy_start"]]
-        st.busy_end = [list(x) for x in snap["busy_end"]]
-        st.pair_lists = {k: (list(s), list(e)) for k, (s, e) in snap["pair_lists"].items()}
-        st.pairs_of = [[] for _ in range(st.num_devices)]
-        for a, b in st.pair_lists:  # in the order they were made
-            st.pairs_of[a].append((a, b))
-            if b != a:
-                st.pairs_of[b].append((a, b))
-        st.pending = [list(x) for x in snap["pending"]]
-        st.twins = UntouchedTwins.restored(snap["twins"])
-        st.arrival = dict(snap["arrival"])
-        st.ready_memo.clear()  # versions only grow, but the memo may hold dry runs made after snap
-        st.memo_devices.clear()
-        st.release = {t: dict(r) for t, r in snap["release"].items()}
-        st.claims = {k: list(c) for k, c in snap["claims"].items()}
-        self.later = [list(x) for x in snap["later"]]
-        self.now = [list(x) for x in snap["now"]]
-        self.in_now = [{op for _, op in x if op >= 0} for x in self.now]
-        self.is_busy = [True] * len(self.later)
-        self.busy = list(range(len(self.later)))
-        self._rest()
-        self.waiting = [set(x) for x in snap["waiting"]]
-        self.waited = list(snap["waited"])
-        self.dead = set(snap["dead"])
-        self.tail_queues = {qid: _TailQueue.restored(q) for qid, q in snap["tail_queues"].items()}
-        self.tail_ids = {(q.device, q.sources, q.widths): qid for qid, q in self.tail_queues.items()}
-        self.pools = {q.device: qid for qid, q in self.tail_queues.items() if q.pool}
-        # Ids only grow: a queue made from here on must not take the id of one in the snapshot.
-        self._next_tail_id = max(self._next_tail_id, snap["next_tail_id"])
-        self.scheduled = snap["scheduled"]
-        self.last_time = snap["last_time"]
-
-
-def run_list_scheduler(
-    graph: OpGraph,
-    cluster: Cluster,
-    groups: Groups,
-    policy: Policy,
-    *,
-    method: str,
-    initial_group_device: Optional[Sequence[int]] = None,
-    persistent_headroom: float = 0.0,
-    cutoff_us: float = math.inf,
-) -> Schedule:
-    """Schedules every op under `policy`; raises `InfeasiblePlacementError` when stuck.
-
-    `initial_group_device` places groups up front (the simulator places all of them): their
-    persistent memory is then held from the start. `persistent_headroom` is the share of each
-    device that placing a group's persistent memory must leave free. `ScheduleCutOff` when an op
-    would start after `cutoff_us`; `OverWorkCap` when the run takes the work of a `work.metered`
-    body past its cap.
-    """
-    scheduler = make_list_scheduler(
-        graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us=cutoff_us
-    )
-    label = f"simulating {method}" if isinstance(policy, FixedPolicy) else f"{method}: scheduling"
-    meter = current_meter()
-    try:
-        with Progress(label, graph.num_ops, unit="ops") as bar:
-            scheduler.run(bar, meter)
-    finally:
-        if meter is not None:  # a run stopped for the cap counts as the cap (`place_auto`)
-            meter.used += scheduler.scheduled + scheduler_work(scheduler)
-    if meter is not None:
-        meter.check(0)  # stopped exactly when its whole work passes the cap, whatever the engine
-    return scheduler.schedule(method)
-
-
-def make_list_scheduler(
-    graph: OpGraph,
-    cluster: Cluster,
-    groups: Groups,
-    policy: Policy,
-    initial_group_device: Optional[Sequence[int]] = None,
-    persistent_headroom: float = 0.0,
-    tables: Optional[GraphTables] = None,
-    cutoff_us: float = math.inf,
-):
-    """A `ListScheduler`, or a `native_scheduler.NativeListScheduler` when the compiled engine
-    runs this policy (`native_scheduler.native_for`): the same steps and schedules either way."""
-    from baechi_tf.placer import native_scheduler  # it builds on this module
-
-    native = native_scheduler.native_for(graph, cluster, policy)
-    if native is not None:
-        return native_scheduler.NativeListScheduler(
-            native, graph, cluster, groups, policy, initial_group_device, persistent_headroom, cutoff_us
-        )
-    return ListScheduler(
-        graph, cluster, groups, policy, initial_group_device, persistent_headroom, tables, cutoff_us
-    )
-
-
-HEADROOMS = (0.0, 0.25, 0.5, 0.75)
-"""Shares of each device that placing groups' persistent memory must leave free, tried in turn
-when a greedy run runs out of memory (it can fill devices with weights early)."""
-
-
-def run_with_headroom(
-    graph: OpGraph,
-    cluster: Cluster,
-    groups: Groups,
-    make_policy: Callable[[], Policy],
-    *,
-    method: str,
-    headrooms: Sequence[float] = HEADROOMS,
-    initial_group_device: Optional[Sequence[int]] = None,
-    cutoff_us: float = math.inf,
-) -> Schedule:
-    """`run_list_scheduler` with a fresh policy per headroom in `headrooms` until one run fits;
-    the first run's `InfeasiblePlacementError` when none does (`ScheduleCutOff` ends at once)."""
-    first_error: Optional[InfeasiblePlacementError] = None
-    for headroom in headrooms:
-        try:
-            return run_list_scheduler(
-                graph, cluster, groups, make_policy(), method=method,
-                initial_group_device=initial_group_device, persistent_headroom=headroom,
-                cutoff_us=cutoff_us,
-            )
-        except InfeasiblePlacementError as e:
-            first_error = first_error or e
-    assert first_error is not None
-    raise first_error

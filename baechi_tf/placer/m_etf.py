@@ -28,7 +28,8 @@ import math
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import HEADROOMS, EarliestStartPolicy, run_with_headroom
+from baechi_tf.placer.headroom import HEADROOMS, run_with_headroom
+from baechi_tf.placer.policies import EarliestStartPolicy
 from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["METFOptions", "place_m_etf", "schedule_m_etf"]

@@ -41,7 +41,9 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import ConfigError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import Policy, SchedulerState, run_with_headroom
+from baechi_tf.placer.headroom import run_with_headroom
+from baechi_tf.placer.policies import Policy
+from baechi_tf.placer.scheduler_state import SchedulerState
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.sct.relaxation import solve_sct_relaxation
 from baechi_tf.sct.rounding import favourite_children

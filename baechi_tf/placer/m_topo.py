@@ -27,7 +27,9 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import format_bytes, free_at_end_bytes, pinned_device_index
+from baechi_tf.placer.buffers import free_at_end_bytes
+from baechi_tf.placer.pins import pinned_device_index
+from baechi_tf.placer.scheduler_state import format_bytes
 from baechi_tf.placer.schedule import Placement
 
 __all__ = ["MTopoOptions", "place_m_topo", "static_group_bytes"]

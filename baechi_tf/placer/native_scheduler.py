@@ -2,7 +2,7 @@
 snapshots, errors and counters of work as `list_scheduler.ListScheduler`, run by the C++ port in
 `native/scheduler.cpp` (`engine`), for the policies it has (`POLICIES`: the simulator's, m-ETF's
 and m-SCT's, whose `FavouriteChildPolicy` is ported in `native/sct_policy.hpp`).
-`list_scheduler.make_list_scheduler` picks it when `native_for` says the compiled engine runs the
+`run_scheduler.make_list_scheduler` picks it when `native_for` says the compiled engine runs the
 schedule; tests/test_engines.py holds the two engines to bit-identical schedules.
 """
 
@@ -21,18 +21,12 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
 from baechi_tf.placer.buffers import buffer_tables
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import (
-    EarliestStartPolicy,
-    FixedPolicy,
-    ListScheduler,
-    Policy,
-    ScheduleCutOff,
-    UntouchedTwins,
-    _place_pinned,
-    _ro,
-    _stuck,
-    free_at_end_bytes,
-)
+from baechi_tf.placer.buffers import free_at_end_bytes
+from baechi_tf.placer.list_scheduler import ListScheduler
+from baechi_tf.placer.pins import place_pinned
+from baechi_tf.placer.policies import EarliestStartPolicy, FixedPolicy, Policy, ScheduleCutOff
+from baechi_tf.placer.scheduler_state import _ro, _stuck
+from baechi_tf.placer.twins import UntouchedTwins
 from baechi_tf.placer.schedule import Placement, Schedule, Transfer
 from baechi_tf.placer.work import WorkMeter, scheduler_work
 from baechi_tf.progress import Progress
@@ -142,7 +136,7 @@ def _native_cluster(cluster: Cluster, module):
 
 
 class _Placements:
-    """Where `_place_pinned` and the given groups put groups before the first step, recorded for
+    """Where `place_pinned` and the given groups put groups before the first step, recorded for
     the compiled engine, which places them in that order."""
 
     def __init__(self, groups: Groups, group_persistent: list[int], capacity: list[int]) -> None:
@@ -228,7 +222,7 @@ class NativeListScheduler:
         self._capacity = capacity = [d.memory_bytes for d in cluster.devices]
         self._group_persistent = group_persistent = groups.byte_sums(graph.persistent_bytes).tolist()
         placed = _Placements(groups, group_persistent, capacity)
-        _place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
+        place_pinned(graph, cluster, groups, placed, initial_group_device)  # type: ignore[arg-type]
         # then the groups given, where no pin put them yet: placed by the compiled engine
         given = np.asarray([] if initial_group_device is None else initial_group_device, dtype=np.int64)
         kind = _policy_kind(policy)

@@ -1,12 +1,14 @@
 """What chooses among the list scheduler's ready ops: the `Policy` interface, m-ETF's
 `EarliestStartPolicy` and the simulator's `FixedPolicy`, and `ScheduleCutOff`, raised when a
-schedule passes its cut-off (`baechi_tf.placer.list_scheduler` re-exports them)."""
+schedule passes its cut-off."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional, Sequence
 
 from baechi_tf.placer.scheduler_state import SchedulerState
+
+__all__ = ["EarliestStartPolicy", "FixedPolicy", "Policy", "ScheduleCutOff"]
 
 
 class Policy:
@@ -34,7 +36,7 @@ class Policy:
         """(floor, exempt) while `device` holds ops back: no op whose group is on no device,
         `exempt` aside, starts on `device` before `floor`, which does not decrease until
         `committed` releases the ops held there. None when there is no such bound. Ops held to
-        the floor wait in one pool per device (`_TailQueue`) with one heap entry."""
+        the floor wait in one pool per device (`TailQueue`) with one heap entry."""
         return None
 
     def committed(

@@ -2,10 +2,10 @@
 
 `GraphTables` is an `OpGraph` as flat tables; `SchedulerState` holds, as the schedule grows, each
 op's device and times, each device's memory in use and future frees, the channels' bookings and
-busy blocks, and the ready ops; `UntouchedTwins` the interchangeable devices no op is on yet. Also
-the channels' gap merge (`_close_in`), the devices of pinned ops, and the error of a schedule that
-stops with ops left. The model these implement, and its complexity, is the one documented in
-`baechi_tf.placer.list_scheduler`, which runs the schedule and re-exports the public names.
+busy blocks, and the ready ops (the interchangeable devices no op is on yet in `twins`). Also the
+channels' gap merge (`_close_in`), how messages show byte sizes (`format_bytes`), and the error of
+a schedule that stops with ops left (`_stuck`). The model these implement, and its complexity, is
+the one documented in `baechi_tf.placer.list_scheduler`, which runs the schedule.
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.errors import ConfigError, InfeasiblePlacementError
+from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
+from baechi_tf.placer.twins import UntouchedTwins
+
+__all__ = ["GraphTables", "SchedulerState", "byte_formatter", "format_bytes"]
 
 
 def _tentative(extra: dict, devices: tuple[int, int], s: float, e: float, gap: float) -> None:
@@ -113,69 +116,6 @@ class GraphTables:
         self.persistent = tuple(graph.persistent_bytes.tolist())
 
 
-class UntouchedTwins:
-    """The devices of each set of `Cluster.twins` that no group or op has been put on yet: all
-    in one state (no memory in use, free from time 0, no copies booked), so that weighing an op
-    on any of them gives what it gives on the first, their stand-in. `distinct` lists the
-    devices worth weighing, ascending: all but the untouched twins after the first of each set
-    (with `enabled` or `skip` False, every device). A device leaves its set when it is `touch`ed.
-    """
-
-    # Whether the placers weigh one of each set of untouched twins (m-ETF and m-SCT through
-    # `ListScheduler._hand_over`, HEFT); the placements are the same either way (the tests
-    # compare them with every device weighed).
-    skip = True
-
-    def __init__(self, cluster: Cluster, enabled: bool = True) -> None:
-        nd = cluster.num_devices
-        self.set_of = [-1] * nd  # per device, the index of its set while it is untouched
-        self.untouched: list[list[int]] = []  # per set, its untouched devices, ascending
-        self.distinct: Sequence[int] = range(nd)  # a range while it holds every device
-        if enabled and self.skip and cluster.twins():
-            self.untouched = [list(t) for t in cluster.twins()]
-            for k, members in enumerate(self.untouched):
-                for d in members:
-                    self.set_of[d] = k
-            firsts = {members[0] for members in self.untouched}
-            self.distinct = [d for d in range(nd) if self.set_of[d] < 0 or d in firsts]
-
-    def stand_in(self, dev: int) -> Optional[int]:
-        """The untouched twin that takes `dev`'s place in `distinct` once `dev` is touched."""
-        k = self.set_of[dev]
-        if k < 0:
-            return None
-        members = self.untouched[k]
-        return members[1] if members[0] == dev and len(members) > 1 else None
-
-    def touch(self, dev: int) -> None:
-        """`dev` gets a group or an op: it leaves its set, and it and its stand-in are in
-        `distinct`."""
-        k = self.set_of[dev]
-        if k < 0:
-            return
-        self.set_of[dev] = -1
-        members = self.untouched[k]
-        first = members[0] == dev
-        members.remove(dev)
-        assert isinstance(self.distinct, list)  # a set has untouched devices only when enabled
-        if not first:
-            bisect.insort(self.distinct, dev)
-        elif members:
-            bisect.insort(self.distinct, members[0])
-
-    def saved(self) -> tuple:
-        """Its state as plain data (a snapshot's), for `restored`."""
-        distinct = list(self.distinct) if isinstance(self.distinct, list) else self.distinct
-        return list(self.set_of), [list(m) for m in self.untouched], distinct
-
-    @staticmethod
-    def restored(saved: tuple) -> "UntouchedTwins":
-        out = object.__new__(UntouchedTwins)
-        out.set_of, out.untouched, out.distinct = saved
-        out.set_of, out.untouched, out.distinct = out.saved()  # copies: `saved` stays usable
-        return out
-
-
 class SchedulerState:
     """The evolving schedule: device clocks, channels, memory, tensor copies, op times.
 
@@ -248,7 +188,7 @@ class SchedulerState:
         # Of the last dry run of `ready_time`, when its copies went one after another after
         # every booking of the channels they use, starting at the tail (`channel_tail`):
         # (source devices, widths, tail, last arrival), copies in input order; else None.
-        # `ListScheduler` queues such ops in `_TailQueue`s.
+        # `ListScheduler` queues such ops in `TailQueue`s.
         self.tail_copy: Optional[tuple[tuple[int, ...], tuple[float, ...], float, float]] = None
         self.usage = [0] * nd
         self.peak = [0] * nd
@@ -588,57 +528,6 @@ class SchedulerState:
 def _ro(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
-
-
-def _place_pinned(
-    graph: OpGraph,
-    cluster: Cluster,
-    groups: Groups,
-    state: SchedulerState,
-    given: Optional[Sequence[int]] = None,
-) -> None:
-    """Places the groups of pinned ops on their devices (raising on unknown devices), but for
-    the groups `given` another device: those go where given, as the simulator runs the
-    placement it is handed (that it keeps the pins is `check_placement`'s to say)."""
-    for op, name in enumerate(graph.pinned_device):
-        if name is None:
-            continue
-        dev = pinned_device_index(graph, cluster, op)
-        g = state.group_of[op]
-        if state.group_device[g] >= 0 or given is not None and given[g] >= 0 and given[g] != dev:
-            continue
-        p = state.group_persistent[g]
-        if p > state.capacity[dev]:
-            raise InfeasiblePlacementError(
-                f"op {graph.names[op]!r} is pinned to {cluster.names[dev]!r}, but its group "
-                f"{groups.names[g]!r} holds {format_bytes(p)} of persistent memory and the device "
-                f"has {format_bytes(state.capacity[dev])}: unpin it or give the device more memory"
-            )
-        state.place_group(g, dev)
-
-
-def pinned_device_index(graph: OpGraph, cluster: Cluster, op: int) -> int:
-    """The cluster index of the device `op` is pinned to; `ConfigError` if there is none."""
-    name = graph.pinned_device[op]
-    dev = cluster.find(name) if name is not None else None
-    if dev is None:
-        raise ConfigError(
-            f"op {graph.names[op]!r} is pinned to {name!r}, "
-            + ((name is not None and cluster.ambiguity(name)) or f"which is not in the cluster "
-               f"({', '.join(cluster.names)}): pin it to one of those devices or add the device")
-        )
-    return dev
-
-
-def pinned_group_devices(graph: OpGraph, cluster: Cluster, groups: Groups) -> np.ndarray:
-    """The cluster index of the device each group is pinned to (by its first pinned op), -1 for
-    groups with no pinned op; `ConfigError` for a pin to a device not in the cluster."""
-    out = np.full(groups.num_groups, -1, dtype=np.int64)
-    for op, name in enumerate(graph.pinned_device):
-        g = int(groups.group_of[op])
-        if name is not None and out[g] < 0:
-            out[g] = pinned_device_index(graph, cluster, op)
-    return out
 
 
 def _stuck(graph: OpGraph, cluster: Cluster, groups: Groups, state: SchedulerState) -> InfeasiblePlacementError:

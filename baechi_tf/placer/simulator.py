@@ -25,7 +25,8 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import FixedPolicy, run_list_scheduler
+from baechi_tf.placer.policies import FixedPolicy
+from baechi_tf.placer.run_scheduler import run_list_scheduler
 from baechi_tf.placer.schedule import Placement, Schedule
 
 __all__ = ["simulate", "single_device_placements", "single_device_schedule"]
@@ -73,7 +74,7 @@ def single_device_placements(
     """The one-device placements to try, best first: on the device every pinned op is pinned to
     when they share one, then on the device with the most memory. Pinned ops (with their
     `groups`, when given) stay on their pinned devices."""
-    from baechi_tf.placer.list_scheduler import pinned_device_index
+    from baechi_tf.placer.pins import pinned_device_index
 
     capacities = [d.memory_bytes for d in cluster.devices]
     pins = np.full(graph.num_ops, -1, dtype=np.int32)

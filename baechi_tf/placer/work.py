@@ -5,7 +5,7 @@ channels (booked, or tried in a dry run) counts `UNITS_PER_COPY`. The counts are
 whichever engine runs the scheduler (`engine`), so a cap in units stops the same runs, and gives
 the same placements, on any machine and with either engine; seconds would not.
 
-`metered(cap)` caps the runs of `list_scheduler.run_list_scheduler` made in its body (m-ETF's,
+`metered(cap)` caps the runs of `run_scheduler.run_list_scheduler` made in its body (m-ETF's,
 m-SCT's and the simulator's): a run that would take the body's work past `cap` raises
 `OverWorkCap`, as soon as a check sees it (the engines check at different steps, but a run is
 stopped exactly when its whole work would pass the cap, so what is stopped is the same).

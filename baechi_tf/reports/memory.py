@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from baechi_tf.placer.list_scheduler import format_bytes
+from baechi_tf.placer.scheduler_state import format_bytes
 from baechi_tf.placer.memory_timeline import DeviceMemory
 from baechi_tf.reports.drawing import _CRITICAL, _DPI, _RC, _bytes_unit, _canvas_png, _time_unit
 

@@ -71,7 +71,8 @@ from baechi_tf.cost_model.profile import (
     unrun_ops,
 )
 from baechi_tf.errors import InvalidGraphError, ProfileError
-from baechi_tf.graph import HELD, OpGraph, OpGraphBuilder
+from baechi_tf.graph import HELD, OpGraph
+from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.rewriter.colocation import (
     _FROM_STRING_HANDLE,
     _ITERATORS,

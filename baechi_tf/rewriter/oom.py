@@ -6,7 +6,7 @@ import re
 from typing import Any, Optional
 
 from baechi_tf.errors import InfeasiblePlacementError
-from baechi_tf.placer.list_scheduler import format_bytes
+from baechi_tf.placer.scheduler_state import format_bytes
 
 __all__ = ["out_of_memory_error"]
 

@@ -1,5 +1,5 @@
 // The treap of gap widths (baechi_tf/placer/native/gaps.hpp) against plain sorted vectors that
-// book and search as list_scheduler._close_in and SchedulerState._slot do: random bookings, and
+// book and search as scheduler_state._close_in and SchedulerState._slot do: random bookings, and
 // bookings mostly after every other, as schedules make them. Built and run by test_native_gaps.py.
 #include "gaps.hpp"
 #include <cstdio>

@@ -37,7 +37,7 @@ from baechi_tf.placer.auto.refine import (
     work_budget,
 )
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import ScheduleCutOff
+from baechi_tf.placer.policies import ScheduleCutOff
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.simulator import simulate
 from baechi_tf.placer.work import OverWorkCap, metered

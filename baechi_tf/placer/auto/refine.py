@@ -49,13 +49,11 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.auto.windows import balance_windows
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.list_scheduler import (
-    FixedPolicy,
-    GraphTables,
-    ListScheduler,
-    make_list_scheduler,
-    pinned_group_devices,
-)
+from baechi_tf.placer.list_scheduler import ListScheduler
+from baechi_tf.placer.pins import pinned_group_devices
+from baechi_tf.placer.policies import FixedPolicy
+from baechi_tf.placer.run_scheduler import make_list_scheduler
+from baechi_tf.placer.scheduler_state import GraphTables
 from baechi_tf.placer.native_scheduler import NativeSnapshot
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.work import scheduler_work

@@ -1,7 +1,7 @@
 // Bookings of a channel (or of two channels together) as a treap of disjoint intervals, ordered
 // by start, each node knowing the gap to the next booking and the widest gap of its subtree.
 //
-// It answers exactly what `list_scheduler._close_in` and the scan in `SchedulerState._slot` answer
+// It answers exactly what `scheduler_state._close_in` and the scan in `SchedulerState._slot` answer
 // on sorted lists, with the same float comparisons, but in O(log n) expected time per booking and
 // per search instead of a walk over every gap too narrow for the copy:
 //

@@ -9,7 +9,7 @@
 //   TailCopy, TailPool, TailCopyPtr          `SchedulerState.tail_copy`, counted and pooled;
 //   Memo, Transfer                           a remembered dry run, a booked copy;
 //   OpSet, OpList                            a device's set of ops (a bitmap), and one in order;
-//   TailQueue, queue_hash                    `_TailQueue` (pools included) and its key's hash;
+//   TailQueue, queue_hash                    `TailQueue` (pools included) and its key's hash;
 //   close_in, Extra                          `_close_in` (bookings merged across gaps no copy
 //       takes), and a dry run's tentative bookings per device.
 //
@@ -309,7 +309,7 @@ class OpList {
     std::vector<i64> list_;
 };
 
-struct TailQueue {  // `_TailQueue`
+struct TailQueue {  // `TailQueue`
     bool alive = false;
     bool pool = false;  // its members are ops held to the policy's floor (no sources, no widths)
     int device = -1;

@@ -1,9 +1,10 @@
 // The compiled engine of baechi_tf's list scheduler: a port, step for step, of
-// `ListScheduler`, `SchedulerState`, `UntouchedTwins` and `_TailQueue` of
-// baechi_tf/placer/list_scheduler.py for three policies: FixedPolicy (every op on a given device:
-// the simulator), EarliestStartPolicy (m-ETF: any device, one of each set of untouched twins
-// weighed) and m-SCT's FavouriteChildPolicy (m_sct.py, ported in sct_policy.hpp: devices kept for
-// favourite children, the ops they hold pooled per device).
+// `ListScheduler`, `SchedulerState`, `UntouchedTwins` and `TailQueue` of baechi_tf/placer/
+// (list_scheduler.py, scheduler_state.py, twins.py, tail_queues.py) for three policies:
+// FixedPolicy (every op on a given device: the simulator), EarliestStartPolicy (m-ETF: any
+// device, one of each set of untouched twins weighed) and m-SCT's FavouriteChildPolicy (m_sct.py,
+// ported in sct_policy.hpp: devices kept for favourite children, the ops they hold pooled per
+// device).
 //
 // Exactness: times are doubles computed in the order the Python reference computes them (no
 // fused multiply-add: built with -ffp-contract=off), bytes are int64, `bisect` and `heapq` are
@@ -166,7 +167,7 @@ class Scheduler {
         set_of_.assign(so.begin(), so.end());
         untouched_ = std::move(untouched);
         distinct_ = std::move(distinct);
-        // _place_pinned and the initial groups, as decided in Python
+        // place_pinned and the initial groups, as decided in Python
         for (auto& [g, dev] : placements) place_group(g, dev);
         auto given = initial_group_device.unchecked<1>();
         for (py::ssize_t g = 0; g < given.shape(0); ++g)
