@@ -48,10 +48,8 @@ let a later one take an earlier slot.
 Ops waiting for copies that go after everything booked on busy channels share one heap entry per
 (device, sources, widths) (`TailQueue`) instead of being evaluated again at each booking, and
 so do the ops a policy holds back from a device to a common floor (m-SCT's reservations). The
-schedules are the same as without the queues (tests compare them; so did 2,902 m-SCT, m-ETF and
-simulator schedules of 1,408 seeded random and benchmark graphs and clusters, and 9,491 of 9,495
-m-SCT runs on integer-timed random graphs where ties abound), unless the rare case above meets a
-queued op, which is then looked at at another moment (the 4 others).
+schedules are the same as without the queues (tests compare them), unless the rare case above
+meets a queued op, which is then looked at at another moment.
 
 Of a large cluster most devices are untouched twins: devices of one of `Cluster.twins` (of one
 memory and type, and interchangeable in every copy's cost) that no group or op is on yet, all in one
@@ -78,13 +76,10 @@ Time: O((V + E) * D * log(V * D)) heap work plus a gap search per copy, for V op
 D devices weighed (those touched, plus one of each set of untouched twins), plus one
 re-evaluation of each stale key that reaches the top of a heap. A booking on a channel makes
 stale the keys of the ready ops that wait for a copy over it: when their last copy goes to the
-channels' tail they wait in a tail queue (thousands of updates of one variable fed
-from other devices: about 4.5 evaluations per op, where each booking re-evaluated every waiting
-op; a 1,200-op fan-out placed by m-ETF, whose source goes to the tail and each op's own input
-into a gap: 11,500 evaluations, 161,000 when only ops all of whose copies went to the tail were
-queued); ops m-SCT holds back from a device kept for a favourite child wait in a pool (chained
-updates of one variable: 6,982 evaluations at 1,601 ops, 69,997 before); when their start is a
-copy into a gap between bookings each step may still re-evaluate most of them. A gap search
+channels' tail they wait in a tail queue, evaluated once per queue rather than once per op at
+each booking; ops m-SCT holds back from a device kept for a favourite child wait in a pool the
+same way; when their start is a copy into a gap between bookings each step may still re-evaluate
+most of them. A gap search
 costs O(log B) expected for B bookings of the pair in the compiled engine (a treap of gap widths,
 native/gaps.hpp), and a step per gap too narrow in this reference, plus a step per copy of the
 same dry run it passes. Memory O(V * D + E + P * B) for the P pairs of devices that copies joined.
@@ -169,8 +164,8 @@ class ListScheduler(Snapshots):
         self.waited = [False] * nd  # whether any op ever waited for memory on the device
         self.dead: set[tuple[int, int]] = set()
         # The devices whose heaps may hold entries, ascending, which `step` looks at: of a large
-        # cluster most have none (simulated, or untouched twins), and looking at every device
-        # took a tenth of auto's time on 1,024 devices.
+        # cluster most have none (simulated, or untouched twins), so a step costs O(busy) and not
+        # O(devices).
         self.busy: list[int] = []
         self.is_busy = [False] * nd
         # Candidates whose start is the arrival of their copies booked after everything on their

@@ -43,9 +43,7 @@ log = logging.getLogger(__name__)
 # few devices is common and quick).
 _FEW_DEVICES = 64
 # More devices than groups is refused beyond this many devices: the link tables grow with the
-# square of the devices (3,000 devices for a 97-op graph took 11 s and 850 MB to place on one
-# device, before the placers weighed one of each set of untouched twins; 20,000 ran out of
-# memory), all for devices that no placement can use.
+# square of the devices, O(D^2) time and memory, all for devices that no placement can use.
 _MANY_DEVICES = 1024
 # A chosen method's placement this much slower than one device is worth a warning.
 _SLOWER_THAN_ONE_DEVICE = 1.1
