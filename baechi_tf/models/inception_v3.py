@@ -8,8 +8,8 @@ convolution to the logits. Every convolution but the last has batch norm (decay 
 0.001, no scale, as slim's arg scope) and ReLU. There are no auxiliary logits (as in the
 original's copy). Names follow slim: ``InceptionV3/Mixed_6b/Branch_1/Conv2d_0b_1x7/weights``.
 
-Unlike the original, which built the network with ``is_training=False`` and then trained it
-(reference section 10.1, item 13), ``is_training=True`` (the default) normalises with batch
+Unlike Baechi's original, which built the network with ``is_training=False`` and then trained
+it, ``is_training=True`` (the default) normalises with batch
 statistics, updates the moving averages on every step (the loss depends on those updates) and
 applies dropout.
 

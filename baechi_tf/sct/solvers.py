@@ -35,8 +35,8 @@ Every solve checks the solver's status; a failed, infeasible or unfinished solve
 `SolverError` with the solver's own words. The result is in microseconds, with ``x`` clipped to
 ``[0, 1]`` (solvers may return values a tolerance outside).
 
-The original solved the LP with ``cvxopt.solvers.lp(..., solver='mosek')`` and never looked at
-the status (Baechi spec, section 10.1).
+Baechi's original solved the LP with ``cvxopt.solvers.lp(..., solver='mosek')`` and never looked
+at the status, so a failed solve went on as if it had an optimum.
 """
 
 from __future__ import annotations
