@@ -79,7 +79,7 @@ def test_variables_made_after_decoration_and_by_the_first_call():
 
 def test_python_state_that_changes_the_trace_is_refused_and_nothing_changes():
     out = run("side_effects")
-    assert out["error"].startswith("InvalidGraphError: the function traced differently the second time")
+    assert out["error"].startswith("InvalidGraphError: the function traced differently from one trace to the next")
     assert "Python counter" in out["error"]
     assert out["w"] == [[1.0] * 4] * 4  # the profiling ran on copies; the placed run never ran
     assert out["placements"] == 0

@@ -81,7 +81,8 @@ def where_ops_ran(placed, *args):
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
-    # The placed function's graph: the largest of those instantiated (others copy a tensor).
+    # The placed function's graph: the largest of those instantiated (others copy a tensor, or
+    # are Keras's data pipeline).
     graph = max(metadata.function_graphs, key=lambda g: sum(len(p.node) for p in g.partition_graphs))
     return value, {
         node.name: node.device
@@ -280,6 +281,54 @@ def reports(folder):
     for n in (128, 64):
         placed(*batch(n))
     return {"placements": len(placed.placements)}
+
+
+def keras_model(seed=1):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((128,)),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dropout(0.2, seed=3),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+@scenario
+def keras_fit():
+    """model.fit placed and not, from the same weights; evaluate, predict, train_on_batch."""
+    import baechi_tf.tf2.keras
+
+    x = np.random.RandomState(0).randn(288, 128).astype("float32")
+    y = np.random.RandomState(1).randint(0, 10, 288)
+    placed_model, plain_model = keras_model(), keras_model()
+    placed = baechi_tf.tf2.keras.place(placed_model, (x[:64], y[:64]), num_devices=NUM_DEVICES)
+    placed_before_fit = len(placed.placements)
+    out = {}
+    for kind, model in (("placed", placed_model), ("plain", plain_model)):
+        fit = lambda: model.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False).history  # noqa: E731
+        first, ran = where_ops_ran(fit) if kind == "placed" else (fit(), None)
+        later = model.fit(x, y, batch_size=64, epochs=2, verbose=0, shuffle=False).history
+        out[kind] = {
+            "loss": first["loss"] + later["loss"],
+            "evaluate": model.evaluate(x, y, verbose=0),
+            "predict": model.predict(x[:8], verbose=0).tolist(),
+            "train_on_batch": float(model.train_on_batch(x[:64], y[:64])[0]),
+        }
+        if ran is not None:
+            out["ran_on"] = sorted(set(ran.values()))
+    out["placed_before_fit"] = placed_before_fit
+    out["placements"] = len(placed.placements)
+    out["summary"] = placed.summary()
+    return out
 
 
 @scenario

@@ -9,22 +9,25 @@
 The first call for an input signature (what makes ``tf.function`` trace anew):
 
 1. traces the Python function as ``tf.function`` does (``get_concrete_function``), which makes
-   the variables a first call makes;
-2. profiles the trace (`baechi_tf.tf2.graph.profile_function`): `warmup_steps` untraced and
+   the variables a first call makes and is the trace later calls are dispatched on; then traces
+   it once more in a fresh ``tf.function``: code that builds Python state in its first call
+   (Keras's compiled loss and metrics) traces other ops the first time, and the second trace is
+   what the later ones build;
+2. profiles the second trace (`baechi_tf.tf2.graph.profile_function`): `warmup_steps` untraced and
    `profile_steps` traced runs in a ``tf.compat.v1.Session``, on copies of the variables, so that
    the real ones do not move;
 3. places it with the pipeline of `place_graph_def` (import, place, check, simulate, apply);
 4. traces the Python function again, in a new ``tf.function``, under a device function keyed by
    op name (``get_default_graph().device(fn)``), which gives every op of the trace the device the
-   placement chose. The ops of the two traces must be the same, name for name, type, inputs and
-   attributes (`graph.trace_signature`): a Python function that traces something else each time
-   (a counter, a random number drawn in Python) is refused.
+   placement chose. The ops of this trace and of the placed one must be the same, name for name,
+   type, inputs and attributes (`graph.trace_signature`): a Python function that traces something
+   else each time (a counter, a random number drawn in Python) is refused.
 
 Later calls of that signature run the placed trace; a new signature is placed on its own
 (`placements`, one `PlacementReport` each). A failure at any step raises (a `BaechiError` for
 what cannot be placed) and keeps nothing: the variables are as the call found them, and the next
-call of that signature tries again. Tracing twice runs the Python function's side effects twice
-(``tf.function`` runs them at each trace too).
+call of that signature tries again. Tracing three times runs the Python function's side effects
+three times (``tf.function`` runs them at each trace too).
 
 Variables are pinned where they live. A variable made before the first call lives where it was
 made (the host CPU for a ``tf.Variable`` made in eager code, unless made under ``tf.device``); one
@@ -63,7 +66,7 @@ from baechi_tf.rewriter.graph_pass import PlacementReport, place_graph_def
 from baechi_tf.rewriter.session.arguments import Settings, configure
 from baechi_tf.tf2.graph import FunctionGraph, function_graph, profile_function, trace_signature
 
-__all__ = ["PlacedFunction", "function", "standin_devices"]
+__all__ = ["JIT_COMPILE_REFUSED", "PlacedFunction", "function", "standin_devices"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,12 @@ def _ensure_cpus(count: int) -> None:
             f"baechi_tf.tf2.standin_devices({count - 1}) before TensorFlow runs anything (before "
             "the first tf.Variable or tensor is made)"
         )
+
+
+JIT_COMPILE_REFUSED = (
+    "jit_compile=True: XLA compiles the whole function into one cluster that runs on one device, "
+    "whatever devices its ops name, so there is nothing to place; "
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,14 +166,12 @@ class PlacedFunction:
         return bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        trace = self._plain.get_concrete_function(*args, **kwargs)
-        placed = self._by_trace.get(id(trace))
-        if placed is None:
-            with self._lock:
-                placed = self._by_trace.get(id(trace))
-                if placed is None:
-                    placed = self._place(trace, args, kwargs)
-        return placed.placed(*args, **kwargs)
+        return self._entry(args, kwargs).placed(*args, **kwargs)
+
+    def place(self, *args: Any, **kwargs: Any) -> PlacementReport:
+        """Places the signature of a call with `args` and `kwargs` without running it (the
+        profiling runs copies), and returns its report; a call of it later runs placed."""
+        return self._entry(args, kwargs).report
 
     def summary(self) -> str:
         """Every signature's placement summary, in the order they were placed."""
@@ -175,12 +182,27 @@ class PlacedFunction:
 
     # ------------------------------------------------------------------ internals
 
+    def _entry(self, args: tuple, kwargs: dict) -> _Placed:
+        trace = self._plain.get_concrete_function(*args, **kwargs)
+        placed = self._by_trace.get(id(trace))
+        if placed is None:
+            with self._lock:
+                placed = self._by_trace.get(id(trace))
+                if placed is None:
+                    placed = self._place(trace, args, kwargs)
+        return placed
+
     def _place(self, trace: Any, args: tuple, kwargs: dict) -> _Placed:
         settings = self._settings
         if settings.setup.virtual:
             _ensure_cpus(settings.setup.num_cpus)
+        import tensorflow as tf
+
         index = len(self._by_trace)
-        traced = function_graph(trace, args, kwargs)
+        # Traced again: code that builds Python state on its first call (Keras's compiled loss and
+        # metrics) builds something else in its first trace; this one is what later traces build.
+        settled = tf.function(self._python_function, **self._tf_options).get_concrete_function(*args, **kwargs)
+        traced = function_graph(settled, args, kwargs)
         profile = profile_function(
             traced, settings.profile_config, warmup_steps=settings.warmup_steps, traced_steps=settings.profile_steps
         )
@@ -203,8 +225,8 @@ class PlacedFunction:
             if name not in traced.variables and name not in traced.pinned_inputs
         }
         placed = self._retrace(table, args, kwargs)
-        if trace_signature(placed.graph.as_graph_def()) != trace_signature(trace.graph.as_graph_def()):
-            raise InvalidGraphError(_changed_trace(trace.graph.as_graph_def(), placed.graph.as_graph_def()))
+        if trace_signature(placed.graph.as_graph_def()) != trace_signature(settled.graph.as_graph_def()):
+            raise InvalidGraphError(_changed_trace(settled.graph.as_graph_def(), placed.graph.as_graph_def()))
         report = dataclasses.replace(report, notes=report.notes + _variable_notes(traced, setup))
         if settings.report_dir:
             from baechi_tf.reports import write_reports
@@ -290,10 +312,10 @@ def _changed_trace(first: Any, second: Any) -> str:
         changed = [n for n in a if trace_signature(_only(first, n)) != trace_signature(_only(second, n))]
         what = f"ops whose inputs or attributes changed: {changed[:3]}"
     return (
-        "the function traced differently the second time, so its placement cannot be applied by op "
-        f"name ({what}): its Python code changes what it builds from one trace to the next (a "
-        "Python counter or list, a random number drawn in Python, a value read from a file); make "
-        "that a tf.Variable or an argument, or run it with tf.function unplaced"
+        "the function traced differently from one trace to the next, so its placement cannot be "
+        f"applied by op name ({what}): its Python code changes what it builds each time (a Python "
+        "counter or list, a random number drawn in Python, a value read from a file); make that a "
+        "tf.Variable or an argument, or run it with tf.function unplaced"
     )
 
 
@@ -331,11 +353,7 @@ def function(
     Used bare (``@baechi_tf.function``) or with arguments (``@baechi_tf.function(num_devices=4)``).
     """
     if tf_function_options.get("jit_compile"):
-        raise ConfigError(
-            "jit_compile=True: XLA compiles the whole function into one cluster that runs on one "
-            "device, whatever devices its ops name, so there is nothing to place; drop "
-            "jit_compile, or use tf.function(jit_compile=True) unplaced"
-        )
+        raise ConfigError(JIT_COMPILE_REFUSED + "drop jit_compile, or use tf.function(jit_compile=True) unplaced")
     arguments = dict(
         graph=None, config=None, target="", placement_method=placement_method, num_devices=num_devices,
         memory_bytes_per_device=memory_bytes_per_device, memory_fraction=memory_fraction,
