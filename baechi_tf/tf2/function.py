@@ -139,8 +139,8 @@ class PlacedFunction:
 
     @property
     def unplaced(self) -> Any:
-        """The ``tf.function`` of the same Python function, unplaced (its traces are the ones
-        each placement started from)."""
+        """The ``tf.function`` of the same Python function, unplaced: calls are dispatched on
+        its traces, one per signature, each mapped to its placed trace."""
         return self._plain
 
     @property
