@@ -1,9 +1,10 @@
 """baechi_tf: fast, memory-aware device placement for TensorFlow graphs (Baechi, SoCC 2020).
 
 The public API is small: `place_graph_def` places a GraphDef with a cost profile, `BaechiSession`
-places and runs a ``tf.compat.v1`` graph, `PlacementOptions`, `Cluster` and `Device` describe what
-to place and where, and every error is a `BaechiError`. Importing ``baechi_tf`` does not import
-TensorFlow; `BaechiSession` and `place_graph_def` load the TensorFlow ends on first use.
+places and runs a ``tf.compat.v1`` graph, `function` places the traces of a TensorFlow 2
+``tf.function``, `PlacementOptions`, `Cluster` and `Device` describe what to place and where, and
+every error is a `BaechiError`. Importing ``baechi_tf`` does not import TensorFlow;
+`BaechiSession`, `function` and `place_graph_def` load the TensorFlow ends on first use.
 """
 
 from baechi_tf._lazy import lazy_attributes
@@ -30,12 +31,14 @@ __all__ = [
     "PlacementOptions",
     "ProfileError",
     "SolverError",
+    "function",
     "place_graph_def",
 ]
 
 _LAZY = {
     "BaechiSession": "baechi_tf.rewriter.session",
     "place_graph_def": "baechi_tf.rewriter.graph_pass",
+    "function": "baechi_tf.tf2",
 }
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())
 

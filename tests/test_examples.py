@@ -83,3 +83,38 @@ def test_gnmt_v2_example_help_comes_before_tensorflow_loads(tmp_path):
     assert done.returncode == 0 and "--placement_method METHOD" in done.stdout, done.stdout
     assert "sentences per step (default: 128)" in done.stdout  # GNMTHParams' defaults
     assert "tensorflow" not in loaded
+
+
+def _placed_beside_unplaced(example, flags, steps, variables, mean_of):
+    """Runs a TF2 example; checks its summary, that each step's loss placed equals the unplaced
+    one to 1e-5, and its step-time line."""
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", example), *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"^method\s+auto\([a-z_+]+\)$", out, re.M), out
+    assert re.search(rf"^variables: {variables} pinned where they live", out, re.M), out
+    losses = re.findall(r"^step \d: loss placed ([0-9.]+), unplaced ([0-9.]+)$", out, re.M)
+    assert len(losses) == steps and all(float(a) == pytest.approx(float(b), rel=1e-5) for a, b in losses), out
+    assert re.search(rf"^step time: placed [0-9.]+ ms, unplaced [0-9.]+ ms \(mean of {mean_of}\); "
+                     r"simulated [0-9.]+ ms placed, [0-9.]+ ms on one device$", out, re.M), out
+
+
+@pytest.mark.tf
+def test_tf2_function_example_places_and_trains_as_tf_function():
+    _placed_beside_unplaced(
+        "tf2_function.py",
+        ["--towers=2", "--layers=1", "--hidden=32", "--features=16", "--batch_size=32", "--steps=3"],
+        steps=4, variables=4, mean_of="3 steps",
+    )
+
+
+@pytest.mark.tf
+def test_keras_fit_example_places_and_fits_as_keras_does():
+    _placed_beside_unplaced(
+        "keras_fit.py", ["--model=mlp", "--batch_size=32", "--steps=2"],
+        steps=3, variables=r"\d+", mean_of="2 fit epochs of one step",
+    )

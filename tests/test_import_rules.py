@@ -40,6 +40,7 @@ LAYERS = {
     "baechi_tf.json_io": 2,
     "baechi_tf._startup": 2,
     "baechi_tf.rewriter.session": 3,
+    "baechi_tf.tf2": 3,  # baechi_tf.function: placed tf.functions, over the session's arguments
     "baechi_tf.rewriter.cli_place": 3,
     "baechi_tf.cli": 3,
     "baechi_tf.options": 3,  # the placement flags of argparse and absl

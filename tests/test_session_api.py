@@ -330,7 +330,7 @@ def test_import_baechi_tf_does_not_import_tensorflow():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    for name in ("BaechiSession", "place_graph_def", "PlacementOptions", "Cluster", "Device",
+    for name in ("BaechiSession", "place_graph_def", "function", "PlacementOptions", "Cluster", "Device",
                  "BaechiError", "ProfileError"):
         assert name in done.stdout
     assert baechi_tf.BaechiSession is BaechiSession

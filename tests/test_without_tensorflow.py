@@ -46,7 +46,10 @@ def run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("how", ["import baechi_tf; baechi_tf.BaechiSession", "from baechi_tf import place_graph_def"])
+@pytest.mark.parametrize(
+    "how",
+    ["import baechi_tf; baechi_tf.BaechiSession", "from baechi_tf import place_graph_def", "import baechi_tf; baechi_tf.function"],
+)
 def test_the_tensorflow_ends_name_both_extras(run, how):
     code = f"""
 try:
@@ -60,7 +63,7 @@ except ModuleNotFoundError as e:
     assert done.returncode == 0, done.stderr
     kind, message = done.stdout.split("\n", 1)
     assert kind == "TensorFlowMissingError True tensorflow"
-    name = "BaechiSession" if "BaechiSession" in how else "place_graph_def"
+    name = how.split()[-1].rsplit(".", 1)[-1]
     assert message.startswith(f"baechi_tf.{name} needs TensorFlow, which is not installed: ")
     assert all(extra in message for extra in EXTRAS), message
 
