@@ -93,8 +93,9 @@ def solve_sct_relaxation(
     """
     name = choose_solver(solver)
 
-    def solve(lp):
+    def solve(lp, bar, what=""):
         order = back_ends(solver, name, lp, time_limit_s)
+        bar.update(note=f"{what}{lp.num_arcs:,} arcs, {order[0]}")
         return solve_lp(lp, order[0], time_limit_s=time_limit_s, fallbacks=order[1:])
 
     arc_src, arc_dst, c_us = arc_comm_us(graph, cluster)
@@ -121,7 +122,6 @@ def solve_sct_relaxation(
         _check_size(arcs.shape[0], max_lp_arcs, ops.shape[0])
     with Progress(f"m-SCT LP ({name})", len(pieces), unit="pieces", tick=True) as bar:
         for ops, arcs, release in pieces:
-            bar.update(note=f"{arcs.shape[0]:,} arcs")
             # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
             local = np.full(graph.num_ops, -1, dtype=np.int64)
             local[ops] = np.arange(ops.shape[0])
@@ -129,7 +129,7 @@ def solve_sct_relaxation(
             if release:
                 s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
             sol = solve(
-                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower)
+                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower), bar
             )
             x[arcs] = sol.x
             used.add(sol.solver)
@@ -167,8 +167,7 @@ def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
 
 def _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve) -> SctRelaxation:
     with Progress(f"m-SCT LP ({name})", tick=True) as bar:
-        bar.update(note=f"the whole graph, {arc_src.shape[0]:,} arcs")
-        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us))
+        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us), bar, "the whole graph, ")
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * sol.x)
     return SctRelaxation(
         arc_src, arc_dst, c_us, sol.x, s, sol.w_us, sol.solver, 1, arc_src.shape[0], sol.bound_us
