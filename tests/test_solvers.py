@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -236,3 +237,100 @@ def test_any_nonnegative_row_multipliers_bound_the_optimum(name):
         duals = -rng.exponential(rng.choice([1e-3, 0.1, 1.0]), lp.num_rows)
         makespan, bound = solvers._certified_gap(lp, x, duals)
         assert bound <= optimum * (1 + 1e-12) + 1e-12 <= makespan * (1 + 1e-12) + 1e-12
+
+
+# ---------------------------------------------------------------- cvxopt's rows, auto's order
+
+
+def _released_chain():
+    """a -> b -> c (10, 20, 30 us), c released at 500 us: its bound is not implied by b's end.
+
+        a --> b --> c (s_c >= 500)
+    """
+    from baechi_tf.sct.lp import sct_lp
+
+    return sct_lp(np.array([10.0, 20.0, 30.0]), np.array([0, 1]), np.array([1, 2]), np.array([134.0, 134.0]),
+                  s_lower_us=np.array([0.0, 0.0, 500.0]))
+
+
+def test_implied_lower_bounds_are_those_behind_a_predecessor_or_a_sink():
+    from baechi_tf.sct.solvers import _implied_lower
+
+    lp = _released_chain()
+    # x_ab, x_bc: no row implies x >= 0; s_a: a source; s_b: behind a; s_c: released past b's end;
+    # w: behind the sink c.
+    assert _implied_lower(lp).tolist() == [False, False, False, True, False, True]
+    fork = LPS["fork_join"]()
+    implied = _implied_lower(fork)
+    has_pred = np.bincount(fork.arc_dst, minlength=fork.num_ops) > 0
+    assert implied[fork.num_arcs : fork.w_index].tolist() == has_pred.tolist()
+    assert not implied[: fork.num_arcs].any() and implied[fork.w_index]
+
+
+@pytest.mark.parametrize("name", sorted(LPS) + ["released_chain"])
+def test_lp_without_implied_lower_bounds_has_the_same_optimum(name):
+    """The rows cvxopt gets (`_cvxopt_rows`: no lower bound the rows imply, every variable
+    otherwise free) have the full LP's optimum, solved by each back end that runs here (HiGHS
+    and cvxopt; MOSEK has no licence on the machines that run the tests)."""
+    import cvxopt
+    import cvxopt.solvers
+    from scipy.optimize import linprog
+
+    from baechi_tf.sct.solvers import _cvxopt_rows, _implied_lower
+
+    lp = _released_chain() if name == "released_chain" else LPS[name]()
+    optimum = solve_lp(lp, "highs").w_us / lp.time_unit_us
+    G, h = _cvxopt_rows(lp)
+    dropped = int(_implied_lower(lp).sum())
+    assert dropped >= 2 and G.shape == (lp.num_rows + lp.num_vars - dropped + lp.num_arcs, lp.num_vars)
+    highs = linprog(lp.c, A_ub=G.tocsr(), b_ub=h, bounds=(None, None), method="highs")
+    assert highs.status == 0 and highs.fun == pytest.approx(optimum, rel=1e-9, abs=1e-12)
+    G_cvx = cvxopt.spmatrix(G.data.tolist(), G.row.tolist(), G.col.tolist(), G.shape)
+    sol = cvxopt.solvers.lp(cvxopt.matrix(lp.c), G_cvx, cvxopt.matrix(h), options={"show_progress": False})
+    assert sol["status"] == "optimal" and sol["primal objective"] == pytest.approx(optimum, rel=2e-6)
+    # And the back end itself, certified.
+    assert solve_lp(lp, "cvxopt").bound_us / lp.time_unit_us == pytest.approx(optimum, rel=1e-6)
+
+
+def test_auto_sends_large_lps_to_cvxopt_first_unless_timed():
+    from baechi_tf.sct.solvers import back_ends
+
+    small, large = LPS["random3"](), build_sct_lp(_layered(3000), graphs.cluster(4))  # built, not solved
+    assert small.num_arcs <= 5000 < large.num_arcs
+    assert back_ends("auto", "highs", small) == ("highs", "cvxopt")
+    assert back_ends("auto", "highs", large) == ("cvxopt", "highs")
+    assert back_ends("auto", "highs", large, time_limit_s=5.0) == ("highs", "cvxopt")  # cvxopt has no limit
+    assert back_ends("auto", "mosek", large) == ("mosek", "highs", "cvxopt")
+    for named in ("highs", "cvxopt", "mosek"):
+        assert back_ends(named, named, large) == (named,)
+
+
+def test_a_large_piece_is_solved_by_cvxopt_and_certified(monkeypatch):
+    """With the size threshold at 0, a small layered graph's piece goes the way large ones go
+    under auto: cvxopt solves it, and its bound is a certified lower bound of simplex's optimum
+    within the certified gap of its makespan."""
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct import solvers
+    from baechi_tf.sct.relaxation import solve_sct_relaxation
+
+    graph, cluster = _layered(600), Cluster.homogeneous(4, 1 << 34)
+    simplex = solve_sct_relaxation(graph, cluster, solver="highs")
+    monkeypatch.setattr(solvers, "_LARGE_LP_ARCS", 0)
+    ipm = solve_sct_relaxation(graph, cluster, solver="auto")
+    assert (simplex.solver, ipm.solver) == ("highs", "cvxopt")
+    assert ipm.w_us == pytest.approx(simplex.w_us, rel=1e-6)
+    assert simplex.w_us * (1 - solvers._IPM_CERTIFIED_RTOL) <= ipm.bound_us <= simplex.w_us * (1 + 1e-12)
+
+
+def test_auto_falls_back_to_highs_when_cvxopt_cannot_certify(monkeypatch, caplog):
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct import solvers
+    from baechi_tf.sct.relaxation import solve_sct_relaxation
+
+    monkeypatch.setattr(solvers, "_LARGE_LP_ARCS", 0)
+    monkeypatch.setattr(solvers, "_IPM_CERTIFIED_RTOL", -1.0)  # no interior point passes
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.sct.solvers"):
+        r = solve_sct_relaxation(_layered(600), Cluster.homogeneous(4, 1 << 34), solver="auto")
+    assert r.solver == "highs"  # dual simplex: a vertex, not certified by duals
+    assert re.search(r"LP solver cvxopt failed \(cvxopt's interior point left the m-SCT LP .* above its "
+                     r"dual bound .*--lp_solver=highs\); falling back to highs", caplog.text), caplog.text

@@ -38,7 +38,6 @@ Time: O(E log E) with four longest-path passes in Python, plus the solver on pie
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Optional
 
@@ -49,7 +48,7 @@ from baechi_tf.errors import SolverError
 from baechi_tf.graph import OpGraph
 from baechi_tf.progress import Progress
 from baechi_tf.sct.lp import arc_comm_us, sct_lp
-from baechi_tf.sct.solvers import choose_solver, fallbacks_after, solve_lp
+from baechi_tf.sct.solvers import back_ends, choose_solver, solve_lp
 
 __all__ = ["SctRelaxation", "solve_sct_relaxation"]
 
@@ -69,7 +68,7 @@ class SctRelaxation:
     x: np.ndarray  # float64 [num_arcs], x_ij in [0, 1]
     s_us: np.ndarray  # float64 [num_ops], earliest start of each op under x
     w_us: float  # the LP optimum (the relaxed makespan): the longest path under x
-    solver: str  # back end that solved the pieces
+    solver: str  # the back ends that solved the pieces, joined by '+' ('highs', 'cvxopt+highs')
     num_lps: int  # solver calls
     lp_arcs: int  # arcs that reached a solver
     bound_us: float  # a lower bound of the LP optimum, within _CERTIFICATE_RTOL of w_us
@@ -93,9 +92,12 @@ def solve_sct_relaxation(
     time hands the LP to the next one (MOSEK, HiGHS, cvxopt) with a warning.
     """
     name = choose_solver(solver)
-    solve = functools.partial(
-        solve_lp, solver=name, time_limit_s=time_limit_s, fallbacks=fallbacks_after(solver, name)
-    )
+
+    def solve(lp, bar, what=""):
+        order = back_ends(solver, name, lp, time_limit_s)
+        bar.update(note=f"{what}{lp.num_arcs:,} arcs, {order[0]}")
+        return solve_lp(lp, order[0], time_limit_s=time_limit_s, fallbacks=order[1:])
+
     arc_src, arc_dst, c_us = arc_comm_us(graph, cluster)
     p = graph.compute_us
     topo = graph.topo_index
@@ -114,12 +116,12 @@ def solve_sct_relaxation(
     x = np.ones_like(c_us)
     w_pieces = 0.0
     num_lps = 0
+    used = set()
     pieces = list(_pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops))
     for ops, arcs, _ in pieces:
         _check_size(arcs.shape[0], max_lp_arcs, ops.shape[0])
     with Progress(f"m-SCT LP ({name})", len(pieces), unit="pieces", tick=True) as bar:
         for ops, arcs, release in pieces:
-            bar.update(note=f"{arcs.shape[0]:,} arcs")
             # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
             local = np.full(graph.num_ops, -1, dtype=np.int64)
             local[ops] = np.arange(ops.shape[0])
@@ -127,9 +129,10 @@ def solve_sct_relaxation(
             if release:
                 s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
             sol = solve(
-                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower)
+                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower), bar
             )
             x[arcs] = sol.x
+            used.add(sol.solver)
             w_pieces = sol.bound_us  # a lower bound of the piece's optimum: the solver's, or certified
             num_lps += 1
             bar.update(advance=1)
@@ -146,11 +149,12 @@ def solve_sct_relaxation(
         )
         _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
         return _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve)
+    solved_by = "+".join(sorted(used)) or name
     log.info(
         "m-SCT LP: %d of %d arcs in %d LPs by %s, optimum %.6g us (lower bound %.6g us)",
-        int(keep.sum()), arc_src.shape[0], num_lps, name, w, bound,
+        int(keep.sum()), arc_src.shape[0], num_lps, solved_by, w, bound,
     )
-    return SctRelaxation(arc_src, arc_dst, c_us, x, s, w, name, num_lps, int(keep.sum()), min(bound, w))
+    return SctRelaxation(arc_src, arc_dst, c_us, x, s, w, solved_by, num_lps, int(keep.sum()), min(bound, w))
 
 
 def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
@@ -163,10 +167,11 @@ def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
 
 def _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve) -> SctRelaxation:
     with Progress(f"m-SCT LP ({name})", tick=True) as bar:
-        bar.update(note=f"the whole graph, {arc_src.shape[0]:,} arcs")
-        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us))
+        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us), bar, "the whole graph, ")
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * sol.x)
-    return SctRelaxation(arc_src, arc_dst, c_us, sol.x, s, sol.w_us, name, 1, arc_src.shape[0], sol.bound_us)
+    return SctRelaxation(
+        arc_src, arc_dst, c_us, sol.x, s, sol.w_us, sol.solver, 1, arc_src.shape[0], sol.bound_us
+    )
 
 
 def _longest_starts(n, arc_src, arc_dst, by_dst, p, arc_us) -> np.ndarray:

@@ -17,19 +17,32 @@
   only to IPX's tolerances, so its answer is certified (`_certified_gap`): the makespan of its x
   (a longest path, so a feasible value) and, by weak duality from its row duals, a lower bound
   of the optimum, which `LPSolution.bound_us` reports. A solve whose makespan is more than
-  `_IPM_CERTIFIED_RTOL` (relative) above its bound raises `SolverError`. The other methods
+  `_IPM_CERTIFIED_RTOL` (relative) above its bound raises `SolverError`. Simplex and MOSEK
   report their own optimum as the bound. The LP has many optimal points and the methods may end
-  at different ones, hence at different favourite children: every LP of bench/quality.py's
-  graphs is solved by simplex. An interior point has fewer arcs at or below the rounding
+  at different ones, hence at different favourite children: under ``highs`` every LP of
+  bench/quality.py's graphs is solved by simplex. An interior point has fewer arcs at or below the rounding
   threshold than a vertex (about 30% fewer favourite children on bench/layered.py's graphs of
   3k-10k ops), and m-SCT's makespans there were within -4.7% to +0.9% of those from a vertex.
   On those LPs (10k-20k arcs) IPX on the dual LP takes 0.55-0.65 of the time it takes on the
   primal one, and crossover would add about 10%. Model-shaped LPs rarely get here (simplex
   finishes them within budget), and on them the dual LP is the slower one.
-* ``cvxopt``: ``cvxopt.solvers.lp`` (its own interior-point method) with sparse matrices; the
-  bounds become rows, since cvxopt has no bounds.
+* ``cvxopt``: ``cvxopt.solvers.lp``, a primal-dual interior-point method that factors its
+  normal equations with CHOLMOD's sparse Cholesky. cvxopt has no bounds, so they become rows,
+  except the lower bounds that the rows already imply (`_cvxopt_rows`: a start behind a
+  predecessor, w behind a sink): the same feasible set, with one row fewer per op to factor.
+  Its answer is an interior point too, certified as HiGHS's is.
 * ``auto``: MOSEK when it is importable and licensed, else HiGHS; logs which. A back end that
-  fails or runs out of time hands the LP to the next of MOSEK, HiGHS, cvxopt.
+  fails or runs out of time hands the LP to the next of MOSEK, HiGHS, cvxopt. Without MOSEK, an
+  LP of more than `_LARGE_LP_ARCS` arcs (5000, the size from which HiGHS gives simplex a budget)
+  goes to cvxopt first and to HiGHS if cvxopt fails (`back_ends`): on such LPs, from both
+  bench/layered.py's graphs (where simplex spends its whole budget before interior point starts
+  afresh) and the GNMT profile's 9k-arc LP (which simplex finishes), cvxopt's direct
+  factorisation took less time than either of HiGHS's methods, and than IPX, whose iterative
+  linear solves are slow on these LPs. With ``--lp_time_limit`` the order stays HiGHS first,
+  since cvxopt cannot stop at a time limit. The LP has many optimal points and the two end at
+  different ones (different favourite children); every makespan of bench/quality.py stayed the
+  same (the GNMT profile's included), and LPs of at most 5000 arcs, all the others of
+  bench/quality.py, still go to dual simplex.
 
 Every solve checks the solver's status; a failed, infeasible or unfinished solve raises
 `SolverError` with the solver's own words. The result is in microseconds, with ``x`` clipped to
@@ -37,6 +50,10 @@ Every solve checks the solver's status; a failed, infeasible or unfinished solve
 
 Baechi's original solved the LP with ``cvxopt.solvers.lp(..., solver='mosek')`` and never looked
 at the status, so a failed solve went on as if it had an optimum.
+
+Cost: the rows for cvxopt and the certificate are O(A + V) for A arcs and V ops; an interior
+point takes some tens of steps, each factoring a sparse symmetric matrix of order about A + V
+whose fill depends on the graph's shape (small for graphs of narrow layers or cut ops).
 """
 
 from __future__ import annotations
@@ -55,7 +72,7 @@ import scipy.sparse as sp
 from baechi_tf.errors import ConfigError, SolverError
 from baechi_tf.sct.lp import SctLP
 
-__all__ = ["LPSolution", "SOLVERS", "choose_solver", "mosek_licence_problem", "solve_lp"]
+__all__ = ["LPSolution", "SOLVERS", "back_ends", "choose_solver", "mosek_licence_problem", "solve_lp"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +94,7 @@ class LPSolution:
     w_us: float  # the makespan of the solution: the optimum (to the solver's tolerance)
     solver: str  # 'mosek', 'highs' or 'cvxopt'
     method: str  # how: 'highs-ds' or 'highs-ipm' (HiGHS's dual simplex or interior point), else = solver
-    bound_us: float  # a lower bound of the optimum: certified for 'highs-ipm', else w_us
+    bound_us: float  # a lower bound of the optimum: certified for 'highs-ipm' and 'cvxopt', else w_us
 
 
 def mosek_licence_problem() -> Optional[str]:
@@ -106,13 +123,18 @@ def choose_solver(solver: str) -> str:
     return chosen
 
 
-def fallbacks_after(solver: str, chosen: str) -> tuple[str, ...]:
-    """The back ends ``auto`` tries after `chosen` fails: those later in the order MOSEK, HiGHS,
-    cvxopt; none when the user named a solver."""
+def back_ends(solver: str, chosen: str, lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[str, ...]:
+    """The back ends to try on `lp`, in order, for the `solver` option when `choose_solver` gave
+    `chosen`: that one alone when the user named a solver. ``auto`` tries the later ones of
+    MOSEK, HiGHS, cvxopt after `chosen` fails; without MOSEK, an LP of more than
+    `_LARGE_LP_ARCS` arcs goes to cvxopt first and HiGHS after, unless a time limit is set
+    (cvxopt has none). See the module docstring."""
     if solver != "auto":
-        return ()
+        return (chosen,)
+    if chosen == "highs" and lp.num_arcs > _LARGE_LP_ARCS and time_limit_s is None:
+        return ("cvxopt", "highs")
     order = ("mosek", "highs", "cvxopt")
-    return order[order.index(chosen) + 1 :]
+    return order[order.index(chosen) :]
 
 
 def solve_lp(
@@ -163,6 +185,7 @@ def _size(lp: SctLP) -> str:
 
 
 _HIGHS_SIMPLEX_ARCS = 5000  # LPs of at most this many arcs: dual simplex, no pivot budget
+_LARGE_LP_ARCS = _HIGHS_SIMPLEX_ARCS  # auto without MOSEK: LPs of more arcs go to cvxopt first
 _HIGHS_PIVOTS_PER_ROW = 1.0  # larger LPs: simplex pivots allowed per row before interior point
 
 
@@ -261,14 +284,21 @@ def _ipm_highspy(lp: SctLP, time_limit_s: Optional[float]) -> tuple[np.ndarray, 
             f"HiGHS did not solve the m-SCT LP ({_size(lp)}) by interior point: {h.modelStatusToString(status)}"
         )
     z = np.asarray(solution.col_value, dtype=np.float64)
-    makespan, bound = _certified_gap(lp, np.clip(z[: lp.num_arcs], 0.0, 1.0), np.asarray(solution.row_dual))
+    return z, _certify(lp, z, np.asarray(solution.row_dual), "HiGHS's interior point", "--lp_solver=cvxopt")
+
+
+def _certify(lp: SctLP, z: np.ndarray, row_dual: np.ndarray, who: str, instead: str) -> float:
+    """The certified lower bound of the optimum (`_certified_gap`) that an interior point `z`
+    and its row multipliers give; `SolverError` naming `who` and the option to use `instead` when
+    the makespan of z's x passes it by more than `_IPM_CERTIFIED_RTOL`."""
+    makespan, bound = _certified_gap(lp, np.clip(z[: lp.num_arcs], 0.0, 1.0), row_dual)
     if makespan > bound + _IPM_CERTIFIED_RTOL * abs(bound):
         raise SolverError(
-            f"HiGHS's interior point left the m-SCT LP ({_size(lp)}) with x of makespan "
+            f"{who} left the m-SCT LP ({_size(lp)}) with x of makespan "
             f"{makespan * lp.time_unit_us:.9g} us above its dual bound {bound * lp.time_unit_us:.9g} us; "
-            "use --lp_solver=cvxopt"
+            f"use {instead}"
         )
-    return z, bound
+    return bound
 
 
 def _quiet_highs(highspy):
@@ -334,19 +364,15 @@ def _topological_arcs(arc_src: np.ndarray, arc_dst: np.ndarray, n: int) -> np.nd
 # ---------------------------------------------------------------- cvxopt
 
 
-def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str, None]:
+def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.ndarray, str, float]:
+    """``(z, "cvxopt", bound)``: cvxopt's interior point on `_cvxopt_rows`, certified like
+    HiGHS's (`_certify`)."""
     if importlib.util.find_spec("cvxopt") is None:
         raise SolverError("cvxopt is not installed: pip install cvxopt, or use --lp_solver=highs")
     import cvxopt
     import cvxopt.solvers
 
-    n = lp.num_vars
-    bounded = np.flatnonzero(np.isfinite(lp.upper))
-    # Bounds as rows: -z <= -lower for every variable, z <= upper where finite.
-    G = sp.vstack(
-        [lp.A_ub, -sp.identity(n, format="csr"), sp.identity(n, format="csr")[bounded]]
-    ).tocoo()
-    h = np.concatenate([lp.b_ub, -lp.lower, lp.upper[bounded]])
+    G, h = _cvxopt_rows(lp)
     G_cvx = cvxopt.spmatrix(
         cvxopt.matrix(G.data.astype(np.float64)),
         cvxopt.matrix(G.row.astype(np.int64)),
@@ -363,7 +389,43 @@ def _solve_cvxopt(lp: SctLP, time_limit_s: Optional[float] = None) -> tuple[np.n
             f"primal infeasibility {sol['primal infeasibility']}, dual infeasibility "
             f"{sol['dual infeasibility']}); try --lp_solver=highs"
         )
-    return np.array(sol["x"]).reshape(-1), "cvxopt", None
+    z = np.array(sol["x"]).reshape(-1)
+    # cvxopt's multipliers of G z <= h are >= 0; `_certify` takes HiGHS's sign (<= 0).
+    row_dual = -np.array(sol["z"]).reshape(-1)[: lp.num_rows]
+    return z, "cvxopt", _certify(lp, z, row_dual, "cvxopt's interior point", "--lp_solver=highs")
+
+
+def _cvxopt_rows(lp: SctLP) -> tuple[sp.coo_matrix, np.ndarray]:
+    """``(G, h)`` with ``{z : G z <= h}`` the feasible set of `lp`, for a solver without bounds:
+    the rows of ``A_ub``, then ``-z <= -lower`` for the finite lower bounds that the rows do not
+    imply (`_implied_lower`), then ``z <= upper`` where finite. Leaving out implied bounds keeps
+    the feasible set and shrinks the system an interior point factors at each step (one row per
+    op with a predecessor, and w's). Time O(A + V)."""
+    n = lp.num_vars
+    upper = np.flatnonzero(np.isfinite(lp.upper))
+    lower = np.flatnonzero(np.isfinite(lp.lower) & ~_implied_lower(lp))
+    identity = sp.identity(n, format="csr")
+    G = sp.vstack([lp.A_ub, -identity[lower], identity[upper]]).tocoo()
+    return G, np.concatenate([lp.b_ub, -lp.lower[lower], lp.upper[upper]])
+
+
+def _implied_lower(lp: SctLP) -> np.ndarray:
+    """bool [num_vars]: the variables whose lower bound the rows imply, given every lower bound
+    holds: ``s_j >= lower_j`` when some arc (i, j) has ``lower_i + p_i >= lower_j`` (the
+    precedence row gives ``s_j >= s_i + p_i``, and ``c_ij x_ij >= 0``), and ``w >= lower_w`` when
+    some sink i has ``lower_i + p_i >= lower_w`` (its makespan row). By induction over a
+    topological order every bound then holds, whether by its own row or so."""
+    a, v = lp.num_arcs, lp.num_ops
+    s_lower = lp.lower[a : a + v]
+    p = lp.p_us / lp.time_unit_us
+    ends = s_lower + p  # the earliest end of each op that its bound alone gives
+    earliest = np.full(v, -np.inf)
+    np.maximum.at(earliest, lp.arc_dst, ends[lp.arc_src])
+    implied = np.zeros(lp.num_vars, dtype=bool)
+    implied[a : a + v] = earliest >= s_lower
+    sinks = np.bincount(lp.arc_src, minlength=v) == 0
+    implied[lp.w_index] = bool(sinks.any()) and ends[sinks].max() >= lp.lower[lp.w_index]
+    return implied
 
 
 # ---------------------------------------------------------------- MOSEK
