@@ -19,7 +19,10 @@ Steps:
    (`utils/communication_benchmark.measure_transfer_us`: end of the producer to start of the
    consumer, one FULL_TRACE run each; the two tasks share this machine's clock), and also half
    round trips started on task 1; a line ``a * bytes + b`` is fitted to each
-   (`comm_fit.fit_comm_cost`) and ``--link`` says which one the placements use.
+   (`comm_fit.fit_comm_cost`) and ``--link`` says which one the placements use. Then 1 .. 32
+   one-element tensors sent together each way (`comm_bench.measure_in_flight_us`) give the
+   link's copies in flight (`comm_fit.fit_copies_in_flight`: gRPC overlaps the copies' fixed
+   costs, `CommCost.copies_in_flight`).
 2. **Profile** each graph on one task: the whole graph on task 0's CPU:0, FULL_TRACE
    (`profile_fetch`), so an op's time is that of a single-core device.
 3. **Place** on the 2 devices with each method, and with fixed layouts of other shapes so that
@@ -257,9 +260,13 @@ def fit_link(tasks: TwoTasks, exponent: int = 22, runs: int = 5, warmup: int = 2
     """(fits, rows): lines fitted to copies between the tasks of 2^0 .. 2^(exponent-1) float32
     elements (`utils/communication_benchmark.measure_transfer_us`, `comm_fit.fit_comm_cost`):
     ``fits['one_way']`` to single copies both ways (end of the producer to start of the
-    consumer), ``fits['round_trip']`` to half round trips that start on task 1; and per size
-    (bytes, median us 0 -> 1, 1 -> 0, half round trip)."""
-    from baechi_tf.cost_model.comm_fit import fit_comm_cost
+    consumer), ``fits['round_trip']`` to half round trips that start on task 1, each line's
+    `CommCost.copies_in_flight` fitted to `comm_bench.IN_FLIGHT_COUNTS` copies sent together
+    both ways (`comm_fit.fit_copies_in_flight`, 2 * `runs` runs each) and its `InFlightFit`
+    under ``fits['in_flight_' + kind]``; and per size (bytes, median us 0 -> 1, 1 -> 0, half
+    round trip)."""
+    from baechi_tf.cost_model.comm_bench import IN_FLIGHT_COUNTS, measure_in_flight_us
+    from baechi_tf.cost_model.comm_fit import fit_comm_cost, fit_copies_in_flight
     from baechi_tf.rewriter.distributed import remote_session_config
     from utils.communication_benchmark import _config, measure_transfer_us
 
@@ -278,7 +285,20 @@ def fit_link(tasks: TwoTasks, exponent: int = 22, runs: int = 5, warmup: int = 2
             data[kind][1].extend(got)
             medians.append(statistics.median(got) if got else float("nan"))
         rows.append((4 * n, *medians))
-    return {kind: fit_comm_cost(x, y) for kind, (x, y) in data.items()}, rows
+    counts: list[float] = []
+    together: list[float] = []
+    for n in IN_FLIGHT_COUNTS:
+        for src, dst in ((a, b), (b, a)):
+            got = [t for t in measure_in_flight_us(n, src, dst, config, num_warmup=warmup,
+                                                   num_runs=2 * runs, target=tasks.target) if t > 0]
+            counts += [float(n)] * len(got)
+            together += got
+    fits: dict = {}
+    for kind, (x, y) in data.items():
+        line = fit_comm_cost(x, y)
+        in_flight = fits["in_flight_" + kind] = fit_copies_in_flight(counts, together, line.comm, 4.0)
+        fits[kind] = dataclasses.replace(line, comm=in_flight.comm)
+    return fits, rows
 
 
 # ---------------------------------------------------------------------------- placements
@@ -844,7 +864,7 @@ def save_run(directory: str, graph: TimedGraph, profile: Any, rows: Sequence[Mea
     save_profile(profile, base + ".profile")
     doc = {
         "graph": graph.name,
-        "comm": [comm.slope_us_per_byte, comm.intercept_us],
+        "comm": [comm.slope_us_per_byte, comm.intercept_us, comm.copies_in_flight],
         "others_cpu_share": others,
         "placements": [{
             "method": r.method, "chosen": r.chosen, "sim_ms": r.sim_ms, "times_s": r.times_s,
@@ -906,10 +926,13 @@ def run(
               f"{options.inter_op_threads}, intra-op pool 1; devices: each task's CPU:0; "
               f"{_machine_load()}", file=out, flush=True)
         fits, link_rows = fit_link(tasks, exponent=options.link_exponent, runs=options.link_runs)
-        for kind, fit in fits.items():
+        for kind in ("one_way", "round_trip"):
+            fit, flight = fits[kind], fits["in_flight_" + kind]
             print(f"link fitted to {kind.replace('_', ' ')}s: {fit.comm.slope_us_per_byte:.4g} us/B "
                   f"x + {fit.comm.intercept_us:.1f} us (rms relative error "
-                  f"{100 * fit.rms_relative_error:.0f}%)", file=out)
+                  f"{100 * fit.rms_relative_error:.0f}%), {fit.comm.copies_in_flight:.2f} copies in "
+                  f"flight (copies sent together {flight.spacing_us:.1f} us apart, rms relative "
+                  f"error {100 * flight.rms_relative_error:.0f}%)", file=out)
         small = [r for r in link_rows if r[0] <= 4096]
         print(f"copies up to 4 KiB, median: {statistics.median(r[1] for r in small):.0f} us "
               f"task 0 -> 1, {statistics.median(r[2] for r in small):.0f} us task 1 -> 0, "
