@@ -618,11 +618,14 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
       (with their channel time); of the data copies of graph ops, the measured latency (end of
       the producer to the end of its RPC on the receiver: median and 90th percentile) against the
       modelled cost (a * bytes + b, median), and the union of their windows over their sum
-      (below 1: copies overlapped each other, which one channel per device does not allow);
+      (below 1: copies overlapped each other), and the link's copies in flight that their
+      arrivals show (`comm_fit.copies_in_flight_in_trace`, against the modelled line);
     - the traced step's wall time, and the untraced median of the timing rounds.
     """
     import numpy as np
     import tensorflow as tf
+
+    from baechi_tf.cost_model.comm_fit import copies_in_flight_in_trace
 
     tf1 = tf.compat.v1
     result = row.report.result
@@ -658,7 +661,7 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         })
     end_of = {n: v[1] for per in trace["ops"].values() for n, v in per.items()}
     latency, modelled = [], []
-    windows = []
+    windows, sizes = [], []
     for producer, src, dst, nbytes, start, end in trace["copies"]:  # data copies of graph ops
         s, t = cluster.find(src), cluster.find(dst)
         if producer not in end_of or s is None or t is None:
@@ -666,6 +669,10 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         latency.append(end - end_of[producer])
         modelled.append(cluster.transfer_us(s, t, nbytes))
         windows.append((end_of[producer], end))
+        sizes.append(nbytes)
+    link = cluster.link(0, 1) if cluster.num_devices > 1 else None
+    in_flight = (copies_in_flight_in_trace([w[0] for w in windows], [w[1] for w in windows], sizes, link)
+                 if windows and link is not None else (math.nan, math.nan, 0))
     sim_copies = result.schedule.transfers
     out["copies"] = {
         "simulated": len(sim_copies),
@@ -675,6 +682,7 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         "latency_us": (float(np.median(latency)), float(np.percentile(latency, 90))) if latency else None,
         "modelled_us": float(np.median(modelled)) if modelled else None,
         "overlap": _union_us(windows) / sum(b - a for a, b in windows) if windows else None,
+        "in_flight": in_flight,  # (K, arrivals' spacing us, pairs of copies back to back)
     }
     return out
 
@@ -702,6 +710,10 @@ def print_diagnosis(rows: Sequence[Measured], out=sys.stdout) -> None:
                 line += (f"; {c['timed']} data copies timed: latency median {lat[0]:.0f} us, p90 "
                          f"{lat[1]:.0f} us, modelled median {c['modelled_us']:.0f} us; union/sum "
                          f"of their windows {c['overlap']:.2f}")
+                k, spacing, pairs = c.get("in_flight") or (math.nan, math.nan, 0)
+                if pairs:
+                    line += (f"; {pairs} back to back, in {spacing:.0f} us apart (median): "
+                             f"{k:.2f} copies in flight")
             print(line, file=out)
     out.flush()
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from baechi_tf.cluster import Cluster, CommCost, Device
-from baechi_tf.cost_model.comm_fit import CommFit, InFlightFit, fit_comm_cost, fit_copies_in_flight
+from baechi_tf.cost_model.comm_fit import (
+    CommFit, InFlightFit, copies_in_flight_in_trace, fit_comm_cost, fit_copies_in_flight,
+)
 from baechi_tf.errors import ProfileError
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer.schedule import Placement
@@ -165,3 +167,35 @@ def test_the_fit_inverts_the_simulator_on_copies_sent_together(k):
 def test_bad_copies_in_flight_measurements_are_rejected(counts, times, nbytes, match):
     with pytest.raises(ProfileError, match=match):
         fit_copies_in_flight(counts, times, LINK, nbytes)
+
+
+@pytest.mark.parametrize("k", [1.0, 2.0, 4.5, math.inf])
+def test_copies_in_flight_are_read_off_a_trace_of_the_simulator(k):
+    #   p0 --2 x 4 B--> c0    p1 --2 x 4,000 B--> c1    p0, p1 on task 0; c0, c1 on task 1
+    # The copies queue on the link: the trace gives the link's K back.
+    devices = tuple(Device(f"/job:worker/replica:0/task:{i}/device:CPU:0", 1 << 30, "CPU") for i in range(2))
+    link = CommCost(0.0005, 150.0, copies_in_flight=k)
+    b = OpGraphBuilder()
+    b.add_op("p0", 5, [4, 4])
+    b.add_op("p1", 5, [4000, 4000])
+    for c, p in (("c0", "p0"), ("c1", "p1")):
+        b.add_op(c, 5, [4])
+        for i in range(2):
+            b.add_edge(p, c, i)
+    g = b.build()
+    s = simulate(g, Cluster(devices, link), Placement(np.array([0, 0, 1, 1]), "fixed"))
+    ready = [float(s.end_us[g.tensor_src[t.tensor]]) for t in s.transfers]
+    arrival = [t.end_us for t in s.transfers]
+    nbytes = [float(g.tensor_bytes[t.tensor]) for t in s.transfers]
+    got, spacing, pairs = copies_in_flight_in_trace(ready, arrival, nbytes, CommCost(0.0005, 150.0))
+    # p1's copies queue behind p0's, but for K = inf, where p0's are gone by p1's end at 10 us.
+    assert pairs == (2 if k == math.inf else 3) and spacing > 0
+    assert got == (k if k in (1.0, math.inf) else pytest.approx(k, rel=1e-9))
+
+
+def test_a_trace_without_copies_back_to_back_gives_no_figure():
+    # Each copy ready long after the one ahead of it arrived: nothing to read K from.
+    k, spacing, pairs = copies_in_flight_in_trace([0, 1000, 2000], [150, 1150, 2150], [4, 4, 4], LINK)
+    assert pairs == 0 and math.isnan(k) and math.isnan(spacing)
+    with pytest.raises(ProfileError, match="3 ready times, 2 arrivals and 3 sizes: give one of each"):
+        copies_in_flight_in_trace([0, 1, 2], [1, 2], [4, 4, 4], LINK)

@@ -152,6 +152,8 @@ def test_the_step_time_half_runs_on_two_single_core_tasks(tmp_path):
     assert set(single.report.op_to_device.values()) == {D0}
     assert set(alternate.report.op_to_device.values()) == {D0, D1}
     assert alternate.diagnosis["copies"]["measured"] > 0  # ran across the gRPC link
+    k, spacing, pairs = alternate.diagnosis["copies"]["in_flight"]  # read off the traced step
+    assert pairs > 0 and k >= 1 and spacing > 0
     assert alternate.sim_ms > single.sim_ms
     assert set(per_graph) == {"lstm"}
     assert "link fitted to one ways:" in text and "copy of a scalar task 0 -> 1:" in text

@@ -24,7 +24,9 @@ each holding the link for ``slope * bytes + intercept / K``, so the last is in a
 ``(N - 1) * (slope * bytes + intercept / K) + slope * bytes + intercept``: the slope h of the
 time over N (least squares over the per-N medians) gives ``K = intercept / (h - slope * bytes)``,
 the K for which the simulated copies follow each other as the measured ones do. A time offset
-common to all N (two hosts' clocks) leaves h as it is.
+common to all N (two hosts' clocks) leaves h as it is. `copies_in_flight_in_trace` reads the same
+h off a traced step instead: the median gap between the arrivals of copies on one link that were
+ready before the one ahead of them could have started (which the model books back to back).
 
 Cost: O(n log n) time and O(n) memory in the number of measurements n (sorting by size, then a
 2-column least-squares problem over the distinct sizes or counts).
@@ -41,7 +43,7 @@ import numpy as np
 from baechi_tf.cluster import CommCost
 from baechi_tf.errors import ProfileError
 
-__all__ = ["CommFit", "InFlightFit", "fit_comm_cost", "fit_copies_in_flight"]
+__all__ = ["CommFit", "InFlightFit", "copies_in_flight_in_trace", "fit_comm_cost", "fit_copies_in_flight"]
 
 _WEIGHTINGS = ("relative", "ols")
 
@@ -133,19 +135,46 @@ def fit_copies_in_flight(
     n, medians = _medians(x, y, "number of copies")
     h, a = np.polyfit(n, medians, 1)
     residual = (a + h * n - medians) / medians
-    held = h - comm.slope_us_per_byte * nbytes
-    if held >= comm.intercept_us:
-        k = 1.0
-    elif held <= 0:
-        k = math.inf
-    else:
-        k = comm.intercept_us / held
     return InFlightFit(
-        comm=dataclasses.replace(comm, copies_in_flight=k),
+        comm=dataclasses.replace(comm, copies_in_flight=_k(comm, h - comm.slope_us_per_byte * nbytes)),
         spacing_us=float(h),
         num_counts=int(n.size),
         rms_relative_error=float(np.sqrt(np.mean(residual * residual))),
     )
+
+
+def copies_in_flight_in_trace(
+    ready_us: Sequence[float], arrival_us: Sequence[float], nbytes: Sequence[float], comm: CommCost
+) -> tuple[float, float, int]:
+    """(K, h, pairs): `comm`'s copies in flight read off the copies of one traced step on one
+    link, copy i ready (its producer's end) at `ready_us[i]` and in at `arrival_us[i]`. Sorted
+    by arrival, a copy ready at least ``slope * bytes + intercept`` before the one ahead of it
+    arrived was ready before that one started, so the model has them back to back, arriving
+    ``h = slope * bytes + intercept / K`` apart (the bytes the later copy's): h is the median
+    gap of those `pairs`, and K as in `fit_copies_in_flight` from the median over them of the gap
+    less the later copy's bytes' time. (nan, nan, 0) without such a pair. O(n log n)."""
+    ready, arrival, size = (np.asarray(v, dtype=np.float64).ravel() for v in (ready_us, arrival_us, nbytes))
+    if not ready.size == arrival.size == size.size:
+        raise ProfileError(f"{ready.size} ready times, {arrival.size} arrivals and {size.size} sizes: "
+                           "give one of each per copy")
+    order = np.argsort(arrival, kind="stable")
+    ready, arrival, size = ready[order], arrival[order], size[order]
+    queued = ready[1:] <= arrival[:-1] - comm(size[:-1])
+    if not queued.any():
+        return math.nan, math.nan, 0
+    gaps = np.diff(arrival)[queued]
+    held = float(np.median(gaps - comm.slope_us_per_byte * size[1:][queued]))
+    return _k(comm, held), float(np.median(gaps)), int(queued.sum())
+
+
+def _k(comm: CommCost, held: float) -> float:
+    """The copies in flight for which a copy holds the link `held` us beyond its bytes: 1 for
+    the whole intercept or more, inf for nothing or less."""
+    if held >= comm.intercept_us:
+        return 1.0
+    if held <= 0:
+        return math.inf
+    return comm.intercept_us / held
 
 
 def _medians(x: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
