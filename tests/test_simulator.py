@@ -285,6 +285,24 @@ def test_lower_bound():
     assert lower_bound_us(g, graphs.cluster(4)) == pytest.approx(1020 + 1.5 * CommCost()(4096))
 
 
+@pytest.mark.parametrize("k, expected", [(1, 460), (4, 235), (math.inf, 160)])
+def test_lower_bound_pays_the_fixed_cost_of_copies_in_flight_once(k, expected):
+    #   u(10) --4 outputs of 1000 B--> v(10)     u pinned to device 0, v to device 1
+    # A copy: 0.01 us/B * 1000 B + 100 us. K = 4: each holds the channels 10 + 25 us, the last
+    # is in 75 us after its hold, 10 + 4 * 35 + 75 = 225; v ends at 235 (K = 1: 10 + 4 * 110 + 10;
+    # K = inf: 10 + 4 * 10 + 100 + 10). The bound is the schedule: copies in flight overlap
+    # their fixed cost, so the bound pays it once and the holds of each copy.
+    b = OpGraphBuilder()
+    b.add_op("u", 10, [1000] * 4, device="/device:GPU:0")
+    b.add_op("v", 10, [4], device="/device:GPU:1")
+    for i in range(4):
+        b.add_edge("u", "v", i)
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.01, 100, copies_in_flight=k))
+    assert simulate(g, c, place(g, [0, 1])).makespan_us == expected
+    assert lower_bound_us(g, c) == expected
+
+
 def _two_phases():
     #        s                  four 100 us branches, then one of 300 us beside one of 10 us;
     #    / | | \\                s, m and t are cut ops (every op reaches them or is reached)
