@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import sys
 import textwrap
@@ -37,6 +36,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import flags  # noqa: E402  (bench/flags.py: no TensorFlow)
 
 __all__ = ["main", "plot", "resimulate"]
 
@@ -118,13 +119,6 @@ def plot(rows: Sequence, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def _copies_in_flight(text: str) -> float:
-    k = math.inf if text == "unlimited" else float(text)
-    if not k >= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number >= 1 or 'unlimited'")
-    return k
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sends_on_compute", choices=("on", "off"), default="on",
                         help="whether the worker tasks' devices send on their compute thread "
                         "(default: %(default)s, as fidelity_time.py's devices)")
-    parser.add_argument("--copies_in_flight", type=_copies_in_flight, default=None,
+    parser.add_argument("--copies_in_flight", type=flags.copies_in_flight, default=None,
                         metavar="K|unlimited",
                         help="how many copies' fixed costs the link overlaps, a number >= 1 "
                         "(default: the saved run's, 1 when it has none)")

@@ -910,6 +910,7 @@ class TimeOptions:
     link_exponent: int = 22  # the link is fitted to 2^0 .. 2^(k-1) float32 elements
     link_runs: int = 5  # traced copies per size and direction
     link: str = "one_way"  # the line placement uses: 'one_way' or 'round_trip' (`fit_link`)
+    copies_in_flight: Optional[float] = None  # the link's K; None: as fitted (`fit_link`)
     inter_op_threads: int = 1  # each task's inter-op pool (which also serves its RPCs)
     diagnose: bool = False  # also `diagnose_placement` and the two probes
     save: Optional[str] = None  # folder for `save_run`, or None
@@ -951,7 +952,11 @@ def run(
               f"{statistics.median(r[3] for r in small):.0f} us half a round trip from task 1",
               file=out)
         comm = fits[options.link].comm
-        print(f"placing with the {options.link.replace('_', ' ')} line", file=out, flush=True)
+        if options.copies_in_flight is not None:
+            comm = dataclasses.replace(comm, copies_in_flight=options.copies_in_flight)
+        print(f"placing with the {options.link.replace('_', ' ')} line, {comm.copies_in_flight:.2f} "
+              f"copies in flight{' (given)' if options.copies_in_flight is not None else ''}",
+              file=out, flush=True)
         tasks = dataclasses.replace(tasks, cluster=dataclasses.replace(tasks.cluster, comm=comm))
         if options.diagnose:
             fixed = step_overhead_us(tasks)
@@ -1019,6 +1024,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--link", choices=("one_way", "round_trip"), default="one_way",
                         help="the line placement uses: fitted to single copies both ways, or to "
                         "half round trips started on task 1 (default: %(default)s)")
+    parser.add_argument("--copies_in_flight", default=None, metavar="K|unlimited|fit",
+                        type=lambda text: None if text == "fit" else flags.copies_in_flight(text),
+                        help="the link's copies in flight placement uses: a number >= 1, "
+                        "'unlimited', or 'fit' to use the K fitted to copies sent together "
+                        "(default: fit)")
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="each task's inter-op pool, which also serves its gRPC requests "
                         "(default: %(default)s)")
@@ -1055,6 +1065,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = TimeOptions(
         rounds=rounds, steps=steps, warmup=args.warmup, traced_steps=traced, seed=args.seed,
         refine_seconds=args.refine_seconds, link_exponent=exponent, link=args.link,
+        copies_in_flight=args.copies_in_flight,
         link_runs=3 if args.quick else 5, inter_op_threads=args.inter_op_threads,
         diagnose=args.diagnose, save=args.save)
     _, _, met = run(time_graphs(models, args.quick), methods, options)
