@@ -641,7 +641,8 @@ def _fitted(setup: Any, config: Any, target: str, comm: Any) -> tuple[Any, Any, 
     if fit is not None:
         print(f"train: {fit.describe()}", flush=True)
         scale = FLAGS.comm_cost_factor * FLAGS.cost_factor
-        line = CommCost(fit.fit.comm.slope_us_per_byte * scale, fit.fit.comm.intercept_us * scale)
+        c = fit.comm
+        line = CommCost(c.slope_us_per_byte * scale, c.intercept_us * scale, c.copies_in_flight)
         setup = dataclasses.replace(setup, cluster=dataclasses.replace(setup.cluster, comm=line))
     return setup, config, target
 

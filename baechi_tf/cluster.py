@@ -138,12 +138,30 @@ def check_device_count(num_devices: object, per: str = "") -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CommCost:
-    """A linear transfer time: ``slope_us_per_byte * bytes + intercept_us`` microseconds."""
+    """A linear transfer time: ``slope_us_per_byte * bytes + intercept_us`` microseconds.
+
+    `copies_in_flight` (K, a number >= 1, ``math.inf`` for no bound) is how many copies' fixed
+    costs the link overlaps. A copy holds the channels of both its devices for
+    ``slope_us_per_byte * bytes + intercept_us / K`` and arrives ``intercept_us * (1 - 1/K)``
+    after that: its bytes share the link's bandwidth with every other copy, one after another,
+    and a new copy may start every ``intercept_us / K``, so that at most K copies are in flight
+    at once and the K+1th starts when the first arrives. K = 1 (the default): a copy holds the
+    channels for its whole time. K = inf: for its bytes alone, the intercept paid in flight. gRPC
+    between worker tasks overlaps its copies so (`comm_fit.fit_copies_in_flight` fits K to
+    copies timed in flight together)."""
 
     slope_us_per_byte: float = _DEFAULT_SLOPE_US_PER_BYTE
     intercept_us: float = _DEFAULT_INTERCEPT_US
+    copies_in_flight: float = 1.0
 
     def __post_init__(self) -> None:
+        k = self.copies_in_flight
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not k >= 1:
+            raise ConfigError(
+                f"communication copies_in_flight={k!r}; give a number >= 1: how many copies' fixed "
+                "costs the link overlaps (1, the default: one copy at a time; math.inf: no bound)"
+            )
+        object.__setattr__(self, "copies_in_flight", float(k))
         for field in ("slope_us_per_byte", "intercept_us"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -277,14 +295,30 @@ class Cluster:
         """The least fixed cost of a copy between two devices; 0 with one device."""
         return self._links[2]
 
+    def channel_tables(self) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+        """(slope, held, latency) of each ordered pair as nested lists, 0 from a device to
+        itself: a copy from a to b holds the channels of a and b for
+        slope[a][b] * bytes + held[a][b] us and arrives latency[a][b] us after that. held is the
+        intercept over the link's `CommCost.copies_in_flight` K, latency the rest of it (0 for
+        K = 1). Made once per cluster (O(D^2)), shared: do not change."""
+        return self._links[3]
+
+    def min_hold_us(self) -> float:
+        """The least fixed time a copy between two devices holds their channels (`held` of
+        `channel_tables`): no copy fits a gap shorter than that. 0 with one device."""
+        return self._links[4]
+
     @functools.cached_property
-    def _links(self) -> tuple[list[list[float]], list[list[float]], float]:
+    def _links(self) -> tuple[list[list[float]], list[list[float]], float, tuple, float]:
         nd = self.num_devices
         links = [[self.link(a, b) if a != b else None for b in range(nd)] for a in range(nd)]
         slope = [[link.slope_us_per_byte if link else 0.0 for link in row] for row in links]
         intercept = [[link.intercept_us if link else 0.0 for link in row] for row in links]
         least = min((link.intercept_us for row in links for link in row if link), default=0.0)
-        return slope, intercept, least
+        held = [[link.intercept_us / link.copies_in_flight if link else 0.0 for link in row] for row in links]
+        latency = [[i - h for i, h in zip(irow, hrow)] for irow, hrow in zip(intercept, held)]
+        least_held = min((h for a, row in enumerate(held) for b, h in enumerate(row) if a != b), default=0.0)
+        return slope, intercept, least, (slope, held, latency), least_held
 
     def twins(self) -> tuple[tuple[int, ...], ...]:
         """Sets of at least two interchangeable devices, each ascending: of one memory, type and
@@ -298,7 +332,7 @@ class Cluster:
 
     @functools.cached_property
     def _twins(self) -> tuple[tuple[int, ...], ...]:
-        costs = [np.asarray(t, dtype=np.float64) for t in self.link_tables()]
+        costs = [np.asarray(t, dtype=np.float64) for t in self.channel_tables()]
         by_kind: dict[tuple[int, str], list[int]] = {}
         for i, d in enumerate(self.devices):
             by_kind.setdefault((d.memory_bytes, d.type, d.sends_on_compute), []).append(i)

@@ -9,7 +9,9 @@ Input (see the README)::
      "edges": [{"src": "a", "dst": "b", "src_output": 0}, {"src": "a", "dst": "c", "control": true}]}
 
 ``comm``, ``temp_bytes``, ``persistent_bytes``, ``colocation_group``, ``device``, ``src_output``
-and ``control`` are optional. Every problem is a `BaechiError` whose message names the field.
+and ``control`` are optional; so are ``inter_host_comm`` (the link between tasks) and a link's
+``copies_in_flight`` (`CommCost.copies_in_flight`: a number >= 1, default 1, or ``"unlimited"``).
+Every problem is a `BaechiError` whose message names the field.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _OP_KEYS = {
 _EDGE_KEYS = {"src", "dst", "src_output", "control"}
 _DEVICE_KEYS = {"name", "memory_bytes", "type"}
 _TOP_KEYS = {"devices", "comm", "inter_host_comm", "ops", "edges"}
+_UNLIMITED = "unlimited"  # a link's copies_in_flight without bound (math.inf)
 
 
 def load_graph_json(path: str) -> tuple[OpGraph, Cluster]:
@@ -272,10 +275,17 @@ def _parse_comm(doc: Mapping[str, Any], key: str):
     comm = _field(doc, key, "the graph", (dict,), required=False)
     if comm is None:
         return None
-    _unknown(comm, {"slope_us_per_byte", "intercept_us"}, f"'{key}'")
+    _unknown(comm, {"slope_us_per_byte", "intercept_us", "copies_in_flight"}, f"'{key}'")
+    k = comm.get("copies_in_flight", 1)
+    if k != _UNLIMITED and (isinstance(k, bool) or not isinstance(k, (int, float)) or not k >= 1):
+        raise InvalidGraphError(
+            f"'{key}' has copies_in_flight={k!r}; give a number >= 1 (1: one copy at a time) or "
+            f"{_UNLIMITED!r}"
+        )
     return CommCost(
         float(_number(comm, "slope_us_per_byte", f"'{key}'")),
         float(_number(comm, "intercept_us", f"'{key}'")),
+        math.inf if k == _UNLIMITED else float(k),
     )
 
 
@@ -298,7 +308,11 @@ def graph_to_json(graph: OpGraph, cluster: Cluster) -> dict:
     `parse_graph_json`; an op with several TF colocation names keeps the first)."""
 
     def comm(c: CommCost) -> dict:
-        return {"slope_us_per_byte": c.slope_us_per_byte, "intercept_us": c.intercept_us}
+        out = {"slope_us_per_byte": c.slope_us_per_byte, "intercept_us": c.intercept_us}
+        k = c.copies_in_flight
+        if k != 1:  # written only then, so documents of the default stay as they were
+            out["copies_in_flight"] = _UNLIMITED if k == math.inf else k
+        return out
 
     doc: dict = {
         "devices": [{"name": d.name, "memory_bytes": d.memory_bytes, "type": d.type} for d in cluster.devices],

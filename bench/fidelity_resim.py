@@ -4,17 +4,21 @@ simulated again under the current model, against the steps that run measured.
 For each ``<graph>.json`` in DIR, its GraphDef (``.pb``) and profile (``.profile``) are placed
 again with each saved placement as a fixed layout (``expert``, every op where it ran) on the two
 CPU:0 devices of the run's worker tasks, with the run's link, and each device's
-`Device.sends_on_compute` as ``--sends_on_compute`` says. `fidelity_time.print_graph` and
-`print_summary` then print the table and the figures, with the simulated step of this model and
-the measured steps as saved. ``--sends_on_compute=off`` gives the model of the saved run's
-simulated steps (a check: they come out the same). No TensorFlow session runs: seconds.
+`Device.sends_on_compute` as ``--sends_on_compute`` says and the link's
+`CommCost.copies_in_flight` as ``--copies_in_flight`` does (default: the run's own, 1 for runs
+saved before the link had it). `fidelity_time.print_graph` and `print_summary` then print the
+table and the figures, with the simulated step of this model and the measured steps as saved.
+``--sends_on_compute=off --copies_in_flight=1`` gives the model of the saved run's simulated
+steps of runs saved before those were modelled (a check: they come out the same). No TensorFlow
+session runs: seconds.
 ``--plot FILE.svg`` draws simulated against measured step, one point per placement, a colour per
 graph (`plot`), for docs/fidelity.md.
 
 Only what the saved placements measured can be judged: a model that would make `auto` choose
 another placement needs a measured run (`fidelity_time.py`) to be judged on that.
 
-    .venv/bin/python bench/fidelity_resim.py DIR [--sends_on_compute on|off] [--dispatch_us X]
+    .venv/bin/python bench/fidelity_resim.py DIR [--sends_on_compute on|off]
+        [--copies_in_flight K|unlimited] [--dispatch_us X]
         [--plot FILE.svg] [--title TEXT]
 """
 
@@ -33,14 +37,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import flags  # noqa: E402  (bench/flags.py: no TensorFlow)
+
 __all__ = ["main", "plot", "resimulate"]
 
 _TASKS = ("/job:worker/replica:0/task:0/device:CPU:0", "/job:worker/replica:0/task:1/device:CPU:0")
 
 
-def resimulate(path: str, sends_on_compute: bool, dispatch_us: float = 0.0) -> list:
+def resimulate(path: str, sends_on_compute: bool, dispatch_us: float = 0.0,
+               copies_in_flight: Optional[float] = None) -> list:
     """The `fidelity_time.Measured` rows of the saved graph ``path`` (its ``.json``), each
-    simulated again under the current model (`dispatch_us` added to every profiled op's time)."""
+    simulated again under the current model (`dispatch_us` added to every profiled op's time,
+    the link's `CommCost.copies_in_flight` as given; None: as saved, 1 if not saved)."""
     import dataclasses
 
     from fidelity_time import MEMORY_BYTES, Measured
@@ -65,7 +73,10 @@ def resimulate(path: str, sends_on_compute: bool, dispatch_us: float = 0.0) -> l
         raise SystemExit(f"{path}: the placements use {len(names)} devices; fidelity_time runs on 2")
     devices = tuple(Device(n, MEMORY_BYTES, "CPU", sends_on_compute=sends_on_compute)
                     for n in (names if len(names) == 2 else _TASKS))
-    cluster = Cluster(devices, CommCost(*doc["comm"]))
+    slope, intercept, *saved = doc["comm"]  # [slope, intercept, copies in flight] since it is fitted
+    if copies_in_flight is None:
+        copies_in_flight = saved[0] if saved else 1.0
+    cluster = Cluster(devices, CommCost(slope, intercept, copies_in_flight))
     rows = []
     for p in doc["placements"]:
         options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
@@ -115,6 +126,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sends_on_compute", choices=("on", "off"), default="on",
                         help="whether the worker tasks' devices send on their compute thread "
                         "(default: %(default)s, as fidelity_time.py's devices)")
+    parser.add_argument("--copies_in_flight", type=flags.copies_in_flight, default=None,
+                        metavar="K|unlimited",
+                        help="how many copies' fixed costs the link overlaps, a number >= 1 "
+                        "(default: the saved run's, 1 when it has none)")
     parser.add_argument("--dispatch_us", type=float, default=0.0,
                         help="microseconds added to every op's profiled time (default: 0)")
     parser.add_argument("--plot", default=None, metavar="FILE.svg",
@@ -132,7 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     all_rows, per_graph = [], {}
     for path in paths:
-        rows = resimulate(path, args.sends_on_compute == "on", args.dispatch_us)
+        rows = resimulate(path, args.sends_on_compute == "on", args.dispatch_us,
+                          args.copies_in_flight)
         per_graph[rows[0].graph] = print_graph(rows)
         all_rows += rows
         print()

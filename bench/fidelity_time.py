@@ -19,7 +19,10 @@ Steps:
    (`utils/communication_benchmark.measure_transfer_us`: end of the producer to start of the
    consumer, one FULL_TRACE run each; the two tasks share this machine's clock), and also half
    round trips started on task 1; a line ``a * bytes + b`` is fitted to each
-   (`comm_fit.fit_comm_cost`) and ``--link`` says which one the placements use.
+   (`comm_fit.fit_comm_cost`) and ``--link`` says which one the placements use. Then 1 .. 32
+   one-element tensors sent together each way (`comm_bench.measure_in_flight_us`) give the
+   link's copies in flight (`comm_fit.fit_copies_in_flight`: gRPC overlaps the copies' fixed
+   costs, `CommCost.copies_in_flight`).
 2. **Profile** each graph on one task: the whole graph on task 0's CPU:0, FULL_TRACE
    (`profile_fetch`), so an op's time is that of a single-core device.
 3. **Place** on the 2 devices with each method, and with fixed layouts of other shapes so that
@@ -257,9 +260,13 @@ def fit_link(tasks: TwoTasks, exponent: int = 22, runs: int = 5, warmup: int = 2
     """(fits, rows): lines fitted to copies between the tasks of 2^0 .. 2^(exponent-1) float32
     elements (`utils/communication_benchmark.measure_transfer_us`, `comm_fit.fit_comm_cost`):
     ``fits['one_way']`` to single copies both ways (end of the producer to start of the
-    consumer), ``fits['round_trip']`` to half round trips that start on task 1; and per size
-    (bytes, median us 0 -> 1, 1 -> 0, half round trip)."""
-    from baechi_tf.cost_model.comm_fit import fit_comm_cost
+    consumer), ``fits['round_trip']`` to half round trips that start on task 1, each line's
+    `CommCost.copies_in_flight` fitted to `comm_bench.IN_FLIGHT_COUNTS` copies sent together
+    both ways (`comm_fit.fit_copies_in_flight`, 2 * `runs` runs each) and its `InFlightFit`
+    under ``fits['in_flight_' + kind]``; and per size (bytes, median us 0 -> 1, 1 -> 0, half
+    round trip)."""
+    from baechi_tf.cost_model.comm_bench import IN_FLIGHT_COUNTS, measure_in_flight_us
+    from baechi_tf.cost_model.comm_fit import fit_comm_cost, fit_copies_in_flight
     from baechi_tf.rewriter.distributed import remote_session_config
     from utils.communication_benchmark import _config, measure_transfer_us
 
@@ -278,7 +285,20 @@ def fit_link(tasks: TwoTasks, exponent: int = 22, runs: int = 5, warmup: int = 2
             data[kind][1].extend(got)
             medians.append(statistics.median(got) if got else float("nan"))
         rows.append((4 * n, *medians))
-    return {kind: fit_comm_cost(x, y) for kind, (x, y) in data.items()}, rows
+    counts: list[float] = []
+    together: list[float] = []
+    for n in IN_FLIGHT_COUNTS:
+        for src, dst in ((a, b), (b, a)):
+            got = [t for t in measure_in_flight_us(n, src, dst, config, num_warmup=warmup,
+                                                   num_runs=2 * runs, target=tasks.target) if t > 0]
+            counts += [float(n)] * len(got)
+            together += got
+    fits: dict = {}
+    for kind, (x, y) in data.items():
+        line = fit_comm_cost(x, y)
+        in_flight = fits["in_flight_" + kind] = fit_copies_in_flight(counts, together, line.comm, 4.0)
+        fits[kind] = dataclasses.replace(line, comm=in_flight.comm)
+    return fits, rows
 
 
 # ---------------------------------------------------------------------------- placements
@@ -598,11 +618,14 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
       (with their channel time); of the data copies of graph ops, the measured latency (end of
       the producer to the end of its RPC on the receiver: median and 90th percentile) against the
       modelled cost (a * bytes + b, median), and the union of their windows over their sum
-      (below 1: copies overlapped each other, which one channel per device does not allow);
+      (below 1: copies overlapped each other), and the link's copies in flight that their
+      arrivals show (`comm_fit.copies_in_flight_in_trace`, against the modelled line);
     - the traced step's wall time, and the untraced median of the timing rounds.
     """
     import numpy as np
     import tensorflow as tf
+
+    from baechi_tf.cost_model.comm_fit import copies_in_flight_in_trace
 
     tf1 = tf.compat.v1
     result = row.report.result
@@ -638,7 +661,7 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         })
     end_of = {n: v[1] for per in trace["ops"].values() for n, v in per.items()}
     latency, modelled = [], []
-    windows = []
+    windows, sizes = [], []
     for producer, src, dst, nbytes, start, end in trace["copies"]:  # data copies of graph ops
         s, t = cluster.find(src), cluster.find(dst)
         if producer not in end_of or s is None or t is None:
@@ -646,6 +669,10 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         latency.append(end - end_of[producer])
         modelled.append(cluster.transfer_us(s, t, nbytes))
         windows.append((end_of[producer], end))
+        sizes.append(nbytes)
+    link = cluster.link(0, 1) if cluster.num_devices > 1 else None
+    in_flight = (copies_in_flight_in_trace([w[0] for w in windows], [w[1] for w in windows], sizes, link)
+                 if windows and link is not None else (math.nan, math.nan, 0))
     sim_copies = result.schedule.transfers
     out["copies"] = {
         "simulated": len(sim_copies),
@@ -655,6 +682,7 @@ def diagnose_placement(graph: TimedGraph, sess: Any, row: Measured, traced: int 
         "latency_us": (float(np.median(latency)), float(np.percentile(latency, 90))) if latency else None,
         "modelled_us": float(np.median(modelled)) if modelled else None,
         "overlap": _union_us(windows) / sum(b - a for a, b in windows) if windows else None,
+        "in_flight": in_flight,  # (K, arrivals' spacing us, pairs of copies back to back)
     }
     return out
 
@@ -682,6 +710,10 @@ def print_diagnosis(rows: Sequence[Measured], out=sys.stdout) -> None:
                 line += (f"; {c['timed']} data copies timed: latency median {lat[0]:.0f} us, p90 "
                          f"{lat[1]:.0f} us, modelled median {c['modelled_us']:.0f} us; union/sum "
                          f"of their windows {c['overlap']:.2f}")
+                k, spacing, pairs = c.get("in_flight") or (math.nan, math.nan, 0)
+                if pairs:
+                    line += (f"; {pairs} back to back, in {spacing:.0f} us apart (median): "
+                             f"{k:.2f} copies in flight")
             print(line, file=out)
     out.flush()
 
@@ -844,7 +876,7 @@ def save_run(directory: str, graph: TimedGraph, profile: Any, rows: Sequence[Mea
     save_profile(profile, base + ".profile")
     doc = {
         "graph": graph.name,
-        "comm": [comm.slope_us_per_byte, comm.intercept_us],
+        "comm": [comm.slope_us_per_byte, comm.intercept_us, comm.copies_in_flight],
         "others_cpu_share": others,
         "placements": [{
             "method": r.method, "chosen": r.chosen, "sim_ms": r.sim_ms, "times_s": r.times_s,
@@ -878,6 +910,7 @@ class TimeOptions:
     link_exponent: int = 22  # the link is fitted to 2^0 .. 2^(k-1) float32 elements
     link_runs: int = 5  # traced copies per size and direction
     link: str = "one_way"  # the line placement uses: 'one_way' or 'round_trip' (`fit_link`)
+    copies_in_flight: Optional[float] = None  # the link's K; None: as fitted (`fit_link`)
     inter_op_threads: int = 1  # each task's inter-op pool (which also serves its RPCs)
     diagnose: bool = False  # also `diagnose_placement` and the two probes
     save: Optional[str] = None  # folder for `save_run`, or None
@@ -906,17 +939,24 @@ def run(
               f"{options.inter_op_threads}, intra-op pool 1; devices: each task's CPU:0; "
               f"{_machine_load()}", file=out, flush=True)
         fits, link_rows = fit_link(tasks, exponent=options.link_exponent, runs=options.link_runs)
-        for kind, fit in fits.items():
+        for kind in ("one_way", "round_trip"):
+            fit, flight = fits[kind], fits["in_flight_" + kind]
             print(f"link fitted to {kind.replace('_', ' ')}s: {fit.comm.slope_us_per_byte:.4g} us/B "
                   f"x + {fit.comm.intercept_us:.1f} us (rms relative error "
-                  f"{100 * fit.rms_relative_error:.0f}%)", file=out)
+                  f"{100 * fit.rms_relative_error:.0f}%), {fit.comm.copies_in_flight:.2f} copies in "
+                  f"flight (copies sent together {flight.spacing_us:.1f} us apart, rms relative "
+                  f"error {100 * flight.rms_relative_error:.0f}%)", file=out)
         small = [r for r in link_rows if r[0] <= 4096]
         print(f"copies up to 4 KiB, median: {statistics.median(r[1] for r in small):.0f} us "
               f"task 0 -> 1, {statistics.median(r[2] for r in small):.0f} us task 1 -> 0, "
               f"{statistics.median(r[3] for r in small):.0f} us half a round trip from task 1",
               file=out)
         comm = fits[options.link].comm
-        print(f"placing with the {options.link.replace('_', ' ')} line", file=out, flush=True)
+        if options.copies_in_flight is not None:
+            comm = dataclasses.replace(comm, copies_in_flight=options.copies_in_flight)
+        print(f"placing with the {options.link.replace('_', ' ')} line, {comm.copies_in_flight:.2f} "
+              f"copies in flight{' (given)' if options.copies_in_flight is not None else ''}",
+              file=out, flush=True)
         tasks = dataclasses.replace(tasks, cluster=dataclasses.replace(tasks.cluster, comm=comm))
         if options.diagnose:
             fixed = step_overhead_us(tasks)
@@ -984,6 +1024,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--link", choices=("one_way", "round_trip"), default="one_way",
                         help="the line placement uses: fitted to single copies both ways, or to "
                         "half round trips started on task 1 (default: %(default)s)")
+    parser.add_argument("--copies_in_flight", default=None, metavar="K|unlimited|fit",
+                        type=lambda text: None if text == "fit" else flags.copies_in_flight(text),
+                        help="the link's copies in flight placement uses: a number >= 1, "
+                        "'unlimited', or 'fit' to use the K fitted to copies sent together "
+                        "(default: fit)")
     parser.add_argument("--inter_op_threads", type=int, default=1,
                         help="each task's inter-op pool, which also serves its gRPC requests "
                         "(default: %(default)s)")
@@ -1020,6 +1065,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = TimeOptions(
         rounds=rounds, steps=steps, warmup=args.warmup, traced_steps=traced, seed=args.seed,
         refine_seconds=args.refine_seconds, link_exponent=exponent, link=args.link,
+        copies_in_flight=args.copies_in_flight,
         link_runs=3 if args.quick else 5, inter_op_threads=args.inter_op_threads,
         diagnose=args.diagnose, save=args.save)
     _, _, met = run(time_graphs(models, args.quick), methods, options)

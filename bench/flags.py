@@ -4,12 +4,13 @@ argparse's one line and exit status 2, not a traceback or a table of failed rows
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Sequence
 
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["at_least", "chosen", "methods", "refine_seconds", "sizes"]
+__all__ = ["at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "sizes"]
 
 
 def at_least(minimum: int):
@@ -25,6 +26,18 @@ def at_least(minimum: int):
         return value
 
     return parse
+
+
+def copies_in_flight(text: str) -> float:
+    """An argparse ``type``: a link's `CommCost.copies_in_flight`, a number >= 1 or 'unlimited'
+    (math.inf), else argparse's one-line error."""
+    try:
+        value = math.inf if text == "unlimited" else float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number >= 1 or 'unlimited'")
+    return value
 
 
 def chosen(

@@ -95,6 +95,10 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("fidelity_memory.py", ["--tight", "0"], "--tight=0.0: give a number above 0"),
     ("fidelity_memory.py", ["--tight_methods", "m_etff"],
      f"--tight_methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
+    ("fidelity_time.py", ["--copies_in_flight", "0.5"],
+     "argument --copies_in_flight: '0.5': give a number >= 1 or 'unlimited'"),
+    ("fidelity_resim.py", ["/tmp", "--copies_in_flight", "many"],
+     "argument --copies_in_flight: 'many': give a number >= 1 or 'unlimited'"),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(script, args, message):
     done = bench(script, *args)

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from baechi_tf.cluster import Cluster, CommCost, Device, GiB, device_task
@@ -160,3 +162,29 @@ def test_sends_on_compute_is_a_bool_and_parts_twins():
     cluster = Cluster(devices)
     assert cluster.sends_on_compute() == (True, True, False, False)
     assert cluster.twins() == ((0, 1), (2, 3))  # a copy out of 0 waits where one out of 2 does not
+
+
+@pytest.mark.parametrize("k", [0.5, 0, -1, float("nan"), "2", True, None])
+def test_copies_in_flight_below_one_or_not_a_number_is_refused(k):
+    with pytest.raises(ConfigError, match=r"copies_in_flight=.*; give a number >= 1: how many copies"):
+        CommCost(1, 2, copies_in_flight=k)
+
+
+def test_copies_in_flight_splits_the_intercept_into_held_and_latency():
+    assert CommCost(1, 2, 3) == CommCost(1, 2, 3.0) and CommCost(1, 2).copies_in_flight == 1.0
+    devices = tuple(Device(f"/job:worker/replica:0/task:{t}/device:CPU:{i}", GiB, "CPU")
+                    for t in range(2) for i in range(2))
+    c = Cluster(devices, CommCost(1, 10), CommCost(2, 30, copies_in_flight=3))
+    slope, held, latency = c.channel_tables()
+    assert slope == c.link_tables()[0]
+    assert held[0] == [0, 10, 10, 10] and latency[0] == [0, 0, 20, 20]
+    assert c.min_link_intercept_us() == 10 and c.min_hold_us() == 10
+    assert Cluster(devices, CommCost(1, 10), CommCost(2, 30, 6)).min_hold_us() == 5
+    unbounded = Cluster(devices, CommCost(1, 10), CommCost(2, 30, copies_in_flight=math.inf))
+    assert unbounded.channel_tables()[1][0] == [0, 10, 0, 0] and unbounded.channel_tables()[2][0] == [0, 0, 30, 30]
+    assert unbounded.min_hold_us() == 0  # bytes alone hold 0 to 2
+    assert c.twins() == ((0, 1), (2, 3))
+    # Links that overlap their fixed costs differently part devices that the intercepts join.
+    mixed = Cluster(devices, CommCost(1, 30), CommCost(1, 30, copies_in_flight=2))
+    assert mixed.twins() == ((0, 1), (2, 3))
+    assert Cluster(devices, CommCost(1, 30)).twins() == ((0, 1, 2, 3),)

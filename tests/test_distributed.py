@@ -369,6 +369,21 @@ def test_comm_auto_times_copies_on_the_cluster(workers):
         assert sess.run(y, {x: np.ones([8, 8], np.float32)}) == 512
 
 
+def test_comm_auto_between_two_tasks_fits_the_copies_in_flight(workers):
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.cost_model.comm_bench import auto_comm
+
+    devices = tuple(Device(f"{w}/device:CPU:1", 1 << 30, "CPU", sends_on_compute=True) for w in (W0, W1))
+    fit = auto_comm(Cluster(devices), remote_session_config(tf.compat.v1.ConfigProto()),
+                    workers.target, exponent=4)
+    assert fit.note == "half round trips between two tasks" and fit.in_flight is not None
+    assert fit.in_flight.num_counts == 6 and fit.in_flight.spacing_us > 0
+    assert fit.comm.copies_in_flight >= 1 and fit.comm == fit.in_flight.comm
+    assert (fit.comm.slope_us_per_byte, fit.comm.intercept_us) == (
+        fit.fit.comm.slope_us_per_byte, fit.fit.comm.intercept_us)
+    assert f"{fit.comm.copies_in_flight:.3g} copies in flight (copies sent together" in fit.describe()
+
+
 def test_training_across_two_workers_equals_one_process_and_stops_them():
     model = build_lstm()
     with tf.compat.v1.Session(graph=model.graph) as plain:

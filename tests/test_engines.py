@@ -8,7 +8,8 @@ end of every op bit for bit, the same transfers, peak memory and order, and the 
 work (`work`), or the same error (type and message) when memory runs out or the cutoff is
 passed. Graphs: hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins,
 groups, free and dear links, hosts and unequal memories that make sets of twins, devices that
-send on their compute thread among devices that do not, outputs that reuse an input's buffer
+send on their compute thread among devices that do not, links whose latency overlaps (only the
+bytes hold the channels), outputs that reuse an input's buffer
 or view persistent memory), every graph of
 tests/graphs.py, the graphs of bench/quality_graphs.py and the queueing graphs of
 bench/layered.py.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -253,7 +255,10 @@ def _cluster(kind: str, nd: int, memory_bytes: int, comm: CommCost) -> Cluster:
             Device(f"/job:worker/replica:0/task:{0 if i < half else 1}/device:GPU:{i}", memory_bytes)
             for i in range(nd)
         ]
-        return Cluster(tuple(devices), comm, CommCost(comm.slope_us_per_byte * 10, comm.intercept_us * 3 + 1))
+        # As between TF worker tasks, only the link between the hosts may overlap fixed costs.
+        return Cluster(tuple(devices), dataclasses.replace(comm, copies_in_flight=1), CommCost(
+            comm.slope_us_per_byte * 10, comm.intercept_us * 3 + 1, copies_in_flight=comm.copies_in_flight
+        ))
     if kind == "senders" and nd >= 2:  # devices 0, 2, ... send on their compute thread
         return _senders(nd, memory_bytes, comm)
     if kind == "unequal" and nd >= 2:  # every third device has a quarter of the memory
@@ -305,6 +310,7 @@ def _cases(draw):
     comm = draw(st.sampled_from([
         CommCost(), CommCost(0.0, 0.0), CommCost(0.0, 134.0), CommCost(1e-9, 0.0), CommCost(1.0, 1e6),
     ]))
+    comm = dataclasses.replace(comm, copies_in_flight=draw(st.sampled_from([1, 2, 3.5, math.inf])))
     needs = int(graph.output_total_bytes.sum() + graph.temp_bytes.sum() + graph.persistent_bytes.sum())
     memory = draw(st.sampled_from(["loose", "tight", "tighter"]))
     memory_bytes = 64 * GiB if memory == "loose" else max(
@@ -347,6 +353,9 @@ def _catalogue():
         yield f"random_dag {seed}, senders", graphs.random_dag(
             seed, 40, edge_prob=0.12, group_prob=0.15, pin_prob=0.05, num_devices=4, persistent_prob=0.2
         ), _senders(4, 8 * MiB if seed % 2 else GiB)
+        yield f"random_dag {seed}, senders, {2 + seed % 2} copies in flight", graphs.random_dag(
+            seed, 40, edge_prob=0.12, group_prob=0.15, pin_prob=0.05, num_devices=4, persistent_prob=0.2
+        ), _senders(4, 8 * MiB if seed % 2 else GiB, CommCost(copies_in_flight=2 + seed % 2))
     seeds = []
     for seed in range(400):
         try:
@@ -382,14 +391,23 @@ _QUEUEING = {
 }
 
 
+_TAIL_CLUSTERS = {
+    "plain": lambda: graphs.cluster(4),
+    "senders": lambda: _senders(4, GiB),
+    "senders, 3 copies in flight": lambda: _senders(4, GiB, CommCost(copies_in_flight=3)),
+    "senders, unbounded copies in flight": lambda: _senders(4, GiB, CommCost(copies_in_flight=math.inf)),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("senders", [False, True])
+@pytest.mark.parametrize("links", sorted(_TAIL_CLUSTERS))
 @pytest.mark.parametrize("shape", sorted(_QUEUEING))
 @native
-def test_tail_queues_give_the_same_schedules(shape, senders):
+def test_tail_queues_give_the_same_schedules(shape, links):
     """Thousands of ready ops wait on one channel: tail queues fill and empty; with `senders`,
-    half the devices send on their compute thread."""
-    _compare_all(_QUEUEING[shape](), _senders(4, GiB) if senders else graphs.cluster(4), cutoffs=False)
+    half the devices send on their compute thread; with `latency overlaps`, copies hold the
+    channels for their bytes alone."""
+    _compare_all(_QUEUEING[shape](), _TAIL_CLUSTERS[links](), cutoffs=False)
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 single-core worker tasks (tf.distribute.Server processes on loopback ports)."""
 
 import io
+import json
 import os
 import re
 import statistics
@@ -151,8 +152,16 @@ def test_the_step_time_half_runs_on_two_single_core_tasks(tmp_path):
     assert set(single.report.op_to_device.values()) == {D0}
     assert set(alternate.report.op_to_device.values()) == {D0, D1}
     assert alternate.diagnosis["copies"]["measured"] > 0  # ran across the gRPC link
+    k, spacing, pairs = alternate.diagnosis["copies"]["in_flight"]  # read off the traced step
+    assert pairs > 0 and k >= 1 and spacing > 0
     assert alternate.sim_ms > single.sim_ms
     assert set(per_graph) == {"lstm"}
     assert "link fitted to one ways:" in text and "copy of a scalar task 0 -> 1:" in text
     assert "step time over 3 placements of 1 graphs:" in text
     assert sorted(os.listdir(tmp_path)) == ["lstm.json", "lstm.pb", "lstm.profile"]
+    # The link's copies in flight are fitted to copies sent together, printed and saved.
+    k = re.search(r"^link fitted to one ways: .* us \(rms relative error \d+%\), (\S+) copies in "
+                  r"flight \(copies sent together (\S+) us apart", text, re.M)
+    assert k, text
+    saved = json.loads((tmp_path / "lstm.json").read_text())["comm"]
+    assert len(saved) == 3 and saved[2] >= 1 and f"{saved[2]:.2f}" == k.group(1)

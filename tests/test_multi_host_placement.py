@@ -6,9 +6,12 @@ inter-host link is slow the placers keep every transfer inside one host and stil
 two devices; when compute dominates they use both hosts.
 """
 
+import math
+
 import pytest
 
 from baechi_tf.cluster import CommCost
+from baechi_tf.errors import BaechiError
 from baechi_tf.json_io import graph_to_json, parse_graph_json
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions, place
 from baechi_tf.placer.schedule import Placement
@@ -100,6 +103,25 @@ def test_the_inter_host_line_survives_a_json_round_trip():
     _, again = parse_graph_json(doc)
     assert again == cluster
     assert again.link(0, 2) == CommCost(0.002, 700.0) and again.link(0, 1) == CommCost(0.0001, 10.0)
+
+
+
+@pytest.mark.parametrize("k, parsed", [(2.5, 2.5), (3, 3.0), ("unlimited", math.inf)])
+def test_copies_in_flight_survive_a_json_round_trip(k, parsed):
+    inter = {"slope_us_per_byte": 0.002, "intercept_us": 700.0, "copies_in_flight": k}
+    graph, cluster = parse_graph_json(fork_join_doc(branches=2, branch_ops=1, op_us=1, nbytes=4, inter=inter))
+    assert cluster.link(0, 2) == CommCost(0.002, 700.0, copies_in_flight=parsed)
+    doc = graph_to_json(graph, cluster)
+    assert doc["inter_host_comm"]["copies_in_flight"] == k and "copies_in_flight" not in doc["comm"]
+    assert parse_graph_json(doc)[1] == cluster
+
+
+@pytest.mark.parametrize("k", [0.5, -1, "many", True, None, [2]])
+def test_copies_in_flight_below_one_in_json_is_refused(k):
+    with pytest.raises(BaechiError, match=r"'inter_host_comm' has copies_in_flight=.*; give a number "
+                       r">= 1 \(1: one copy at a time\) or 'unlimited'"):
+        parse_graph_json(fork_join_doc(branches=2, branch_ops=1, op_us=1, nbytes=4, inter={
+            "slope_us_per_byte": 0.002, "intercept_us": 700.0, "copies_in_flight": k}))
 
 
 @pytest.mark.parametrize("method", METHODS)

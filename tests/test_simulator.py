@@ -2,6 +2,7 @@
 
 import dataclasses
 import itertools
+import math
 import random
 
 import numpy as np
@@ -282,6 +283,24 @@ def test_lower_bound():
     # its copy), for the last C before sink starts only sink's (theirs would arrive late), so
     # 2C of those 4000 us run on one device and the rest on four: 1000 + 1.5C.
     assert lower_bound_us(g, graphs.cluster(4)) == pytest.approx(1020 + 1.5 * CommCost()(4096))
+
+
+@pytest.mark.parametrize("k, expected", [(1, 460), (4, 235), (math.inf, 160)])
+def test_lower_bound_pays_the_fixed_cost_of_copies_in_flight_once(k, expected):
+    #   u(10) --4 outputs of 1000 B--> v(10)     u pinned to device 0, v to device 1
+    # A copy: 0.01 us/B * 1000 B + 100 us. K = 4: each holds the channels 10 + 25 us, the last
+    # is in 75 us after its hold, 10 + 4 * 35 + 75 = 225; v ends at 235 (K = 1: 10 + 4 * 110 + 10;
+    # K = inf: 10 + 4 * 10 + 100 + 10). The bound is the schedule: copies in flight overlap
+    # their fixed cost, so the bound pays it once and the holds of each copy.
+    b = OpGraphBuilder()
+    b.add_op("u", 10, [1000] * 4, device="/device:GPU:0")
+    b.add_op("v", 10, [4], device="/device:GPU:1")
+    for i in range(4):
+        b.add_edge("u", "v", i)
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.01, 100, copies_in_flight=k))
+    assert simulate(g, c, place(g, [0, 1])).makespan_us == expected
+    assert lower_bound_us(g, c) == expected
 
 
 def _two_phases():
@@ -830,3 +849,39 @@ def test_lower_bound_with_pins_never_beats_a_placement_that_keeps_them():
             checked += 1
     print("pins raised the bound on", raised, "of", checked)
     assert checked > 150 and raised > 20, (checked, raised)
+
+
+@pytest.mark.parametrize("engine_name", ["python", "native"])
+def test_a_link_carries_at_most_k_copies_in_flight(engine_name):
+    #  p(10) --out k (1000 B)--> ck(10), k = 0, 1, 2    p on device 0; c0, c1, c2 on device 1
+    # A copy: 0.01 us/B * 1000 B + 100 us = 110 us.
+    # K = 1: whole copies hold the channel, 10-120, 120-230, 230-340; consumers at 120, 230, 340.
+    # K = 2: a copy holds it for 10 + 100 / 2 = 60 us and arrives 50 us later: 10-70 (in at
+    # 120), 70-130 (180), 130-190 (240). Two are in flight from 70 to 120; the third starts at
+    # 130, once the first is in.
+    # K = inf: the bytes alone hold it, 10-20, 20-30, 30-40; in at 120, 130, 140.
+    from baechi_tf.placer import engine
+
+    if engine_name == "native" and not engine.native_available():
+        pytest.skip("the compiled engine is not built")
+    b = OpGraphBuilder()
+    b.add_op("p", 10, [1000, 1000, 1000])
+    for k in range(3):
+        b.add_op(f"c{k}", 10, [4])
+        b.add_edge("p", f"c{k}", k)
+    g = b.build()
+    devices = tuple(Device(f"/job:worker/replica:0/task:{i}/device:CPU:0", 1 << 30, "CPU") for i in range(2))
+    expected = {  # K: (transfers, consumers' starts, makespan)
+        1: ([(10, 120), (120, 230), (230, 340)], [120, 230, 340], 350),
+        2: ([(10, 120), (70, 180), (130, 240)], [120, 180, 240], 250),
+        math.inf: ([(10, 120), (20, 130), (30, 140)], [120, 130, 140], 150),
+    }
+    for k, (transfers, starts, makespan) in expected.items():
+        cluster = Cluster(devices, CommCost(0.01, 100, copies_in_flight=k))
+        with engine.selected(engine_name):
+            s = simulate(g, cluster, place(g, [0, 1, 1, 1]))
+        assert sorted((t.start_us, t.end_us) for t in s.transfers) == transfers, k
+        assert s.start_us.tolist()[1:] == starts and s.makespan_us == makespan, k
+        in_flight = max(sum(t.start_us <= u < t.end_us for t in s.transfers) for u, _ in transfers)
+        assert in_flight == min(k, 3), k
+        assert_valid_schedule(g, cluster, Groups.singletons(g), s)

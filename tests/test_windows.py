@@ -65,6 +65,11 @@ def test_hand_computed_cost():
     summed.move_op(2, 0)
     summed.settle()
     assert summed.cost() == pytest.approx(_window(100, 0) + _window(350, 0))
+    # On a link of 4 copies in flight the copy holds the channels for its bytes and 134 / 4 us.
+    held = 0.0001754 * 1_000_000 + 134 / 4
+    flying = _Loads(graph, graphs.cluster(2, comm=CommCost(copies_in_flight=4)), [0, 1, 1], [0, 1, 1], 2,
+                    overlap=False)
+    assert flying.cost() == pytest.approx(_window(100 + held, held) + _window(0, 350))
 
 
 def _schedule(graph, cluster, device_of):

@@ -56,8 +56,8 @@ def lower_bound_us(graph: OpGraph, cluster: Cluster, *, groups: Optional[Groups]
       (`_comm_heads_tails`): head(v) = min over the sets L of predecessors on v's device of
       max(J(L), max over the other predecessors u of head(u) + compute(u) + comm(u, v)), where
       J(L) is the end of L run one at a time, none before its head, and comm(u, v) the least
-      intercept plus the least slope times the bytes, summed over the edges u -> v; tail is the
-      same on the reversed graph;
+      time the copies u -> v hold the channels, summed, plus the least latency paid once
+      (`_pair_comm`); tail is the same on the reversed graph;
     - on more than one device, the energetic bound of the whole graph with those heads and tails;
     - on more than one device, the lesser of keeping and splitting (`_keep_or_split_us`): a
       placement that keeps each connected part of the graph on one device takes at least the
@@ -165,15 +165,19 @@ def _keep_or_split_us(
 
 def _pair_comm(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, comm): one entry per (producer, consumer) pair, ascending by producer, with the
-    least cost of all its edges between two devices summed (least intercept + least slope * bytes,
-    least over ordered device pairs; a control edge costs the intercept). The copies from a
-    producer u to a consumer v share the channels of the same two devices, so a remote u delays v
-    by at least comm(u, v)."""
+    least cost of all its edges between two devices: the least time each holds the channels
+    summed (least held part of the intercept + least slope * bytes, least over ordered device
+    pairs; a control edge holds them the held part), plus the least rest of the intercept, paid
+    in flight once (`Cluster.channel_tables`; 0 for links of one copy in flight, where this is
+    the intercept summed). The copies from a producer u to a consumer v share the channels of the
+    same two devices, so a remote u delays v by at least comm(u, v)."""
     n = graph.num_ops
-    slope, intercept = (float(p.min()) for p in cluster.pair_links())
+    slope = float(cluster.pair_links()[0].min())
+    apart = ~np.eye(cluster.num_devices, dtype=bool)
+    _, held, latency = (float(np.asarray(t, dtype=np.float64)[apart].min()) for t in cluster.channel_tables())
     key = graph.edge_src.astype(np.int64) * n + graph.edge_dst
     pair, edge_pair = np.unique(key, return_inverse=True)
-    comm = np.bincount(edge_pair.ravel(), weights=intercept + slope * graph.edge_bytes)
+    comm = np.bincount(edge_pair.ravel(), weights=held + slope * graph.edge_bytes) + latency
     return pair // n, pair % n, comm
 
 

@@ -11,7 +11,9 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
 
 * A device runs one op at a time, without preemption.
 * Moving tensor t from device a to b takes ``cluster.transfer_us(a, b, bytes(t))`` and occupies
-  the channels of both a and b for that time; a tensor is sent to a device once. Transfers are
+  the channels of both a and b for that time but the part of the intercept that the link's K
+  copies in flight overlap (`CommCost.copies_in_flight`: a copy holds intercept / K of it, so at
+  most K are in flight; K = 1 by default); a tensor is sent to a device once. Transfers are
   booked in the earliest gap of both channels at or after the producer's end, so channel time is
   kept in time order, not in processing order. A gap between two bookings of a channel, or of the
   two channels together, shorter than the shortest transfer of the cluster can take no transfer

@@ -127,9 +127,8 @@ def _native_cluster(cluster: Cluster, module):
     """The compiled engine's copy of `Cluster.link_tables`, made once per cluster."""
     cached = _native_links.get(cluster)
     if cached is None:
-        slope, intercept = cluster.link_tables()
         cached = _native_links[cluster] = module.Links(
-            np.asarray(slope, dtype=np.float64).ravel(), np.asarray(intercept, dtype=np.float64).ravel(),
+            *(np.asarray(t, dtype=np.float64).ravel() for t in cluster.channel_tables()),
             list(cluster.sends_on_compute()),
         )
     return cached
@@ -234,7 +233,7 @@ class NativeListScheduler:
             np.asarray(group_persistent, dtype=np.int64), member_ptr.astype(np.int64),
             members.astype(np.int64), np.asarray(capacity, dtype=np.int64),
             np.asarray([int(c * (1 - persistent_headroom)) for c in capacity], dtype=np.int64),
-            _native_cluster(cluster, module), float(cluster.min_link_intercept_us()), kind,
+            _native_cluster(cluster, module), float(cluster.min_hold_us()), kind,
             np.asarray(policy.device_of if fixed else [], dtype=np.int64),
             np.asarray(policy.child if kind == 2 else [], dtype=np.int64),
             np.asarray(twins.set_of, dtype=np.int64), twins.untouched, list(twins.distinct),

@@ -148,7 +148,8 @@ class SchedulerState:
         # Groups are placed only while persistent memory leaves this share of a device free for
         # tensors (m-ETF retries with more headroom when it runs out of memory).
         self.persistent_cap = [int(c * (1 - persistent_headroom)) for c in self.capacity]
-        self.slope, self.intercept = cluster.link_tables()
+        # A copy holds its channels slope * bytes + held us, in latency us later (channel_tables).
+        self.slope, self.intercept, self.latency = cluster.channel_tables()
         self.inputs = tables.inputs
         self.readers = tables.readers
         self.tensor_bytes = tables.tensor_bytes
@@ -167,7 +168,7 @@ class SchedulerState:
         self.order: list[int] = []
         self.device_free = [0.0] * nd  # compute clock
         self.last_op = [-1] * nd
-        self.min_transfer_us = cluster.min_link_intercept_us()
+        self.min_transfer_us = cluster.min_hold_us()
         # Of each device that sends on its compute thread (`Device.sends_on_compute`), when it
         # runs ops: runs back to back merged into one busy block, sorted (`_sender_idle`).
         self.sends_on_compute = list(cluster.sends_on_compute())
@@ -311,7 +312,7 @@ class SchedulerState:
             if arrived is None:
                 w = self.slope[pd][dev] * nbytes + self.intercept[pd][dev]
                 s = self._send_slot(pd, dev, self.end[p], w, extra)
-                arrived = s + w
+                arrived = s + w + self.latency[pd][dev]
                 new_bytes += nbytes
                 if not commit:
                     copies.append((pd, w, s, arrived, self.end[p]))
@@ -320,7 +321,7 @@ class SchedulerState:
                 # nothing, and a zero-length booking inserted before another of the same start
                 # would leave `ends` unsorted for `_slot`'s bisect, which then missed bookings
                 # and let two transfers share a channel.
-                _tentative(extra, (pd, dev), s, arrived, self.min_transfer_us)
+                _tentative(extra, (pd, dev), s, s + w, self.min_transfer_us)
                 if commit:
                     self.arrival[(t, dev)] = arrived
                     copied = 1
@@ -396,8 +397,8 @@ class SchedulerState:
             else:
                 return None
             s = self._send_slot(a, dev, tail, w, extra)  # the pair's own bookings all end by `tail`
-            arrived = s + w
-            _tentative(extra, (a, dev), s, arrived, self.min_transfer_us)
+            arrived = s + w + self.latency[a][dev]
+            _tentative(extra, (a, dev), s, s + w, self.min_transfer_us)
             done = max(done, arrived)
         return done
 

@@ -306,7 +306,7 @@ def with_fitted_link(setup: DeviceSetup, config: Any = None, target: str = "",
                 "(--device_type=CPU)"
             )
     fitted = auto_comm(cluster, config if config is not None else session_config(setup, grappler=False), target)
-    return dataclasses.replace(setup, cluster=dataclasses.replace(cluster, comm=fitted.fit.comm)), fitted
+    return dataclasses.replace(setup, cluster=dataclasses.replace(cluster, comm=fitted.comm)), fitted
 
 
 def resolve_memory(text: Optional[str], flag: str = "--memory_per_device") -> int:

@@ -10,7 +10,9 @@ into time windows (by each op's start) and minimises
 (plus a small term that favours even loads; with ``overlap`` compute and channel are separate
 resources, as when a device computes while its channel transfers)
 where a transfer is charged to the window of the op that produces it, on both channels, and a
-tensor is sent to a device once however many of its ops read it. Moving a group changes a few
+tensor is sent to a device once however many of its ops read it; its channel time is what it holds
+the channels (`Cluster.channel_tables`: less than its whole time on a link of several copies in
+flight). Moving a group changes a few
 terms, so a move is evaluated in O(degree) without simulating: the search makes greedy passes
 over the groups (seeded order), moving each to the device that lowers the cost most, while the
 device keeps room for the persistent memory moved there, until a pass gains less than 1% of the
@@ -72,7 +74,7 @@ class _Loads:
         self.dev = device_of
         self.win = window
         self.compute = graph.compute_us.tolist()
-        self.slope, self.intercept = cluster.link_tables()
+        self.slope, self.intercept, _ = cluster.channel_tables()  # what a copy holds the channels
         self.tbytes = graph.tensor_bytes.tolist()
         self.tsrc = graph.tensor_src.tolist()
         self.ins = graph.input_tensors  # cached on the graph: built once for every call
@@ -99,7 +101,7 @@ class _Loads:
         return max(busy) + _EVEN * math.sqrt(squares)
 
     def _transfer(self, t: int, a: int, b: int, sign: int) -> None:
-        tt = sign * (self.slope[a][b] * self.tbytes[t] + self.intercept[a][b])  # as CommCost
+        tt = sign * (self.slope[a][b] * self.tbytes[t] + self.intercept[a][b])  # its hold
         w = self.win[self.tsrc[t]]
         row = self.load[w]
         row[self.nd + a] += tt
@@ -302,7 +304,7 @@ def _native_balance(module, graph, cluster, groups, device_of, window, num_windo
         )
         _native_graphs[graph] = tables
     compute, tbytes, tsrc, ins_ptr, ins, outs_ptr, outs, cons_ptr, cons = tables
-    slope, intercept = (np.asarray(t, dtype=np.float64).reshape(-1) for t in cluster.link_tables())
+    slope, intercept = (np.asarray(t, dtype=np.float64).reshape(-1) for t in cluster.channel_tables()[:2])
     members_ptr, members = _rows(search.members)
     i64 = np.int64
     placed, evaluated = module.balance_windows(

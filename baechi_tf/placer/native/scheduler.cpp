@@ -109,13 +109,15 @@ struct Tables {
 
 constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
 
-// A cluster's links: a copy from a to b takes slope[a * nd + b] * bytes + intercept[a * nd + b],
-// and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`).
+// A cluster's links (`Cluster.channel_tables`): a copy from a to b holds the channels of a and b
+// for slope[a * nd + b] * bytes + intercept[a * nd + b] (the held part of the link's intercept:
+// over its `CommCost.copies_in_flight`), arrives latency[a * nd + b] (the rest) after that, and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`).
 struct Links {
-    std::vector<double> slope, intercept;
+    std::vector<double> slope, intercept, latency;
     std::vector<char> sends_on_compute;
-    Links(F64Array slope_, F64Array intercept_, const std::vector<bool>& sends)
-        : slope(to_vector(slope_)), intercept(to_vector(intercept_)), sends_on_compute(sends.begin(), sends.end()) {}
+    Links(F64Array slope_, F64Array intercept_, F64Array latency_, const std::vector<bool>& sends)
+        : slope(to_vector(slope_)), intercept(to_vector(intercept_)), latency(to_vector(latency_)),
+          sends_on_compute(sends.begin(), sends.end()) {}
 };
 
 // ------------------------------------------------------------------ the scheduler
@@ -137,7 +139,8 @@ class Scheduler {
           group_persistent_(to_vector(group_persistent)), gm_ptr_(to_vector(gm_ptr)),
           gm_op_(to_vector(gm_op)), capacity_(to_vector(capacity)),
           persistent_cap_(to_vector(persistent_cap)), links_(std::move(links)),
-          slope_(links_->slope.data()), intercept_(links_->intercept.data()), min_transfer_us_(min_transfer_us),
+          slope_(links_->slope.data()), intercept_(links_->intercept.data()), latency_(links_->latency.data()),
+          min_transfer_us_(min_transfer_us),
           fixed_(policy == kFixed), sct_(policy == kFavouriteChild),
           device_of_(fixed_ ? to_vector(device_of) : std::vector<i64>()),
           cutoff_us_(cutoff_us), queue_tails_(queue_tails), once_(once_in_now) {
@@ -394,6 +397,7 @@ class Scheduler {
     std::shared_ptr<Links> links_;
     const double* slope_;  // links_'s, which this holds
     const double* intercept_;
+    const double* latency_;
     double min_transfer_us_;
     bool fixed_, sct_;  // the policy: FixedPolicy, FavouriteChildPolicy, else EarliestStartPolicy
     std::vector<i64> device_of_;
@@ -639,8 +643,8 @@ class Scheduler {
             }
             if (!solid) return std::nullopt;
             double s = send_slot(a, dev, *tail, w, extra);
-            double arrived = s + w;
-            tentative(extra, a, dev, s, arrived);
+            double arrived = s + w + latency_[(i64)a * nd_ + dev];
+            tentative(extra, a, dev, s, s + w);
             done = std::max(done, arrived);
         }
         return done;
@@ -717,10 +721,10 @@ class Scheduler {
             } else {
                 double w = slope_[(i64)pd * nd_ + dev] * (double)nbytes + intercept_[(i64)pd * nd_ + dev];
                 double s = send_slot(pd, dev, end_[p], w, extra);
-                arrived = s + w;
+                arrived = s + w + latency_[(i64)pd * nd_ + dev];
                 new_bytes += nbytes;
                 if (!commit) copies.push_back({pd, w, s, arrived, end_[p]});
-                tentative(extra, pd, dev, s, arrived);
+                tentative(extra, pd, dev, s, s + w);
                 if (commit) {
                     arrival_[t].push_back({dev, arrived});
                     copied = 1;
@@ -1374,12 +1378,12 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 8;
+    m.attr("INTERFACE") = 9;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array>());
-    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array, const std::vector<bool>&>());
+    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
