@@ -8,9 +8,8 @@ The model is ``keras.applications.ResNet50(weights=None)`` at a small image size
 train step on copies of the weights and places it on the devices (GPUs, or CPU devices standing
 in for them) before ``fit``; ``fit`` then runs the placed step. The same model from the same
 initial weights is fitted unplaced beside it. The example prints the placement summary, both
-losses, and the step times of the placed and the unplaced ``fit``. ResNet50's losses part after a
-step or two: TF sums some additions in another order when their ops are on several devices, and
-this training amplifies a difference of 1e-6 (docs/tf2.md, "Values").
+losses, and the step times of the placed and the unplaced ``fit``. The losses are equal: the
+placement keeps together the ops TF fuses or regroups on one device (docs/tf2.md, "Values").
 """
 
 from __future__ import annotations

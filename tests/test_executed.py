@@ -72,6 +72,32 @@ def test_fused_ops_follow_the_fused_node_up_to_what_ran():
     assert fused_ops(graph, [ran]) == {"conv": "relu", "bias": "relu", "relu2": "bn"}
 
 
+def test_fused_ops_find_siblings_rewritten_sums_and_workspaces():
+    # oneDNN ran fgrad as one node with bgrad's output as its second, read through the Identity
+    # `bid` that was removed; the arithmetic optimizer ran s2 = (a + b) + c as one AddN under a
+    # new name, neither s1 nor s2 ran; oneDNN's pool grad read the pool's workspace (pool:1).
+    graph = tf1.GraphDef()
+    for name, op, inputs in [
+        ("x", "Placeholder", ()), ("g", "Placeholder", ()), ("w", "Const", ()),
+        ("fgrad", "Conv2DBackpropFilter", ("x", "w", "g")), ("bgrad", "BiasAddGrad", ("g",)),
+        ("bid", "Identity", ("bgrad",)), ("upd", "Mul", ("fgrad", "bid")),
+        ("a", "Relu", ("x",)), ("b", "Relu", ("g",)), ("s1", "AddV2", ("a", "b")),
+        ("s2", "AddV2", ("s1", "x")), ("out", "Relu", ("s2",)),
+        ("pool", "MaxPool", ("x",)), ("pgrad", "MaxPoolGrad", ("x", "pool", "g")),
+    ]:
+        _node(graph, name, op, inputs)
+    ran = tf1.GraphDef()
+    for name, op, inputs in [
+        ("w", "Const", ()), ("fgrad", "_MklNativeConv2DBackpropFilterWithBias", ("_arg_x", "w", "_arg_g")),
+        ("upd", "Mul", ("fgrad", "fgrad:1")), ("a", "Relu", ("_arg_x",)), ("b", "Relu", ("_arg_g",)),
+        ("ArithmeticOptimizer/AddOpsRewrite_s2", "AddN", ("a", "b", "_arg_x")),
+        ("out", "Relu", ("ArithmeticOptimizer/AddOpsRewrite_s2",)),
+        ("pool", "_MklNativeMaxPool", ("_arg_x",)), ("pgrad", "_MklNativeMaxPoolGrad", ("_arg_x", "pool", "_arg_g", "pool:1")),
+    ]:
+        _node(ran, name, op, inputs)
+    assert fused_ops(graph, [ran]) == {"bgrad": "fgrad", "s1": "s2", "pgrad": "pool"}
+
+
 def test_where_ops_ran_reads_executors_and_puts_fused_ops_with_their_node():
     graph = tf1.GraphDef()
     for name, op, inputs in [("x", "Placeholder", ()), ("mm", "MatMul", ("x", "x")), ("bias", "BiasAdd", ("mm", "x")),

@@ -119,6 +119,24 @@ def test_colocation(lstm, imported):
     assert groups.group_of[grad] == groups.group_of[graph.op_id("lstm0/t1/MatMul")]
 
 
+def test_a_tree_of_additions_is_one_group_unless_pinned_apart():
+    # s2 = (a + b) + c, s3 = s2 + d and e = s2 * d: s1 is read by s2 alone, s2 by two ops. The
+    # arithmetic optimizer sums s1 and s2 as one AddN only on one device; z pinned apart stays.
+    from baechi_tf.rewriter.colocation import _addition_trees
+
+    graph = tf.compat.v1.GraphDef()
+    for name, op, inputs, device in [
+        ("a", "Placeholder", (), ""), ("b", "Placeholder", (), ""), ("s1", "AddV2", ("a", "b"), ""),
+        ("s2", "AddN", ("s1", "a", "b"), ""), ("s3", "Add", ("s2", "b"), ""), ("e", "Mul", ("s2", "b"), ""),
+        ("y", "AddV2", ("a", "b"), "/cpu:0"), ("z", "AddV2", ("y", "a", "^s1"), "/cpu:1"),
+    ]:
+        graph.node.add(name=name, op=op, device=device).input.extend(inputs)
+    pins = {"y": ("/cpu:0",), "z": ("/cpu:1",)}
+    assert _addition_trees(graph, pins) == {"s1": ("s2",)}
+    del pins["z"]
+    assert _addition_trees(graph, pins) == {"s1": ("s2",), "y": ("z",)}
+
+
 def test_profile_of_another_graph(lstm):
     other = tf.compat.v1.GraphDef()
     other.CopyFrom(lstm.graph_def)

@@ -31,6 +31,19 @@ def test_fit_placed_computes_what_fit_computes():
     assert "adam/sequential_dense_kernel_momentum:0" in out["summary"]
 
 
+def test_fit_placed_keeps_together_what_tf_fuses_or_regroups():
+    """A conv net with biases, a sum of four branches and a batch norm, placed by m_etf: oneDNN's
+    filter-and-bias gradients, the arithmetic optimizer's AddN and the remapper's fused nodes
+    ran as unplaced (before their ops were kept together, m_etf split the filter and bias
+    gradients: none of the three fused), and the losses are equal."""
+    out = run("keras_conv", "m_etf")
+    placed, plain = out["placed"], out["plain"]
+    assert placed["regrouped"] == plain["regrouped"]
+    assert plain["regrouped"]["_MklNativeConv2DBackpropFilterWithBias"] == 3
+    np.testing.assert_allclose(placed["loss"], plain["loss"], rtol=1e-5)
+    assert len([d for d in placed["ran_on"] if d != HOST]) >= 2, placed["ran_on"]
+
+
 def _model(built=True, compiled=True, **compile_options):
     import keras
 

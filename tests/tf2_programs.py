@@ -68,10 +68,10 @@ def batch(n, seed=7):
     return x, y
 
 
-def where_ops_ran(placed, *args):
+def where_ops_ran(placed, *args, types=False):
     """(op name -> the device it ran on, the value) of the first call of `placed`: the partition
     graphs that TF's function runtime records, with run metadata on, when it instantiates a
-    function."""
+    function. With `types`, a third item: node type -> how many nodes of it ran."""
     from tensorflow.python.eager import context
 
     ctx = context.context()
@@ -84,12 +84,14 @@ def where_ops_ran(placed, *args):
     # The placed function's graph: the largest of those instantiated (others copy a tensor, or
     # are Keras's data pipeline).
     graph = max(metadata.function_graphs, key=lambda g: sum(len(p.node) for p in g.partition_graphs))
-    return value, {
-        node.name: node.device
-        for partition in graph.partition_graphs
-        for node in partition.node
-        if node.op not in _RUNTIME_OPS
-    }
+    nodes = [node for partition in graph.partition_graphs for node in partition.node if node.op not in _RUNTIME_OPS]
+    ran = {node.name: node.device for node in nodes}
+    if not types:
+        return value, ran
+    counts = {}
+    for node in nodes:
+        counts[node.op] = counts.get(node.op, 0) + 1
+    return value, ran, counts
 
 
 _RUNTIME_OPS = frozenset({"_Arg", "_Retval", "_Send", "_Recv", "_HostSend", "_HostRecv"})
@@ -328,6 +330,51 @@ def keras_fit():
     out["placed_before_fit"] = placed_before_fit
     out["placements"] = len(placed.placements)
     out["summary"] = placed.summary()
+    return out
+
+
+def conv_model(seed=1):
+    """A small Keras 3 conv net with biases, a sum of four branches (a chain of three additions)
+    and a batch norm: what TF fuses or regroups when the ops are on one device."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    conv = lambda k, **kw: keras.layers.Conv2D(8, k, padding="same", **kw)  # noqa: E731
+    inputs = keras.Input((16, 16, 3))
+    a = conv(3, activation="relu")(inputs)
+    s = keras.layers.Add()([a, conv(3)(a), conv(1)(a), conv(3)(inputs)])
+    s = keras.layers.ReLU()(keras.layers.BatchNormalization()(s))
+    s = keras.layers.GlobalAveragePooling2D()(conv(3)(s))
+    model = keras.Model(inputs, keras.layers.Dense(10)(s))
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+# Node types of what TF fused or regrouped on one device.
+_REGROUPED = ("WithBias", "AddN", "Fused")
+
+
+@scenario
+def keras_conv(method="m_topo"):
+    """model.fit of `conv_model` placed by `method` and not: the losses, and how many nodes of
+    each type that fusing or regrouping makes ran in the first step of each."""
+    import baechi_tf.tf2.keras
+
+    x = np.random.RandomState(0).randn(64, 16, 16, 3).astype("float32")
+    y = np.random.RandomState(1).randint(0, 10, 64)
+    placed_model, plain_model = conv_model(), conv_model()
+    baechi_tf.tf2.keras.place(placed_model, (x[:16], y[:16]), num_devices=NUM_DEVICES, placement_method=method)
+    out = {}
+    for kind, model in (("placed", placed_model), ("plain", plain_model)):
+        fit = lambda: model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False).history  # noqa: E731
+        first, ran, types = where_ops_ran(fit, types=True)
+        later = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False).history
+        out[kind] = {
+            "loss": first["loss"] + later["loss"],
+            "regrouped": {t: n for t, n in sorted(types.items()) if any(k in t for k in _REGROUPED)},
+            "ran_on": sorted(set(ran.values())),
+        }
     return out
 
 

@@ -120,10 +120,18 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
     replaced by an ``Identity`` of another fused node (the remapper's activation after a
     ``_FusedBatchNormEx`` named after the batch norm) belongs to that node. Folded constants
     (an op that ran as ``Const``) replace no op here: the subgraph they fold does not run,
-    wherever it is placed.
+    wherever it is placed. Three more kinds of node replace ops, each only among ops of one device,
+    so that the ops must stay together to be computed as profiled (in the same order of sums):
+    a fused node whose readers read it in the place of a sibling that did not run (oneDNN's
+    ``Conv2DBackpropFilter`` that computes the ``BiasAddGrad`` beside it, `_read_through`),
+    which replaced that sibling; a node of Grappler's under a new name in the place of an op
+    that did not run (the arithmetic optimizer's ``AddN`` of a tree of additions,
+    `_rewritten_root`), which replaced the ops that fed only that op, under that op's name; and a
+    node that ran as another type and reads what another op's node left for it (oneDNN's
+    ``MaxPoolGrad`` reads its ``MaxPool``'s workspace, `_extra_input`), which goes with that op.
 
     `partition_graphs`: ``RunMetadata.partition_graphs`` of a step of `graph_def`. Deterministic;
-    O(nodes + inputs) time.
+    O(nodes + inputs) time, times the longest chain of removed pass-through ops.
     """
     ran: dict[str, Any] = {}
     for partition in partition_graphs:
@@ -135,10 +143,18 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
         for text in node.input:
             if not text.startswith("^"):
                 readers.setdefault(_input_op(text), []).append(node.name)
+    read = {_tensor(t) for n in graph_def.node for t in n.input}
+    through = _read_through(nodes, ran)
     out: dict[str, str] = {}
     for name in sorted(ran):
         node, executed = nodes.get(name), ran[name]
-        if node is None or executed.op == node.op or executed.op == "Const":
+        if node is None:
+            root = _rewritten_root(name, executed, nodes, ran)
+            if root is not None:  # Grappler's node under a new name, in the place of `root`
+                for op in _replaced(root, nodes, ran, readers):
+                    out.setdefault(op, root)
+            continue
+        if executed.op == node.op or executed.op == "Const":
             continue
         if executed.op == "Identity" and executed.input:
             host = _input_op(executed.input[0])
@@ -147,7 +163,85 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
             continue
         for op in _replaced(name, nodes, ran, readers):
             out.setdefault(op, name)
+        for op in through.get(name, ()):
+            out.setdefault(op, name)
+        extra = _extra_input(executed, read, nodes, ran)
+        if extra is not None:
+            out.setdefault(name, extra)
     return out
+
+
+def _extra_input(executed: Any, read: Collection[str], nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> Optional[str]:
+    """The first graph op that ran and whose output the node `executed` reads though no op of
+    the graph reads it (`read`: the tensors the graph's ops read): a kernel that takes what
+    another kernel left for it on the same device (oneDNN's ``MaxPoolGrad`` reads the workspace
+    of its ``MaxPool``, output 1, which the graph's op has not). None when there is none."""
+    for text in executed.input:
+        op = _input_op(text)
+        if _tensor(text) not in read and op in ran and op in nodes and op != executed.name:
+            return op
+    return None
+
+
+def _tensor(text: str) -> str:
+    """An input's tensor as ``op:k`` (``op`` alone is output 0), or ``^op``."""
+    return text if text.startswith("^") or ":" in text else f"{text}:0"
+
+
+def _rewritten_root(name: str, executed: Any, nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> Optional[str]:
+    """The graph op that a node of Grappler's, `name`, took the place of: the op its name holds
+    (`source_op`), when that op did not run and the node does its work (the arithmetic
+    optimizer's ``<scope>/ArithmeticOptimizer/AddOpsRewrite_<op>``, an ``AddN`` of a tree of
+    additions). None for a node that does no op's work or sits beside its op."""
+    if is_runtime(name, executed.op) or executed.op == "Const":
+        return None
+    root = source_op(name, nodes, executed.op)
+    return root if root is not None and root not in ran and nodes[root].op not in _NOT_FUSED else None
+
+
+# Ops whose output k is their input k (IdentityN) or 0 (the others) that Grappler removes,
+# readers reading that input instead.
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot", "Reshape", "Squeeze", "ExpandDims", "StopGradient"})
+
+
+def _read_through(nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Node that ran -> the graph ops that did not run and whose readers read it in their
+    place: an op fused with a sibling (oneDNN's ``Conv2DBackpropFilter`` with the
+    ``BiasAddGrad`` of the same layer, one node with both outputs under the filter gradient's
+    name). Found by comparing, input by input, each reader as written and as it ran, through the
+    pass-through ops (`_PASS_THROUGH`) that did not run either."""
+    out: dict[str, list[str]] = {}
+    for name, executed in ran.items():
+        node = nodes.get(name)
+        if node is None:
+            continue
+        written = [t for t in node.input if not t.startswith("^")]
+        done = [_input_op(t) for t in executed.input if not t.startswith("^")]
+        if len(written) != len(done):
+            continue
+        for text, host in zip(written, done):
+            op = _replaced_output(text, nodes, ran)
+            if op is not None and host != op and host in ran and host in nodes:
+                out.setdefault(host, []).append(op)
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def _replaced_output(text: str, nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> Optional[str]:
+    """The op that made the tensor `text` (``op:k``) as written, following pass-through ops that
+    did not run up to one that is not a pass-through; None when that op ran or is not known."""
+    for _ in range(len(nodes)):
+        op, _, index = text.partition(":")
+        node = nodes.get(op)  # `index`: a graph's input names an output by number, or by none
+        if node is None or op in ran:
+            return None
+        if node.op not in _PASS_THROUGH:
+            return op
+        inputs = [t for t in node.input if not t.startswith("^")]
+        k = int(index) if node.op == "IdentityN" and index.isdigit() else 0
+        if k >= len(inputs):
+            return None
+        text = inputs[k]
+    return None
 
 
 def _replaced(root: str, nodes: Mapping[str, Any], ran: Mapping[str, Any], readers: Mapping[str, list[str]]) -> list[str]:

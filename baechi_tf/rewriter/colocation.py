@@ -7,7 +7,8 @@ of inlined functions with the graph's ops their nodes name (`_inlined_colocation
 placement must not split for TF's kernels to run: a v1 loop's ``Enter`` with its first reader
 (`_enter_readers`), an NCHW ``MaxPoolGrad`` on CPU devices with its ``MaxPool``
 (`_pool_grad_forward`), an op with the node Grappler fused it into while profiling
-(`_fused_colocation`). Each returns colocation names; the importer merges them into groups.
+(`_fused_colocation`), an addition with the addition that alone reads it (`_addition_trees`).
+Each returns colocation names; the importer merges them into groups.
 
 Time O(nodes + inputs), and O(function nodes) for the inlined functions; TensorFlow only through
 the ``tf.Graph`` the importer hands in.
@@ -187,6 +188,38 @@ def _fused_colocation(name: str, cost: Optional[OpCost], user_pins: Mapping[str,
         return ()
     mine, theirs = user_pins[name][0], user_pins[into][0]
     return () if mine is not None and theirs is not None and mine != theirs else (into,)
+
+
+_ADDITIONS = frozenset({"Add", "AddV2", "AddN"})
+
+
+def _addition_trees(graph_def: Any, user_pins: Mapping[str, tuple]) -> dict[str, tuple[str, ...]]:
+    """Each addition (``Add``, ``AddV2``, ``AddN``) whose output only one op reads, an addition
+    too, -> that reader, as a colocation name. Grappler's arithmetic optimizer gathers such a
+    tree of additions into one ``AddN`` (``AddOpsRewrite``, grouping the leaves by shape) only
+    when its ops share a device (``arithmetic_optimizer.cc``: ``CanAbsorbInputByOptimizer``), so
+    a tree the placement splits is summed in another order than on one device. Seen in Keras 3's
+    ResNet50: a residual ``Add`` of two batch norms' ``add_1`` ran unplaced as ``(a*x + c*y) +
+    (b + d)``; split, as ``a*x + b`` on one device. A profile does not always show the rewrite (a
+    session's Grappler did not make this one, the function runtime's did), so the rule is read
+    from the graph. Pairs the user pinned to different devices are left apart. O(nodes +
+    inputs)."""
+    readers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for text in node.input:
+            if not text.startswith("^"):
+                readers.setdefault(_parse_input(text)[0], []).append(node.name)
+    kinds = {n.name: n.op for n in graph_def.node}
+    out: dict[str, tuple[str, ...]] = {}
+    for name, kind in kinds.items():
+        read = set(readers.get(name, ()))
+        if kind not in _ADDITIONS or len(read) != 1:
+            continue
+        (reader,) = read
+        mine, theirs = user_pins.get(name, (None,))[0], user_pins.get(reader, (None,))[0]
+        if kinds.get(reader) in _ADDITIONS and (mine is None or theirs is None or mine == theirs):
+            out[name] = (reader,)
+    return out
 
 
 # Ops TF's placer does not put with their resource inputs: those of its

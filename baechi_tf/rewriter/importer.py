@@ -33,7 +33,8 @@ One op per node, in node order, with:
   ``MaxPoolGrad`` with its ``MaxPool`` (`_pool_grad_forward`). An op that a fused node replaced
   while profiling goes with the op the node ran as (``OpCost.fused_into``: Grappler's remapper
   fuses ops of different devices into one node on one of them), unless the user pinned the two to
-  different devices.
+  different devices. An addition whose only reader is an addition goes with it, so that Grappler
+  sums a tree of additions as it does on one device (`_addition_trees`).
 * **Pinned devices** (`baechi_tf.rewriter.pins`): a node whose ``device`` names one device
   (``/device:GPU:1``, ``/cpu:0``, ...) stays there. `device_aliases` map a name to another (virtual
   CPU devices stand in for GPUs). A node naming the host CPU that is not a cluster device is pinned
@@ -76,6 +77,7 @@ from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.rewriter.colocation import (
     _FROM_STRING_HANDLE,
     _ITERATORS,
+    _addition_trees,
     _enter_readers,
     _fused_colocation,
     _implicit_colocation,
@@ -277,6 +279,7 @@ def import_graph_def(
         for node in graph_def.node
     }
     implicit, overridden = _implicit_colocation(tfg, {n: d for n, (d, _) in user_pins.items()})
+    additions = _addition_trees(graph_def, user_pins)
     if overridden:
         name, device = next(iter(overridden.items()))
         one = len(overridden) == 1
@@ -334,6 +337,7 @@ def import_graph_def(
             + enter_readers.get(node.name, ())
             + tuple(inlined.get(node.name, ()))
             + _pool_grad_forward(node, target_types)
+            + additions.get(node.name, ())
             + fused,
             op_type=node.op,
             output_alias=_output_alias(node, cost, len(out_bytes), node_types, unrun),
