@@ -93,12 +93,22 @@ class Device:
     # gRPC's RecvTensor on its inter-op pool: a copy out starts only when no op runs here. GPUs
     # copy on streams of their own (False).
     sends_on_compute: bool = False
+    # Its memory is its process's, which the other devices of its task with this flag use too
+    # (CPU devices of one process, as stand-ins for GPUs are): a tensor one of them reads from
+    # another is the sender's buffer, handed over, not copied. A GPU's memory is its own (False).
+    shared_memory: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sends_on_compute, bool):
             raise ConfigError(
                 f"device {self.name!r} has sends_on_compute={self.sends_on_compute!r}; give True "
                 "(copies out wait until no op runs here, as on a CPU worker task) or False"
+            )
+        if not isinstance(self.shared_memory, bool):
+            raise ConfigError(
+                f"device {self.name!r} has shared_memory={self.shared_memory!r}; give True (its "
+                "task's devices with the flag share one memory, as CPU devices of one process do) "
+                "or False"
             )
         if not isinstance(self.name, str) or not _WHOLE.match(self.name):
             raise ConfigError(
@@ -322,7 +332,7 @@ class Cluster:
 
     def twins(self) -> tuple[tuple[int, ...], ...]:
         """Sets of at least two interchangeable devices, each ascending: of one memory, type and
-        `Device.sends_on_compute`, and swapping any two of a set changes no copy's cost (copies
+        `Device.sends_on_compute` and `Device.shared_memory`, and swapping any two of a set changes no copy's cost (copies
         between them, and to and from every other device, cost the same). A placer may weigh one
         device of a set for all those the schedule has not yet touched. One task's devices of
         one memory and type, in
@@ -333,9 +343,9 @@ class Cluster:
     @functools.cached_property
     def _twins(self) -> tuple[tuple[int, ...], ...]:
         costs = [np.asarray(t, dtype=np.float64) for t in self.channel_tables()]
-        by_kind: dict[tuple[int, str], list[int]] = {}
+        by_kind: dict[tuple[int, str, bool, bool], list[int]] = {}
         for i, d in enumerate(self.devices):
-            by_kind.setdefault((d.memory_bytes, d.type, d.sends_on_compute), []).append(i)
+            by_kind.setdefault((d.memory_bytes, d.type, d.sends_on_compute, d.shared_memory), []).append(i)
         out = []
         for kind in by_kind.values():
             # Checked on the links, not assumed from the tasks: the first device left and those
@@ -352,6 +362,21 @@ class Cluster:
         """Per device, `Device.sends_on_compute`: whether a copy out of it waits until it runs
         no op (the schedulers' rule)."""
         return tuple(d.sends_on_compute for d in self.devices)
+
+    def shares_memory(self) -> tuple[tuple[bool, ...], ...]:
+        """Per ordered pair of devices (a, b), whether a tensor read on b from a is a's buffer,
+        handed over, not a copy (the schedulers' memory rule): a and b are two devices of one
+        task, both with `Device.shared_memory`. Made once per cluster (O(D^2)), shared."""
+        return self._shares_memory
+
+    @functools.cached_property
+    def _shares_memory(self) -> tuple[tuple[bool, ...], ...]:
+        tasks: tuple[str, ...] = self._tasks  # type: ignore[attr-defined]
+        flag = [d.shared_memory for d in self.devices]
+        return tuple(
+            tuple(a != b and flag[a] and flag[b] and tasks[a] == tasks[b] for b in range(self.num_devices))
+            for a in range(self.num_devices)
+        )
 
     def transfer_us(self, src: int, dst: int, nbytes: float) -> float:
         """Microseconds to move `nbytes` from device `src` to `dst`; 0 on one device."""

@@ -9,8 +9,8 @@ work (`work`), or the same error (type and message) when memory runs out or the 
 passed. Graphs: hypothesis's random DAGs (1-60 ops, 1-8 devices, tight and loose memory, pins,
 groups, free and dear links, hosts and unequal memories that make sets of twins, devices that
 send on their compute thread among devices that do not, links whose latency overlaps (only the
-bytes hold the channels), outputs that reuse an input's buffer
-or view persistent memory), every graph of
+bytes hold the channels), devices that share memory with their task's others among one that does
+not, outputs that reuse an input's buffer or view persistent memory), every graph of
 tests/graphs.py, the graphs of bench/quality_graphs.py and the queueing graphs of
 bench/layered.py.
 """
@@ -261,6 +261,11 @@ def _cluster(kind: str, nd: int, memory_bytes: int, comm: CommCost) -> Cluster:
         ))
     if kind == "senders" and nd >= 2:  # devices 0, 2, ... send on their compute thread
         return _senders(nd, memory_bytes, comm)
+    if kind == "shared" and nd >= 2:  # two tasks whose devices share memory, but device 1's
+        return Cluster(tuple(
+            Device(f"/job:worker/replica:0/task:{i % 2}/device:GPU:{i}", memory_bytes, shared_memory=i != 1)
+            for i in range(nd)
+        ), comm)
     if kind == "unequal" and nd >= 2:  # every third device has a quarter of the memory
         return Cluster(tuple(
             Device(f"/device:GPU:{i}", memory_bytes // 4 if i % 3 == 2 else memory_bytes) for i in range(nd)
@@ -316,7 +321,7 @@ def _cases(draw):
     memory_bytes = 64 * GiB if memory == "loose" else max(
         4096, int(needs / nd * (0.8 if memory == "tight" else 0.3))
     )
-    kind = draw(st.sampled_from(["homogeneous", "hosts", "unequal", "senders"]))
+    kind = draw(st.sampled_from(["homogeneous", "hosts", "unequal", "senders", "shared"]))
     return graph, _cluster(kind, nd, memory_bytes, comm), seed
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from baechi_tf.graph import HELD, OpGraph
 
-__all__ = ["HELD_VIEW", "OWN", "buffer_tables", "free_at_end_bytes"]
+__all__ = ["HELD_VIEW", "OWN", "buffer_tables", "constant_tensors", "free_at_end_bytes"]
 
 OWN, HELD_VIEW = -1, -2  # `buffer_tables`' alias of a tensor with a buffer of its own, of a held view
 
@@ -72,3 +72,14 @@ def free_at_end_bytes(graph: OpGraph) -> list[int]:
     has_succ = np.asarray([bool(s) for s in graph.successors], dtype=bool)
     unread = np.where(has_succ, own - read, 0)
     return (graph.temp_bytes + unread).tolist()
+
+
+def constant_tensors(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
+    """bool [num_tensors]: the tensors that are a constant's value, a held view (`HELD_VIEW` in
+    `alias`, `buffer_tables`' second value) of its producer's own persistent memory. A device
+    that reads one from another device of shared memory (`Cluster.shares_memory`) holds a
+    replica as persistent memory of its own for the whole step, as TF's constant replication
+    gives each CPU device that reads a small constant (larger ones, sent by reference, are
+    counted so too: never less than TF holds). O(T) for T tensors."""
+    held = alias == HELD_VIEW
+    return held & (graph.persistent_bytes[graph.tensor_src] > 0) & (graph.tensor_src_output >= 0)

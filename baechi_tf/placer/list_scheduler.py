@@ -34,7 +34,9 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
   needed. An output that reuses a buffer (`OpGraph.output_alias`, `buffer_tables`) allocates
   nothing on its op's device: an input's buffer there (the producer's, or the copy received) is
   freed only when the last reader of either is done; a view of persistent memory is no buffer.
-  A copy of it sent to another device is a buffer of its own.
+  A copy sent to another device is a buffer of its own, but on a device of shared memory
+  (`Cluster.shares_memory`): the sender's buffer, held until that reader is done (a constant's
+  value is a replica there, held from the start as persistent bytes are).
 
 Start times of successive decisions on a device never decrease (across devices they may: under
 m-SCT the ops a reservation held start, when it ends, before the last decision), so memory in

@@ -13,7 +13,10 @@ from an allocation to a free:
   ``max(end of its last consumer on that device, end of its last transfer out,
   start of its last consumer anywhere)``;
 * a received copy on another device: from the start of its first consumer there until
-  ``max(end of its last consumer there, start of its last consumer anywhere)``.
+  ``max(end of its last consumer there, start of its last consumer anywhere)``; none on a device
+  that shares memory with the producer's (`Cluster.shares_memory`), whose consumers count as
+  the producer's device's instead, but for a constant's value (`buffers.constant_tensors`),
+  which such a device holds a replica of: persistent memory, from 0 on.
 
 The last term of both is the scheduler's: it learns when a tensor can be freed only once its last
 consumer is scheduled, so a tensor is never freed before that consumer's start.
@@ -33,12 +36,13 @@ Time O((V + E) log(V + E)) for V ops and E edges; memory O(V + E).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import OWN, buffer_tables
+from baechi_tf.placer.buffers import OWN, buffer_tables, constant_tensors
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]
@@ -78,8 +82,9 @@ class MemoryBlocks:
     slot: np.ndarray  # int32 [k], the output slot of a tensor's block; -1 for the others
 
 
-def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
-    """The blocks of memory the model holds, by the rules in the module docstring."""
+def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster] = None) -> MemoryBlocks:
+    """The blocks of memory the model holds on `cluster`'s devices, by the rules in the module
+    docstring (no device shares memory with another when it is None)."""
     dev = schedule.placement.device_of.tolist()
     start = schedule.start_us.tolist()
     end = schedule.end_us.tolist()
@@ -117,7 +122,14 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
 
     succ = graph.successors
     _, alias, reused = buffer_tables(graph)
+    constant = constant_tensors(graph, alias).tolist()
     tensor_src = graph.tensor_src.tolist()
+    shares = cluster.shares_memory() if cluster is not None else None
+
+    def holder(t: int, d: int) -> int:  # the device holding tensor t as read on d
+        home = dev[tensor_src[t]]
+        return home if shares is not None and shares[home][d] else d
+
     # Buffers of read tensors by (tensor, device): [bytes, alloc, free, alloc rank, free rank,
     # kind, op, slot]. An output reusing a buffer adds its would-be free to `extend`.
     buffers: dict[tuple[int, int], list] = {}
@@ -134,12 +146,16 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
             last = max(readers, key=rank.__getitem__)  # the commit that frees the tensor
             by_device: dict[int, list[int]] = {}
             for c in sorted(readers):
-                by_device.setdefault(dev[c], []).append(c)
+                by_device.setdefault(holder(t, dev[c]), []).append(c)
             held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
             if alias[t] == OWN:
                 buffers[(t, home)] = [b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot]
             elif alias[t] >= 0:
                 reusing.append((t, int(alias[t]), home, max(held, start[last]), rank[last]))
+            if constant[t]:
+                for d in sorted({dev[c] for c in readers} - {home}):
+                    if holder(t, d) == home:  # a replica
+                        add(d, b, 0.0, KEPT, -1, -1, "persistent", op, slot)
             for d, ops in sorted(by_device.items()):
                 if d != home:
                     first = min(ops, key=rank.__getitem__)  # its commit books the transfer
@@ -150,8 +166,9 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
     for t, source, d, free, free_rank in sorted(reusing, key=lambda r: -rank[tensor_src[r[0]]]):
         f, r = extend.get((t, d), (free, free_rank))
         f, r = max(f, free), max(r, free_rank)
-        g, q = extend.get((source, d), (f, r))
-        extend[(source, d)] = (max(f, g), max(r, q))
+        key = (source, holder(source, d))
+        g, q = extend.get(key, (f, r))
+        extend[key] = (max(f, g), max(r, q))
     for key, (b, a, f, ra, rf, kind, op, slot) in buffers.items():
         if key in extend:
             f, rf = max(f, extend[key][0]), max(rf, extend[key][1])
@@ -172,7 +189,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule) -> MemoryBlocks:
 
 def memory_timeline(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[DeviceMemory, ...]:
     """Per device of `cluster`, memory in use over the step as a step function."""
-    return blocks_timeline(memory_blocks(graph, schedule), cluster.num_devices)
+    return blocks_timeline(memory_blocks(graph, schedule, cluster), cluster.num_devices)
 
 
 def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemory, ...]:

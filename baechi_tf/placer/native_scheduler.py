@@ -19,7 +19,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
-from baechi_tf.placer.buffers import buffer_tables
+from baechi_tf.placer.buffers import buffer_tables, constant_tensors
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.buffers import free_at_end_bytes
 from baechi_tf.placer.list_scheduler import ListScheduler
@@ -117,7 +117,7 @@ def _native_tables(graph: OpGraph, module) -> tuple:
         tensor_bytes[edge_tensor[by_dst]], np.bincount(edge_tensor, minlength=graph.num_tensors),
         rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
         tensor_alias.astype(i64), graph.tensor_src.astype(i64), tensor_bytes, al_ptr,
-        tensor_alias[reusing].astype(i64),
+        tensor_alias[reusing].astype(i64), constant_tensors(graph, tensor_alias).astype(i64),
     )
     cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
     return cached
@@ -129,7 +129,7 @@ def _native_cluster(cluster: Cluster, module):
     if cached is None:
         cached = _native_links[cluster] = module.Links(
             *(np.asarray(t, dtype=np.float64).ravel() for t in cluster.channel_tables()),
-            list(cluster.sends_on_compute()),
+            list(cluster.sends_on_compute()), [x for row in cluster.shares_memory() for x in row],
         )
     return cached
 

@@ -19,7 +19,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes
+from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, constant_tensors, free_at_end_bytes
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
 from baechi_tf.placer.twins import UntouchedTwins
@@ -108,6 +108,7 @@ class GraphTables:
         # per tensor, OWN, HELD_VIEW or the tensor whose buffer it is on its producer's device
         self.tensor_alias = tuple(alias.tolist())
         self.tensor_src = tuple(graph.tensor_src.tolist())
+        self.constant = tuple(constant_tensors(graph, alias).tolist())  # per tensor: a constant's value
         # per op, the tensors whose buffers on its device its outputs that are read reuse
         aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
         for t in np.flatnonzero(alias >= 0).tolist():
@@ -202,6 +203,13 @@ class SchedulerState:
         self.tensor_alias = tables.tensor_alias
         self.tensor_src = tables.tensor_src
         self.aliased = tables.aliased
+        # Per ordered pair of devices, whether a tensor read on the second from the first is the
+        # first's buffer (`Cluster.shares_memory`): no copy on the reader, which the sender's
+        # buffer serves until it is done; a constant's value is replicated on the reader instead
+        # (`buffers.constant_tensors`), persistent memory from the start, as a group's is.
+        self.shares = cluster.shares_memory()
+        self.constant = tables.constant
+        self.replicated = 0  # bytes of such replicas the last committing `ready_time` made
         self.twins = UntouchedTwins(cluster, twins)  # `distinct`: the devices worth a dry run
         self.transfers: list[Transfer] = []
         self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
@@ -301,6 +309,7 @@ class SchedulerState:
         ready = 0.0
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
+        self.replicated = 0
         copies: list[tuple[int, float, float, float, float]] = []  # (source, width, start, arrival, sent)
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
@@ -313,7 +322,11 @@ class SchedulerState:
                 w = self.slope[pd][dev] * nbytes + self.intercept[pd][dev]
                 s = self._send_slot(pd, dev, self.end[p], w, extra)
                 arrived = s + w + self.latency[pd][dev]
-                new_bytes += nbytes
+                shared = pd >= 0 and self.shares[pd][dev]  # (pd < 0: `_stuck` asks of an op not ready)
+                if not shared or self.constant[t]:
+                    new_bytes += nbytes
+                    if commit and shared:
+                        self.replicated += nbytes
                 if not commit:
                     copies.append((pd, w, s, arrived, self.end[p]))
                 # Only a booking that moves the clock: a transfer shorter than the float spacing
@@ -446,10 +459,17 @@ class SchedulerState:
         if nbytes:
             bisect.insort(self.pending[dev], (when, nbytes))
 
+    def _holder(self, t: int, dev: int) -> int:
+        """The device whose memory holds tensor t as read on `dev`: its producer's when the
+        producer's device shares memory with dev (`shares`), else dev."""
+        home = self.device[self.tensor_src[t]]
+        return home if self.shares[home][dev] else dev
+
     def _release(self, t: int, dev: int, when: float, freed: set[int]) -> None:
         """One holder of tensor t's buffer on dev is done at `when`; frees it when none is left.
         The buffer of an output that reuses its input's, on its producer's device, is that
-        input's: its release is one holder of the input's buffer less."""
+        input's (on the device that holds it, `_holder`): its release is one holder of the
+        input's buffer less."""
         while True:
             claim = self.claims.get((t, dev))
             if claim is not None:
@@ -467,6 +487,7 @@ class SchedulerState:
                 return
             if source == HELD_VIEW:
                 return
+            dev = self._holder(source, dev)
             t = source
 
     @property
@@ -502,12 +523,13 @@ class SchedulerState:
         if self.sends_on_compute[dev]:
             self._ran(dev, start, end)
         self.usage[dev] += self.alloc[op] + new_bytes
+        self.peak[dev] += self.replicated  # replicas are held from the start of the step
         if self.usage[dev] > self.peak[dev]:
             self.peak[dev] = self.usage[dev]
         freed = {dev}
         self._free_later(dev, end, self.free_at_end[op])
         for t in self.aliased[op]:  # its own consumers hold it until now: 2 holders at first
-            claim = self.claims.setdefault((t, dev), [1, -1.0])
+            claim = self.claims.setdefault((t, self._holder(t, dev)), [1, -1.0])
             claim[0] += 1
         seen: set[int] = set()
         for p, t, nbytes in self.inputs[op]:
@@ -515,8 +537,9 @@ class SchedulerState:
                 continue
             seen.add(t)
             rel = self.release.setdefault(t, {})
-            if rel.get(dev, -1.0) < end:
-                rel[dev] = end
+            holder = self._holder(t, dev)
+            if rel.get(holder, -1.0) < end:
+                rel[holder] = end
             self.tensor_consumers_left[t] -= 1
             if self.tensor_consumers_left[t] == 0:
                 for d, when in sorted(self.release.pop(t).items()):

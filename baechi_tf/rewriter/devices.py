@@ -93,10 +93,12 @@ def standin_cluster(
     comm: CommCost = DEFAULT_COMM,
     prefix: str = "",
 ) -> DeviceSetup:
-    """CPU:1..CPU:N standing in for GPU:0..GPU:N-1; CPU:0 is the host."""
+    """CPU:1..CPU:N standing in for GPU:0..GPU:N-1; CPU:0 is the host. They are devices of one
+    process: a tensor one reads from another is handed over, not copied (`Device.shared_memory`)."""
     check_device_count(num_devices)
     devices = tuple(
-        Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU") for i in range(num_devices)
+        Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU", shared_memory=True)
+        for i in range(num_devices)
     )
     return DeviceSetup(
         cluster=Cluster(devices, comm),

@@ -89,14 +89,15 @@ struct Tables {
     std::vector<i64> succ_ptr, succ;     // successors of each op
     std::vector<i64> num_preds, alloc, free_at_end;
     // GraphTables.tensor_alias (kOwn, kHeldView or a tensor), tensor_src, tensor_bytes, and per op
-    // the tensors whose buffers its read outputs reuse (`aliased`, as al_ptr/al_t)
-    std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t;
+    // the tensors whose buffers its read outputs reuse (`aliased`, as al_ptr/al_t); per tensor,
+    // whether it is a constant's value (GraphTables.constant)
+    std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t, constant;
 
     Tables(i64 n_, i64 nt, F64Array compute_, I64Array topo_, I64Array topo_order_, I64Array in_ptr_,
            I64Array in_src_, I64Array in_t_, I64Array in_bytes_, I64Array consumers_, I64Array rd_ptr_,
            I64Array rd_op_, I64Array succ_ptr_, I64Array succ_, I64Array num_preds_, I64Array alloc_,
            I64Array free_at_end_, I64Array tensor_alias_, I64Array tensor_src_, I64Array tensor_bytes_,
-           I64Array al_ptr_, I64Array al_t_)
+           I64Array al_ptr_, I64Array al_t_, I64Array constant_)
         : n(n_), num_tensors(nt), compute(to_vector(compute_)), topo(to_vector(topo_)),
           topo_order(to_vector(topo_order_)), in_ptr(to_vector(in_ptr_)), in_src(to_vector(in_src_)),
           in_t(to_vector(in_t_)), in_bytes(to_vector(in_bytes_)), consumers(to_vector(consumers_)),
@@ -104,20 +105,22 @@ struct Tables {
           succ(to_vector(succ_)), num_preds(to_vector(num_preds_)), alloc(to_vector(alloc_)),
           free_at_end(to_vector(free_at_end_)), tensor_alias(to_vector(tensor_alias_)),
           tensor_src(to_vector(tensor_src_)), tensor_bytes(to_vector(tensor_bytes_)),
-          al_ptr(to_vector(al_ptr_)), al_t(to_vector(al_t_)) {}
+          al_ptr(to_vector(al_ptr_)), al_t(to_vector(al_t_)), constant(to_vector(constant_)) {}
 };
 
 constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
 
 // A cluster's links (`Cluster.channel_tables`): a copy from a to b holds the channels of a and b
 // for slope[a * nd + b] * bytes + intercept[a * nd + b] (the held part of the link's intercept:
-// over its `CommCost.copies_in_flight`), arrives latency[a * nd + b] (the rest) after that, and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`).
+// over its `CommCost.copies_in_flight`), arrives latency[a * nd + b] (the rest) after that, and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`);
+// b reads a's buffer, no copy of its own, if shares[a * nd + b] (`Cluster.shares_memory`).
 struct Links {
     std::vector<double> slope, intercept, latency;
-    std::vector<char> sends_on_compute;
-    Links(F64Array slope_, F64Array intercept_, F64Array latency_, const std::vector<bool>& sends)
+    std::vector<char> sends_on_compute, shares;
+    Links(F64Array slope_, F64Array intercept_, F64Array latency_, const std::vector<bool>& sends,
+          const std::vector<bool>& shares_)
         : slope(to_vector(slope_)), intercept(to_vector(intercept_)), latency(to_vector(latency_)),
-          sends_on_compute(sends.begin(), sends.end()) {}
+          sends_on_compute(sends.begin(), sends.end()), shares(shares_.begin(), shares_.end()) {}
 };
 
 // ------------------------------------------------------------------ the scheduler
@@ -355,9 +358,10 @@ class Scheduler {
     i64 ready_bytes(i64 op, int dev) const {
         i64 out = 0;
         for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
-            if (device_[T_->in_src[k]] == dev) continue;
+            int pd = (int)device_[T_->in_src[k]];
+            if (pd == dev) continue;
             if (arrival_of(T_->in_t[k], dev)) continue;
-            out += T_->in_bytes[k];
+            if (pd < 0 || !links_->shares[(i64)pd * nd_ + dev] || T_->constant[T_->in_t[k]]) out += T_->in_bytes[k];
         }
         return out;
     }
@@ -477,6 +481,7 @@ class Scheduler {
     TailCopyPtr tail_bound_;
     bool tail_bound_pool_ = false;  // tail_bound is (None, None, 0.0, start): held to the floor
     std::vector<std::pair<i64, int>> released_;  // scratch of step: the holds a commit lifted
+    i64 replicated_ = 0;  // SchedulerState.replicated: replicas the last committing ready_time made
     i64 scheduled_ = 0, evaluations_ = 0;
     std::tuple<i64, int, double> stepped_{-1, -1, 0.0};  // the (op, device, start) of the last step
     double last_time_ = 0.0;
@@ -705,6 +710,7 @@ class Scheduler {
         Extra& extra = extra_ready_;
         extra.reset();
         i64 new_bytes = 0;
+        replicated_ = 0;
         auto& copies = copies_;
         copies.clear();
         for (i64 k = lo; k < hi; ++k) {
@@ -722,7 +728,11 @@ class Scheduler {
                 double w = slope_[(i64)pd * nd_ + dev] * (double)nbytes + intercept_[(i64)pd * nd_ + dev];
                 double s = send_slot(pd, dev, end_[p], w, extra);
                 arrived = s + w + latency_[(i64)pd * nd_ + dev];
-                new_bytes += nbytes;
+                const bool shared = links_->shares[(i64)pd * nd_ + dev];
+                if (!shared || T_->constant[t]) {
+                    new_bytes += nbytes;
+                    if (commit && shared) replicated_ += nbytes;
+                }
                 if (!commit) copies.push_back({pd, w, s, arrived, end_[p]});
                 tentative(extra, pd, dev, s, s + w);
                 if (commit) {
@@ -807,6 +817,12 @@ class Scheduler {
         return claims_[t].back();
     }
 
+    // SchedulerState._holder
+    int holder(i64 t, int dev) const {
+        int home = (int)device_[T_->tensor_src[t]];
+        return links_->shares[(i64)home * nd_ + dev] ? home : dev;
+    }
+
     // SchedulerState._release
     void release(i64 t, int dev, double when, std::vector<int>& freed) {
         while (true) {
@@ -826,6 +842,7 @@ class Scheduler {
                 return;
             }
             if (source == kHeldView) return;
+            dev = holder(source, dev);
             t = source;
         }
     }
@@ -855,17 +872,21 @@ class Scheduler {
         last_op_[dev] = op;
         if (links_->sends_on_compute[dev]) ran(dev, start, end);
         usage_[dev] += T_->alloc[op] + new_bytes;
+        peak_[dev] += replicated_;
         if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
         std::vector<int> freed{dev};
         free_later(dev, end, T_->free_at_end[op]);
-        for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k) claim_of(T_->al_t[k], dev).holders += 1;
+        for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k) {
+            i64 t = T_->al_t[k];
+            claim_of(t, holder(t, dev)).holders += 1;
+        }
         auto& seen = seen_;
         seen.clear();
         for (i64 k = T_->in_ptr[op]; k < T_->in_ptr[op + 1]; ++k) {
             i64 t = T_->in_t[k];
             if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
             seen.push_back(t);
-            release_set_above(t, dev, end);
+            release_set_above(t, holder(t, dev), end);
             tensor_consumers_left_[t] -= 1;
             if (tensor_consumers_left_[t] == 0) {
                 auto rel = std::move(release_[t]);
@@ -1378,12 +1399,13 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 9;
+    m.attr("INTERFACE") = 10;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
-                      I64Array, I64Array, I64Array, I64Array, I64Array>());
-    py::class_<Links, std::shared_ptr<Links>>(m, "Links").def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&>());
+                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
+    py::class_<Links, std::shared_ptr<Links>>(m, "Links")
+        .def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")

@@ -1,0 +1,222 @@
+"""Devices that share one memory (`Device.shared_memory`, `Cluster.shares_memory`) in the
+scheduler's memory model, both engines: hand-drawn graphs with their peaks worked out by hand,
+the memory timeline's blocks, and a session on CPU stand-ins where the rule shows.
+
+Model: a tensor that a device reads from another of its task that shares memory with it is the
+sender's buffer, handed over: nothing on the reader, and the sender holds it until the reader is
+done (not until the copy is sent). A constant's value is replicated on such a reader instead (TF
+replicates small constants onto each CPU device that reads them): persistent memory there, from
+the start of the step. Devices without the flag (GPUs) receive a copy of their own.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import graphs
+from baechi_tf.cluster import Cluster, CommCost, Device
+from baechi_tf.graph import HELD
+from baechi_tf.graph_builder import OpGraphBuilder
+from baechi_tf.placer import Placement, engine, simulate
+from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline
+
+MiB = graphs.MiB
+ENGINES = ["python"] + (["native"] if engine.native_available() else [])
+
+
+def _cluster(nd: int, shared: bool, tasks: int = 1) -> Cluster:
+    return Cluster(tuple(
+        Device(f"/job:w/replica:0/task:{i % tasks}/device:CPU:{i}", 1 << 30, "CPU", shared_memory=shared)
+        for i in range(nd)
+    ), CommCost())
+
+
+def _run(graph, devices, cluster):
+    schedule = simulate(graph, cluster, Placement(np.asarray(devices, dtype=np.int32), "given"))
+    timeline = tuple(m.peak_bytes for m in memory_timeline(graph, cluster, schedule))
+    assert timeline == schedule.peak_memory_bytes
+    return schedule
+
+
+def _handover():
+    """a (device 0, 10 us, 1 MiB) -> b (device 1, 100 us, 4 B, a sink)
+    a ~> w (device 0, 400 us, no output; control edge) ~> z (device 0, 10 us, 2 MiB, a sink)
+
+    The copy of a (1 MiB: 318 us on the default link) arrives at 328 us and b runs until 428;
+    z allocates its 2 MiB at 410 us, after the copy is sent but before b is done."""
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [MiB])
+    b.add_op("b", 100, [4])
+    b.add_op("w", 400, [])
+    b.add_op("z", 10, [2 * MiB])
+    b.add_edge("a", "b")
+    b.add_control_edge("a", "w")
+    b.add_control_edge("w", "z")
+    return b.build()
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_tensor_read_on_a_device_of_shared_memory_is_the_senders_buffer_until_read(name):
+    graph, devices = _handover(), [0, 1, 0, 0]
+    with engine.selected(name):
+        copied = _run(graph, devices, _cluster(2, shared=False))
+        shared = _run(graph, devices, _cluster(2, shared=True))
+    assert copied.start_us.tolist() == shared.start_us.tolist()  # the same schedule
+    assert shared.start_us[3] < shared.end_us[1]  # z allocates while b still reads a
+    assert copied.peak_memory_bytes == (2 * MiB, MiB + 4)  # a freed once sent; its copy on 1
+    assert shared.peak_memory_bytes == (3 * MiB, 4)  # a held for b; nothing received on 1
+    blocks = memory_blocks(graph, shared, _cluster(2, shared=True))
+    assert "received" not in blocks.kind
+    a = [i for i, (o, k) in enumerate(zip(blocks.op, blocks.kind)) if o == 0 and k == "output"]
+    assert len(a) == 1 and blocks.free_us[a[0]] == shared.end_us[1]
+    # Two tasks: each its own process, so a copy between them all the same.
+    with engine.selected(name):
+        assert _run(graph, devices, _cluster(2, shared=True, tasks=2)).peak_memory_bytes == (2 * MiB, MiB + 4)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_an_output_in_place_of_a_handed_over_tensor_holds_the_senders_buffer(name):
+    """a (device 0, 1 MiB) -> i (device 1, in place of a) -> c (device 0, 100 us)
+
+    i writes into a's buffer on device 0, which c then reads back: the buffer is device 0's until
+    c is done, and device 1 never holds a byte of it."""
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [MiB])
+    b.add_op("i", 10, [MiB], output_alias=[("a", 0)])
+    b.add_op("c", 100, [4])
+    b.add_edge("a", "i")
+    b.add_edge("i", "c")
+    graph, cluster = b.build(), _cluster(2, shared=True)
+    with engine.selected(name):
+        schedule = _run(graph, [0, 1, 0], cluster)
+        assert schedule.peak_memory_bytes == (MiB + 4, 0)
+    blocks = memory_blocks(graph, schedule, cluster)
+    assert sorted((int(o), int(d), float(f)) for o, d, k, f in zip(blocks.op, blocks.device, blocks.kind, blocks.free_us)
+                  if k == "output") == [(0, 0, float(schedule.end_us[2])), (2, 0, float("inf"))]
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_constant_read_on_a_device_of_shared_memory_is_replicated_there(name):
+    """k (device 0, a constant: 64 B of persistent memory, its output a view of it) -> m (device
+    1, 10 us, 1 MiB, a sink). With shared memory, device 1 holds a replica of k's 64 bytes from
+    the start of the step, persistent; without, a copy from m's start."""
+    b = OpGraphBuilder()
+    b.add_op("k", 1, [64], persistent_bytes=64, output_alias=[HELD])
+    b.add_op("m", 10, [MiB])
+    b.add_edge("k", "m")
+    graph = b.build()
+    for shared in (False, True):
+        cluster = _cluster(2, shared=shared)
+        with engine.selected(name):
+            schedule = _run(graph, [0, 1], cluster)
+        assert schedule.peak_memory_bytes == (64, MiB + 64)
+        blocks = memory_blocks(graph, schedule, cluster)
+        on_1 = {k: (float(a), float(f)) for d, k, a, f in zip(blocks.device, blocks.kind, blocks.alloc_us, blocks.free_us)
+                if d == 1 and k != "output"}
+        assert on_1 == ({"persistent": (0.0, float("inf"))} if shared else
+                        {"received": (float(schedule.start_us[1]), float(schedule.end_us[1]))})
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_timeline_peak_is_the_schedule_peak_on_devices_of_shared_memory(name):
+    """Random DAGs with views and constants, spread at random over devices of two tasks that
+    share memory within each (but one device): the timeline's blocks give the scheduler's peak,
+    and no device holds more than it would receiving copies, but the senders, which hold their
+    buffers until read."""
+    import random
+
+    for seed in range(60):
+        rng = random.Random(seed)
+        base = graphs.random_dag(seed, rng.randint(2, 40), persistent_prob=0.3)
+        graph = graphs.with_aliases(base, random.Random(seed + 1), 0.6)
+        nd = rng.randint(1, 4)
+        devices = np.asarray([rng.randrange(nd) for _ in range(graph.num_ops)], dtype=np.int32)
+        cluster = Cluster(tuple(
+            Device(f"/job:w/replica:0/task:{i % 2}/device:CPU:{i}", 1 << 40, "CPU", shared_memory=i != 1)
+            for i in range(nd)
+        ))
+        with engine.selected(name):
+            schedule = simulate(graph, cluster, Placement(devices, "given"))
+        timeline = tuple(m.peak_bytes for m in memory_timeline(graph, cluster, schedule))
+        assert timeline == schedule.peak_memory_bytes, seed
+        senders = set(devices[graph.tensor_src].tolist())
+        copied = simulate(graph, dataclasses.replace(cluster, devices=tuple(
+            dataclasses.replace(d, shared_memory=False) for d in cluster.devices)), Placement(devices, "given"))
+        for d in set(range(nd)) - senders:
+            assert schedule.peak_memory_bytes[d] <= copied.peak_memory_bytes[d], seed
+
+
+def test_shared_memory_is_a_bool_and_pairs_of_one_task_share():
+    from baechi_tf.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"shared_memory='yes'; give True .* or False"):
+        Device("/device:CPU:0", 1 << 30, "CPU", shared_memory="yes")
+    cluster = Cluster(tuple(
+        Device(f"/job:w/replica:0/task:{i // 2}/device:CPU:{i}", 1 << 30, "CPU", shared_memory=i != 3)
+        for i in range(4)
+    ))
+    assert cluster.shares_memory() == (
+        (False, True, False, False),
+        (True, False, False, False),
+        (False, False, False, False),  # 2 and 3 are one task, but 3 has its own memory
+        (False, False, False, False),
+    )
+    # Devices with and without the flag are not interchangeable.
+    mixed = Cluster(tuple(Device(f"/device:CPU:{i}", 1 << 30, "CPU", shared_memory=i < 2) for i in range(4)))
+    assert mixed.twins() == ((0, 1), (2, 3))
+
+
+@pytest.mark.tf
+def test_stand_ins_hand_tensors_over_as_the_simulator_counts_them():
+    """A session on two stand-ins: a = x @ x (256 KiB, x a variable's value) on the first, b = a @ a
+    and its sum on the second, traced. The second holds b and never a copy of a (measured from the allocation
+    records); the simulator, given the profile, counts the same on the stand-ins (shared memory)
+    and a copy of a more where devices copy (the same names, without the flag)."""
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.measured_memory import measured_memory
+    from baechi_tf.cost_model.profiler import profile_fetch
+    from baechi_tf.placer.pipeline import PlacementOptions
+    from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        v = tf1.get_variable("v", initializer=tf.ones([256, 256]) / 256, use_resource=True)
+        x = v.read_value()
+        a = tf.matmul(x, x, name="a")
+        b = tf.matmul(a, a, name="b")
+        s = tf.reduce_sum(b, name="s")
+        init = tf1.global_variables_initializer()
+    setup = standin_cluster(2, prefix=LOCAL_TASK)
+    config = session_config(setup, grappler=False)
+    graph_def = g.as_graph_def()
+    with tf1.Session(graph=g, config=config) as sess:
+        sess.run(init)
+        profile = profile_fetch(sess, s.name, warmup_steps=1, traced_steps=2, graph_def=graph_def)
+    first, second = setup.cluster.names
+    expert = {n.name: first for n in graph_def.node} | {"b": second, "s": second}
+    placed, report = place_graph_def(graph_def, profile, setup.cluster,
+                                     PlacementOptions(placement_method="expert", expert=expert),
+                                     host_device=setup.host, device_aliases=setup.aliases)
+    run = tf.Graph()
+    with run.as_default():
+        tf1.import_graph_def(placed, name="")
+    with tf1.Session(graph=run, config=config) as sess:
+        sess.run(init.name)
+        sess.run("s:0")
+        metadata = tf1.RunMetadata()
+        sess.run("s:0", options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    measured = {name.split("/")[-1]: m.peak_bytes for name, m in measured_memory(metadata.step_stats, placed).items()}
+    result = report.result
+    simulated = dict(zip((n.split("/")[-1] for n in result.cluster.names), result.schedule.peak_memory_bytes))
+    tensor = 256 * 256 * 4
+    assert tensor <= measured["device:CPU:2"] < 2 * tensor  # b, never a copy of a
+    assert measured["device:CPU:2"] <= simulated["device:CPU:2"] <= 1.25 * measured["device:CPU:2"]
+    assert measured["device:CPU:1"] <= simulated["device:CPU:1"] <= 1.25 * measured["device:CPU:1"]
+    gpus = dataclasses.replace(result.cluster, devices=tuple(
+        dataclasses.replace(d, shared_memory=False) for d in result.cluster.devices))
+    copying = simulate(result.graph, gpus, result.placement)
+    assert copying.peak_memory_bytes[1] == 2 * tensor  # b and a copy of a
