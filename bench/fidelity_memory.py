@@ -299,7 +299,7 @@ VARIANTS = (
     ("sim_alias_bytes", "and an output that is a view of another buffer (a variable's, an input's) "
      "in this run's trace, beyond those the profile marks, held as part of that buffer"),
     ("sim_standin_bytes", "and a tensor read on another stand-in held by its sender until that "
-     "reader is done, not copied"),
+     "reader is done, not copied (the model's own rule where the cluster's devices share memory)"),
     ("replay_bytes", "those rules with each op at the start and end it had in the traced step (the "
      "memory model without the simulated timing)"),
 )
@@ -357,11 +357,14 @@ def _variant_blocks(result, step_stats) -> list:
        block on that device is held until the output's would have been freed; an output whose
        buffer the op did not allocate and no input has (a variable's value, a constant's) is
        left out, the buffer being persistent memory;
-    3. a received copy is left out and the sender's block held until the copy's would have been
-       freed (CPU stand-ins pass the buffer; a GPU would copy it).
+    3. a received copy is left out and the sender's block (the buffer it is a view of, for an
+       output that reuses one) held until the copy's would have been freed (CPU stand-ins pass
+       the buffer; a GPU would copy it): nothing to do where the model already says so
+       (`Device.shared_memory`, on for `standin_cluster`'s devices).
     """
     import numpy as np
 
+    from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables
     from baechi_tf.placer.memory_timeline import MemoryBlocks, memory_blocks
 
     graph, schedule = result.graph, result.schedule
@@ -384,7 +387,7 @@ def _variant_blocks(result, step_stats) -> list:
                 alias[(op, slot)] = source
             elif allocated == 0:
                 alias[(op, slot)] = None
-    b = memory_blocks(graph, schedule)
+    b = memory_blocks(graph, schedule, result.cluster)
     free, free_rank = b.free_us.copy(), b.free_rank.copy()
     keep = ~never[b.op]
     variants = []
@@ -424,9 +427,22 @@ def _variant_blocks(result, step_stats) -> list:
             keep[i] = False
             root[i] = j
     variants.append(kept())
+    _, table_alias, _ = buffer_tables(graph)
+    tensor_of = {(s, o): t for t, (s, o) in enumerate(zip(graph.tensor_src.tolist(), graph.tensor_src_output.tolist()))
+                 if o >= 0}
     for i in range(len(b.kind)):
         if keep[i] and b.kind[i] == "received":
-            j = home.get((int(b.op[i]), int(b.slot[i]), int(result.placement.device_of[b.op[i]])))
+            # The sender's buffer: the output's own, or, for an output that reuses a buffer
+            # (`buffer_tables`), the buffer it reuses on the sender's device.
+            op, slot = int(b.op[i]), int(b.slot[i])
+            sender = int(result.placement.device_of[op])
+            t = tensor_of[(op, slot)]
+            while (j := home.get((op, slot, sender))) is None and table_alias[t] >= 0:
+                t = int(table_alias[t])
+                op, slot = int(graph.tensor_src[t]), int(graph.tensor_src_output[t])
+            if j is None and table_alias[t] == HELD_VIEW:
+                keep[i] = False
+                continue
             if j is None:
                 continue
             j = root.get(j, j)
@@ -449,7 +465,7 @@ def _explain(result, ran_def, stats, measured, out) -> None:
     graph, schedule = result.graph, result.schedule
     ran = {ns.node_name for step in stats for dev in step.dev_stats for ns in dev.node_stats}
     never = np.array([n not in ran for n in graph.names])
-    blocks = memory_blocks(graph, schedule)
+    blocks = memory_blocks(graph, schedule, result.cluster)
     timelines = memory_timeline(graph, result.cluster, schedule)
     types = {n.name: n.op for n in ran_def.node}
     for d, dev in enumerate(result.cluster.devices):
