@@ -28,7 +28,7 @@ simulator holds at its peak by kind and what the device held at its measured pea
 node. ``--json`` writes every row for plots and for bench/fidelity.py.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory.py [--models rnn,transformer]
-        [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--json out.json]
+        [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--shared_memory] [--json out.json]
 
 Needs tf_keras for ResNet50 and MobileNetV2 (``pip install --no-deps tf-keras==2.21.0``). The
 whole set takes some 15 minutes on 2 cores; ``--quick`` (2 graphs, 2 methods) about one.
@@ -155,11 +155,13 @@ def measure_graph(
     traced_steps: int = 2,
     explain: bool = False,
     grappler: bool = False,
+    shared_memory: bool = False,
     out=sys.stdout,
 ) -> list[Row]:
     """Builds, profiles, places (each method, loose and tight) and runs graph `name`; one `Row`
     per device of each placement that ran. Placements refused as infeasible are printed, not
-    returned. With `grappler`, the placements run with Grappler on (the profile is still taken
+    returned. With `shared_memory`, the stand-ins are modelled as devices of one memory
+    (`Device.shared_memory`: a reader holds no copy), else as GPUs that copy. With `grappler`, the placements run with Grappler on (the profile is still taken
     without), and the rows have no breakdown (`VARIANTS` fields None)."""
     from baechi_tf.errors import BaechiError, InfeasiblePlacementError
     from baechi_tf.placer.pipeline import PlacementOptions
@@ -167,7 +169,7 @@ def measure_graph(
     from baechi_tf.rewriter.graph_pass import place_graph_def
 
     case = fidelity_graphs.build(name)
-    loose = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK)
+    loose = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=shared_memory)
     config = session_config(loose, grappler=False)  # the profile as the graph is written
     run_config = session_config(loose, grappler=grappler)
     t0 = time.perf_counter()
@@ -184,7 +186,8 @@ def measure_graph(
     _, single = place("single", loose)
     one_device = max(single.result.schedule.peak_memory_bytes)
     limits = {"loose": [("loose", loose)], "tight": [
-        (f"{tight * f:.1f}x", standin_cluster(NUM_DEVICES, int(tight * f * one_device / NUM_DEVICES), prefix=LOCAL_TASK))
+        (f"{tight * f:.1f}x", standin_cluster(NUM_DEVICES, int(tight * f * one_device / NUM_DEVICES), prefix=LOCAL_TASK,
+                                              shared_memory=shared_memory))
         for f in TIGHT_STEPS
     ]}
     runs = [(m, "loose") for m in methods if m != "expert" or case.expert]
@@ -521,6 +524,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--grappler", action="store_true",
                         help="run the placements with Grappler on (profiled without, as BaechiSession "
                         "does); no breakdown then")
+    parser.add_argument("--shared_memory", action="store_true",
+                        help="model the stand-ins as devices of one memory (a reader holds no copy, "
+                        "`Device.shared_memory`) instead of GPUs that copy")
     parser.add_argument("--json", help="write every row to this file")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
@@ -548,7 +554,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     tf.get_logger().setLevel("ERROR")
     logging.getLogger("baechi_tf").setLevel(logging.ERROR)
-    print(f"{NUM_DEVICES} CPU stand-ins (8 GiB; tight: {args.tight} x one-device simulated peak / "
+    print(f"{NUM_DEVICES} CPU stand-ins ({'of shared memory, ' if args.shared_memory else ''}8 GiB; tight: {args.tight} x one-device simulated peak / "
           f"{NUM_DEVICES}); measured = variables + constants + peak of the allocation records; "
           f"the largest of {args.traced_steps} traced steps")
     print(LEGEND)
@@ -558,7 +564,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in names:
         rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
                               traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
-                              grappler=args.grappler)
+                              grappler=args.grappler, shared_memory=args.shared_memory)
     _print_summary(rows, args.grappler)
     if args.json:
         with open(args.json, "w") as f:

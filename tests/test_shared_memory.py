@@ -171,8 +171,9 @@ def test_shared_memory_is_a_bool_and_pairs_of_one_task_share():
 def test_stand_ins_hand_tensors_over_as_the_simulator_counts_them():
     """A session on two stand-ins: a = x @ x (256 KiB, x a variable's value) on the first, b = a @ a
     and its sum on the second, traced. The second holds b and never a copy of a (measured from the allocation
-    records); the simulator, given the profile, counts the same on the stand-ins (shared memory)
-    and a copy of a more where devices copy (the same names, without the flag)."""
+    records); the simulator, given the profile, counts the same on stand-ins of shared memory (b
+    and replicas of the sum's constant axes), and b with a copy of a where devices copy (the
+    same names, without the flag)."""
     import tensorflow as tf
 
     from baechi_tf.cost_model.measured_memory import measured_memory
@@ -190,7 +191,7 @@ def test_stand_ins_hand_tensors_over_as_the_simulator_counts_them():
         b = tf.matmul(a, a, name="b")
         s = tf.reduce_sum(b, name="s")
         init = tf1.global_variables_initializer()
-    setup = standin_cluster(2, prefix=LOCAL_TASK)
+    setup = standin_cluster(2, prefix=LOCAL_TASK, shared_memory=True)
     config = session_config(setup, grappler=False)
     graph_def = g.as_graph_def()
     with tf1.Session(graph=g, config=config) as sess:

@@ -92,12 +92,16 @@ def standin_cluster(
     *,
     comm: CommCost = DEFAULT_COMM,
     prefix: str = "",
+    shared_memory: bool = False,
 ) -> DeviceSetup:
     """CPU:1..CPU:N standing in for GPU:0..GPU:N-1; CPU:0 is the host. They are devices of one
-    process: a tensor one reads from another is handed over, not copied (`Device.shared_memory`)."""
+    process, where a tensor one reads from another is handed over, not copied; `shared_memory`
+    models them so (`Device.shared_memory`), and without it they are modelled as the GPUs they
+    stand for, each reader receiving a copy (docs/fidelity.md says which is nearer TF, and why
+    the copy stays the default)."""
     check_device_count(num_devices)
     devices = tuple(
-        Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU", shared_memory=True)
+        Device(f"{prefix}/device:CPU:{i + 1}", memory_bytes, "CPU", shared_memory=shared_memory)
         for i in range(num_devices)
     )
     return DeviceSetup(

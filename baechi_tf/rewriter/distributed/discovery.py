@@ -206,10 +206,9 @@ def devices_from_listing(
             else:
                 virtual = True
                 # Copies to other tasks are RecvTensor calls, which a CPU task serves on the pool
-                # that runs its ops (`Device.sends_on_compute`); a task's CPU devices share its
-                # process's memory (`Device.shared_memory`).
+                # that runs its ops (`Device.sends_on_compute`).
                 devices.append(Device(name, memory_share(memory_bytes_per_device, memory_fraction), "CPU",
-                                      sends_on_compute=len(by_task) > 1, shared_memory=True))
+                                      sends_on_compute=len(by_task) > 1))
                 if task == master:
                     aliases[f"device:GPU:{i}"] = name
     return DeviceSetup(
