@@ -110,3 +110,19 @@ def test_python_state_that_changes_the_trace_changes_the_signature():
     first = tf.function(counting).get_concrete_function(x).graph.as_graph_def()
     second = tf.function(counting).get_concrete_function(x).graph.as_graph_def()
     assert trace_signature(first) != trace_signature(second)
+
+
+def test_a_summary_names_at_most_thirty_variables_per_device():
+    """A ResNet50 reads 324 variables: the summary names 30 of a device's and counts the rest."""
+    import types
+
+    from baechi_tf.tf2.function import _variable_notes
+    from baechi_tf.tf2.graph import FunctionGraph
+
+    variables = {f"v{i:02d}": tf.Variable(0.0, name=f"v{i:02d}") for i in range(35)}
+    host = next(iter(variables.values())).device
+    traced = FunctionGraph(graph_def=None, feeds={}, fetches=(), variables=variables, pinned_inputs={})
+    (note,) = _variable_notes(traced, types.SimpleNamespace(host=types.SimpleNamespace(name=host)))
+    assert note.startswith("variables: 35 pinned where they live")
+    assert "v29:0 and 5 more on " + host + " (the host)" in note
+    assert "v30:0" not in note

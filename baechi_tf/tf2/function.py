@@ -286,6 +286,11 @@ def _numbered(path: str, index: int) -> str:
     return f"{root}.{index}{ext}"
 
 
+# A summary names at most this many variables per device (a ResNet50 has 324); the placement's
+# op_to_device has every one.
+_NAMES_SHOWN = 30
+
+
 def _variable_notes(traced: FunctionGraph, setup: DeviceSetup) -> tuple[str, ...]:
     if not traced.variables:
         return ("variables: none read",)
@@ -295,7 +300,9 @@ def _variable_notes(traced: FunctionGraph, setup: DeviceSetup) -> tuple[str, ...
     parts = []
     for device, names in sorted(by_device.items()):
         where = f"{device} (the host)" if setup.host.name == device else device
-        parts.append(f"{', '.join(sorted(names))} on {where}")
+        shown = sorted(names)[:_NAMES_SHOWN]
+        more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
+        parts.append(f"{', '.join(shown)}{more} on {where}")
     return (
         f"variables: {len(traced.variables)} pinned where they live, their readers and updaters "
         f"with them: {'; '.join(parts)}",
