@@ -331,13 +331,13 @@ class Cluster:
         return slope, intercept, least, (slope, held, latency), least_held
 
     def twins(self) -> tuple[tuple[int, ...], ...]:
-        """Sets of at least two interchangeable devices, each ascending: of one memory, type and
-        `Device.sends_on_compute` and `Device.shared_memory`, and swapping any two of a set changes no copy's cost (copies
-        between them, and to and from every other device, cost the same). A placer may weigh one
-        device of a set for all those the schedule has not yet touched. One task's devices of
-        one memory and type, in
-        any cluster `link` describes (`comm` within a task, `inter_task_comm` between), and all
-        devices of one memory and type when copies between tasks cost what copies within do."""
+        """Sets of at least two interchangeable devices, each ascending: of one memory, type,
+        `Device.sends_on_compute` and `Device.shared_memory`, and swapping any two of a set
+        changes no copy's cost (copies between them, and to and from every other device, cost
+        the same). A placer may weigh one device of a set for all those the schedule has not yet
+        touched. One task's devices of one memory and type, in any cluster `link` describes
+        (`comm` within a task, `inter_task_comm` between), and all devices of one memory and type
+        when copies between tasks cost what copies within do."""
         return self._twins
 
     @functools.cached_property

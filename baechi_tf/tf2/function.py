@@ -225,8 +225,9 @@ class PlacedFunction:
             if name not in traced.variables and name not in traced.pinned_inputs
         }
         placed = self._retrace(table, args, kwargs)
-        if trace_signature(placed.graph.as_graph_def()) != trace_signature(settled.graph.as_graph_def()):
-            raise InvalidGraphError(_changed_trace(settled.graph.as_graph_def(), placed.graph.as_graph_def()))
+        settled_def, retraced_def = settled.graph.as_graph_def(), placed.graph.as_graph_def()
+        if trace_signature(retraced_def) != trace_signature(settled_def):
+            raise InvalidGraphError(_changed_trace(settled_def, retraced_def))
         report = dataclasses.replace(report, notes=report.notes + _variable_notes(traced, setup))
         if settings.report_dir:
             from baechi_tf.reports import write_reports
