@@ -89,9 +89,10 @@ class Device:
     name: str  # full TF device name, e.g. '/job:localhost/replica:0/task:0/device:GPU:0'
     memory_bytes: int  # capacity the placer may fill
     type: str = "GPU"  # 'GPU' or 'CPU'; decides which kernels can run here
-    # Serves the copies it sends on the thread that runs its ops, as a CPU worker task serves
-    # gRPC's RecvTensor on its inter-op pool: a copy out starts only when no op runs here. GPUs
-    # copy on streams of their own (False).
+    # Serves the copies it sends and receives on the thread that runs its ops, as a CPU worker
+    # task serves gRPC's RecvTensor on its inter-op pool: a copy out starts only when no op runs
+    # here, and the time a copy in or out holds the channels is compute time here too. GPUs copy
+    # on streams of their own (False).
     sends_on_compute: bool = False
     # Its memory is its process's, which the other devices of its task with this flag use too
     # (CPU devices of one process, as stand-ins for GPUs are): a tensor one of them reads from

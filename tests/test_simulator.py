@@ -122,7 +122,8 @@ def _two(sends_on_compute):
 @pytest.mark.parametrize("engine_name", ["python", "native"])
 def test_a_copy_from_a_device_that_sends_on_compute_waits_until_it_runs_nothing(engine_name):
     # A GPU copies at once: p -> c at 10-15, c 15-25. A CPU worker task serves the copy when
-    # its thread is free: q and r run back to back after p (0-160), so the copy is 160-165.
+    # its thread is free: q and r run back to back after p (0-160), so the copy is 160-165; and
+    # the copy's 5 us are compute time of both tasks: c runs 165-180 (10 us and the copy in).
     from baechi_tf.placer import engine
 
     if engine_name == "native" and not engine.native_available():
@@ -137,14 +138,17 @@ def test_a_copy_from_a_device_that_sends_on_compute_waits_until_it_runs_nothing(
     assert cpu.start_us.tolist() == [0, 10, 110, 165]
     ((_, _, _, start, end),) = [dataclasses.astuple(t) for t in cpu.transfers]
     assert (start, end) == (160, 165)
-    assert cpu.makespan_us == 175
+    assert cpu.makespan_us == 180
+    assert gpu.end_us[3] == 25  # a GPU's copies take none of its compute
+    assert cpu.end_us[3] == 180
     assert_valid_schedule(g, _two(True), Groups.singletons(g), cpu)
 
 
 @pytest.mark.parametrize("engine_name", ["python", "native"])
 def test_a_copy_from_a_device_that_sends_on_compute_takes_its_idle_time(engine_name):
     # Device 0 runs p (0-10) and is idle until q: p -> c goes at 10-15. Device 1 runs x (0-50)
-    # and then c (50-60, its input long in) on the same thread: x -> q waits for c, 60-65.
+    # and then c (50-65: 10 us and the 5 us of the copy in) on the same thread: x -> q waits for
+    # c, 65-70, and q runs 70-175.
     from baechi_tf.placer import engine
 
     if engine_name == "native" and not engine.native_available():
@@ -157,8 +161,9 @@ def test_a_copy_from_a_device_that_sends_on_compute_takes_its_idle_time(engine_n
     g = b.build()
     with engine.selected(engine_name):
         s = simulate(g, _two(True), place(g, [0, 1, 0, 1]))
-    assert s.start_us.tolist() == [0, 0, 65, 50]
-    assert sorted((t.start_us, t.end_us) for t in s.transfers) == [(10, 15), (60, 65)]
+    assert s.start_us.tolist() == [0, 0, 70, 50]
+    assert s.end_us.tolist() == [10, 50, 175, 65]
+    assert sorted((t.start_us, t.end_us) for t in s.transfers) == [(10, 15), (65, 70)]
 
 
 def test_a_placement_that_moves_a_pinned_op_is_simulated_where_it_puts_it():

@@ -23,7 +23,12 @@ The model (Baechi, SoCC 2020, section 3; ETF: Hwang, Chow, Anger and Lee, SIAM J
   runs no op: at the end of the block of back-to-back ops running at the producer's end (TF runs
   a successor ready then on the same thread), as far as the ops committed so far go. Its busy
   blocks are kept sorted (starts on a device never decrease), so the check is a bisection, and
-  a commit there makes the dry runs that read from it stale. GPUs copy on streams of their own.
+  a commit there makes the dry runs that read from it stale. The time a copy holds the channels
+  is also compute time of each of its two devices that is such a task (one core serves the
+  copy's RPC and the ops): the reader's op that brings a copy in runs that much longer, and the
+  sender is busy that long from the send, or after the ops committed on it since. With K copies
+  in flight, the hold (bytes and intercept / K) is what copies sent together are measured to
+  take each (`comm_fit.fit_copies_in_flight`). GPUs copy on streams of their own.
 * Memory per device: persistent bytes of every op on it for the whole step; temporary bytes while
   an op runs; an op's outputs from its start (outputs nobody reads are freed at the op's end,
   outputs of sinks are kept); a received tensor from the start of its first consumer on that

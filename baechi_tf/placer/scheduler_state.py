@@ -210,6 +210,11 @@ class SchedulerState:
         self.shares = cluster.shares_memory()
         self.constant = tables.constant
         self.replicated = 0  # bytes of such replicas the last committing `ready_time` made
+        # Of the last committing `ready_time`: the compute time its copies take on the reader's
+        # device, and (sender, send start, hold) of each copy out of a device that serves copies
+        # on its compute thread (`Device.sends_on_compute`), which `commit` charges there.
+        self.recv_charge = 0.0
+        self.send_charges: list[tuple[int, float, float]] = []
         self.twins = UntouchedTwins(cluster, twins)  # `distinct`: the devices worth a dry run
         self.transfers: list[Transfer] = []
         self.copy_slots = 0  # copies given a slot on the channels (booked, or tried in dry runs), for the refiner
@@ -310,6 +315,9 @@ class SchedulerState:
         extra: dict[int, tuple[list[float], list[float]]] = {}  # tentative bookings per device
         new_bytes = 0
         self.replicated = 0
+        if commit:
+            self.recv_charge = 0.0
+            self.send_charges.clear()
         copies: list[tuple[int, float, float, float, float]] = []  # (source, width, start, arrival, sent)
         for p, t, nbytes in self.inputs[op]:
             pd = device[p]
@@ -338,6 +346,10 @@ class SchedulerState:
                 if commit:
                     self.arrival[(t, dev)] = arrived
                     copied = 1
+                    if self.sends_on_compute[dev]:
+                        self.recv_charge += w
+                    if self.sends_on_compute[pd]:
+                        self.send_charges.append((pd, s, w))
                     self.transfers.append(Transfer(t, pd, dev, s, arrived))
                     rel = self.release.setdefault(t, {})
                     if rel.get(pd, -1.0) < arrived:
@@ -510,7 +522,7 @@ class SchedulerState:
             self.place_group(g, dev)
         ready, new_bytes = self.ready_time(op, dev, commit=True)
         assert ready <= start + 1e-6, (op, ready, start)
-        end = start + self.compute[op]
+        end = start + self.compute[op] + self.recv_charge
         self.twins.touch(dev)
         self.device[op] = dev
         for d in self.memo_devices.pop(op, ()):  # not every device: O(devices) per op
@@ -522,6 +534,12 @@ class SchedulerState:
         self.last_op[dev] = op
         if self.sends_on_compute[dev]:
             self._ran(dev, start, end)
+        for pd, sent, hold in self.send_charges:
+            # The sender serves the copy on its compute thread when it is sent, or after the ops
+            # committed there since, if any: starts on a device never decrease.
+            at = max(sent, self.device_free[pd])
+            self.device_free[pd] = at + hold
+            self._ran(pd, at, at + hold)
         self.usage[dev] += self.alloc[op] + new_bytes
         self.peak[dev] += self.replicated  # replicas are held from the start of the step
         if self.usage[dev] > self.peak[dev]:

@@ -112,7 +112,9 @@ constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
 
 // A cluster's links (`Cluster.channel_tables`): a copy from a to b holds the channels of a and b
 // for slope[a * nd + b] * bytes + intercept[a * nd + b] (the held part of the link's intercept:
-// over its `CommCost.copies_in_flight`), arrives latency[a * nd + b] (the rest) after that, and starts only when a runs no op if sends_on_compute[a] (`Device.sends_on_compute`);
+// over its `CommCost.copies_in_flight`), arrives latency[a * nd + b] (the rest) after that, and,
+// when sends_on_compute[a] (`Device.sends_on_compute`), starts only when a runs no op; that hold
+// is compute time of a and of b where they send on compute (`SchedulerState.commit`);
 // b reads a's buffer, no copy of its own, if shares[a * nd + b] (`Cluster.shares_memory`).
 struct Links {
     std::vector<double> slope, intercept, latency;
@@ -482,6 +484,14 @@ class Scheduler {
     bool tail_bound_pool_ = false;  // tail_bound is (None, None, 0.0, start): held to the floor
     std::vector<std::pair<i64, int>> released_;  // scratch of step: the holds a commit lifted
     i64 replicated_ = 0;  // SchedulerState.replicated: replicas the last committing ready_time made
+    // SchedulerState.recv_charge and send_charges: what the last committing ready_time's copies
+    // take of the compute of the reader's device and of each sender that sends on compute
+    struct SendCharge {
+        int dev;
+        double sent, hold;
+    };
+    double recv_charge_ = 0.0;
+    std::vector<SendCharge> send_charges_;
     i64 scheduled_ = 0, evaluations_ = 0;
     std::tuple<i64, int, double> stepped_{-1, -1, 0.0};  // the (op, device, start) of the last step
     double last_time_ = 0.0;
@@ -711,6 +721,10 @@ class Scheduler {
         extra.reset();
         i64 new_bytes = 0;
         replicated_ = 0;
+        if (commit) {
+            recv_charge_ = 0.0;
+            send_charges_.clear();
+        }
         auto& copies = copies_;
         copies.clear();
         for (i64 k = lo; k < hi; ++k) {
@@ -738,6 +752,8 @@ class Scheduler {
                 if (commit) {
                     arrival_[t].push_back({dev, arrived});
                     copied = 1;
+                    if (links_->sends_on_compute[dev]) recv_charge_ += w;
+                    if (links_->sends_on_compute[pd]) send_charges_.push_back({pd, s, w});
                     transfers_.push_back({t, pd, dev, s, arrived});
                     release_set_above(t, pd, arrived);
                 }
@@ -861,7 +877,7 @@ class Scheduler {
         if (group_device_[g] < 0) place_group(g, dev);
         auto [ready, new_bytes] = ready_time(op, dev, true);
         (void)ready;
-        double end = start + T_->compute[op];
+        double end = start + T_->compute[op] + recv_charge_;
         touch(dev);
         device_[op] = dev;
         std::vector<std::pair<int, Memo>>().swap(ready_memo_[op]);
@@ -871,6 +887,11 @@ class Scheduler {
         device_free_[dev] = end;
         last_op_[dev] = op;
         if (links_->sends_on_compute[dev]) ran(dev, start, end);
+        for (const SendCharge& c : send_charges_) {  // as SchedulerState.commit
+            double at = std::max(c.sent, device_free_[c.dev]);
+            device_free_[c.dev] = at + c.hold;
+            ran(c.dev, at, at + c.hold);
+        }
         usage_[dev] += T_->alloc[op] + new_bytes;
         peak_[dev] += replicated_;
         if (usage_[dev] > peak_[dev]) peak_[dev] = usage_[dev];
@@ -1399,7 +1420,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 10;
+    m.attr("INTERFACE") = 11;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
