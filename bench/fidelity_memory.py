@@ -55,7 +55,7 @@ import flags  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
-__all__ = ["Row", "measure_graph", "summary"]
+__all__ = ["Row", "measure_graph", "summary", "under_causes"]
 
 NUM_DEVICES = 4
 METHODS = ("single", "m_topo", "m_etf", "m_sct", "heft", "expert", "auto")
@@ -353,7 +353,8 @@ def _variant_blocks(result, step_stats) -> list:
     """Per variant of `VARIANTS`, the blocks of memory of `result.schedule` (`memory_blocks`)
     counted otherwise, by what the traced step shows:
 
-    1. the blocks of ops that did not run in the step are left out;
+    1. the blocks of ops that did not run in the step are left out (a constant TF replicated
+       onto the devices that read it ran as its replicas);
     2. an output the model still gives a buffer of its own (the profile did not mark it:
        `OpGraph.output_alias`) whose buffer is one of its op's inputs' (the same address in the trace:
        Identity, Reshape, an element-wise op done in place) is no block of its own: the input's
@@ -362,24 +363,27 @@ def _variant_blocks(result, step_stats) -> list:
        left out, the buffer being persistent memory;
     3. a received copy is left out and the sender's block (the buffer it is a view of, for an
        output that reuses one) held until the copy's would have been freed (CPU stand-ins pass
-       the buffer; a GPU would copy it): nothing to do where the model already says so
-       (`Device.shared_memory`, on for `standin_cluster`'s devices).
+       the buffer; a GPU would copy it), but for a constant's value (`buffers.constant_tensors`):
+       a replica held from the start of the step where the trace shows TF made one (it replicates
+       small constants onto each CPU device that reads them), else nothing: nothing to do where
+       the model already says so (`Device.shared_memory`, on for `standin_cluster`'s devices).
     """
     import numpy as np
 
-    from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables
-    from baechi_tf.placer.memory_timeline import MemoryBlocks, memory_blocks
+    from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables, constant_tensors
+    from baechi_tf.placer.memory_timeline import KEPT, MemoryBlocks, memory_blocks
 
     graph, schedule = result.graph, result.schedule
     traced = _traced_outputs(step_stats)
-    never = np.array([n not in traced for n in graph.names])
+    replicated = {n.split("/replicate/")[0] for n in traced if "/replicate/" in n}  # TF's '<op>/replicate/_3'
+    never = np.array([n not in traced and n not in replicated for n in graph.names])  # a replica runs for it
     inputs: dict[int, list[tuple[int, int]]] = {}
     for s, d, o in zip(graph.edge_src.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
         if o >= 0:
             inputs.setdefault(d, []).append((s, o))
     alias: dict[tuple[int, int], Optional[tuple[int, int]]] = {}  # None: a persistent buffer
     for op, name in enumerate(graph.names):
-        if never[op]:
+        if name not in traced:
             continue
         ptrs, allocated = traced[name]
         for slot, ptr in ptrs.items():
@@ -392,6 +396,7 @@ def _variant_blocks(result, step_stats) -> list:
                 alias[(op, slot)] = None
     b = memory_blocks(graph, schedule, result.cluster)
     free, free_rank = b.free_us.copy(), b.free_rank.copy()
+    alloc, alloc_rank = b.alloc_us.copy(), b.alloc_rank.copy()
     keep = ~never[b.op]
     variants = []
     home = {(int(o), int(s), int(d)): i for i, (k, o, s, d) in enumerate(zip(b.kind, b.op, b.slot, b.device))
@@ -403,7 +408,7 @@ def _variant_blocks(result, step_stats) -> list:
             free[j], free_rank[j] = free[i], free_rank[i]
 
     def kept() -> MemoryBlocks:
-        return MemoryBlocks(b.device[keep], b.nbytes[keep], b.alloc_us[keep], free[keep], b.alloc_rank[keep],
+        return MemoryBlocks(b.device[keep], b.nbytes[keep], alloc[keep], free[keep], alloc_rank[keep],
                             free_rank[keep], tuple(k for k, x in zip(b.kind, keep) if x), b.op[keep], b.slot[keep])
 
     variants.append(kept())
@@ -431,9 +436,17 @@ def _variant_blocks(result, step_stats) -> list:
             root[i] = j
     variants.append(kept())
     _, table_alias, _ = buffer_tables(graph)
+    constant = constant_tensors(graph, table_alias).tolist()
     tensor_of = {(s, o): t for t, (s, o) in enumerate(zip(graph.tensor_src.tolist(), graph.tensor_src_output.tolist()))
                  if o >= 0}
     for i in range(len(b.kind)):
+        if b.kind[i] == "received" and constant[int(tensor_of[(int(b.op[i]), int(b.slot[i]))])]:
+            # A constant's value read on another stand-in: a replica, held from the start of the
+            # step, where TF replicated it (the constant itself then need not run); else the
+            # constant's own buffer, passed.
+            keep[i] = graph.names[int(b.op[i])] in replicated
+            alloc[i], alloc_rank[i], free[i], free_rank[i] = 0.0, -1, KEPT, -1
+            continue
         if keep[i] and b.kind[i] == "received":
             # The sender's buffer: the output's own, or, for an output that reuses a buffer
             # (`buffer_tables`), the buffer it reuses on the sender's device.
@@ -493,9 +506,35 @@ def _explain(result, ran_def, stats, measured, out) -> None:
               + ", ".join(f"{k} {v / MiB:.2f}" for k, v in top), file=out)
 
 
+def under_causes(rows: Sequence[Row]) -> dict[str, list[Row]]:
+    """The devices simulated below their measured peak, by what the variants (`VARIANTS`) say
+    the model misses there: 'handover' when the stand-in rule alone covers the peak (a tensor
+    another stand-in read stayed its sender's buffer: CPU stand-ins pass buffers, a GPU copies),
+    'order' when, failing that, the rules at each op's measured start and end do (the simulated
+    order and overlap of ops, not the bytes), else 'bytes' (what the rules count)."""
+    out: dict[str, list[Row]] = {"handover": [], "order": [], "bytes": []}
+    for r in rows:
+        if r.ratio >= LOW or r.sim_standin_bytes is None:
+            continue
+        key = ("handover" if r.sim_standin_bytes >= r.measured_bytes else
+               "order" if r.replay_bytes >= r.measured_bytes else "bytes")
+        out[key].append(r)
+    return out
+
+
 def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     print()
     print("\n".join(summary(rows)))
+    from baechi_tf.placer.scheduler_state import format_bytes
+
+    causes = under_causes(rows)
+    if any(causes.values()):
+        print("under-predicted devices, by what covers them: "
+              + ", ".join(f"{k} {len(v)}" for k, v in causes.items()))
+        for key, found in causes.items():
+            for r in sorted(found, key=lambda r: r.ratio):
+                print(f"  {key:<8} {r.model} {r.method} {r.limit} {r.device}: {r.ratio:.3f}, "
+                      f"{format_bytes(r.measured_bytes - r.simulated_bytes)} short")
     for field, what in VARIANTS if not grappler else ():
         print(f"\n{what}:")
         print("\n".join("  " + line for line in summary(rows, field)[1:]))

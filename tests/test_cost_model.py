@@ -564,6 +564,34 @@ def test_an_output_reuses_a_buffer_only_if_it_did_in_every_step():
     assert profile.ops["sq"].output_alias == (0,)
 
 
+def _traced_in_place(second_reader_runs: bool):
+    """A profile of a step in which 'twice' writes in place into 'exp', its input, which a second
+    op reads too: 'never', which the fetch does not run, or 'tanh', which it runs."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 64], name="x")
+        e = tf.exp(x, name="exp")
+        out = tf.reduce_sum(tf.multiply(e, 2.0, name="twice"), name="out")
+        other = tf.reduce_sum(tf.tanh(e, name="tanh"), name="other")
+        tf.zeros_like(e, name="never")  # as a loss's gradient has for an output not differentiated
+    fetch = [out, other] if second_reader_runs else out
+    with tf.compat.v1.Session(graph=g, config=profiling_config()) as sess:
+        profile = profile_fetch(sess, fetch, {x: np.ones((64, 64), np.float32)}, warmup_steps=1, traced_steps=2)
+    return profile
+
+
+def test_an_in_place_write_counts_only_the_readers_the_step_runs():
+    # 'never' does not run: 'twice' was the only holder of its input, and its output is that
+    # buffer (before, 'never' counted as a reader and 'twice' was given a buffer of its own; on
+    # devices of one memory the buffer then lived, in TF, on the device that allocated it).
+    alone = _traced_in_place(second_reader_runs=False)
+    assert "never" not in alone.ops
+    assert alone.ops["twice"].output_alias == (0,)
+    # 'tanh' runs and reads the input too: in place is not settled, whatever the trace showed.
+    shared = _traced_in_place(second_reader_runs=True)
+    assert shared.ops["twice"].output_alias == ()
+
+
 def test_a_trace_without_addresses_falls_back_to_the_forwarding_types():
     assert output_buffers("Identity", {0: (0, 8)}, [(0, 8)], 0, 0) == {0: 0}
     assert output_buffers("IdentityN", {0: (0, 8), 1: (0, 4)}, [None, None], 0, 0) == {0: 0, 1: 1}

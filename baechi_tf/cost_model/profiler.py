@@ -133,7 +133,7 @@ _FORWARDING_TYPES = frozenset({
 })
 # Op types whose outputs are views of their inputs' buffers whatever else reads them; an op of
 # another type seen writing in place (TF's forward_input) does so only when nothing else holds the
-# input, which is taken as settled only for an input it alone reads.
+# input, which is taken as settled only for an input it alone reads of the ops the step runs.
 _VIEW_TYPES = _FORWARDING_TYPES - {"Snapshot"} | {"Slice", "Split", "SplitV", "Unpack"}
 # Op types whose value is a variable's buffer, which persistent bytes count.
 _VARIABLE_VIEW_TYPES = frozenset({"ReadVariableOp", "VariableV2", "Variable"})
@@ -203,10 +203,11 @@ def profile_from_step_stats(
     shadowed = _function_body_names(graph_def) & names.keys() if calls else set()
     acc: dict[str, _Acc] = {}
     data_inputs = _data_inputs(graph_def)
-    readers: dict[tuple[str, int], int] = {}  # data inputs reading each tensor
-    for ins in data_inputs.values():
+    readers: dict[tuple[str, int], list[str]] = {}  # the ops whose data inputs read each tensor
+    for reader, ins in data_inputs.items():
         for t in set(ins):
-            readers[t] = readers.get(t, 0) + 1
+            readers.setdefault(t, []).append(reader)
+    fused = fused_ops(graph_def, partition_graphs) if partition_graphs else {}
     step_totals: list[float] = []
     step_unmatched: list[dict[str, float]] = []
     sources = _SourceCache(names)
@@ -262,13 +263,15 @@ def profile_from_step_stats(
                 )
         for name, us in step_time.items():
             acc[name].times.append(us)
+        ran = step_time.keys() | {op for op, host in fused.items() if host in step_time}
         for name, (outputs, allocated, persistent) in traced.items():
             ins = data_inputs.get(name, ())
             inputs = [traced[s][0].get(o) if s in traced else None for s, o in ins]
             step = output_buffers(names[name], outputs, inputs, allocated, persistent)
             a = acc[name]
-            if names[name] not in _VIEW_TYPES:  # in place only when nothing else reads the input
-                step = {k: v if v < 0 or readers.get(ins[v], 0) <= 1 else OWN_BUFFER for k, v in step.items()}
+            if names[name] not in _VIEW_TYPES:  # in place only when nothing else the step runs reads the input
+                step = {k: v if v < 0 or _sole_reader(name, readers.get(ins[v], ()), ran) else OWN_BUFFER
+                        for k, v in step.items()}
             # What its records allocated beyond its own outputs (a variable's copy on write, an
             # assignment's copy of a shared value) is scratch to the model.
             own = sum(nbytes for k, (_, nbytes) in outputs.items() if step.get(k, OWN_BUFFER) == OWN_BUFFER)
@@ -294,7 +297,7 @@ def profile_from_step_stats(
             output_alias=_alias_slots(a.buffers, width),
         )
     return CostProfile(
-        ops=_with_fused_ops(ops, names, fused_ops(graph_def, partition_graphs) if partition_graphs else {}),
+        ops=_with_fused_ops(ops, names, fused),
         graph_fingerprint=graph_fingerprint(graph_def),
         graph_nodes=graph_nodes(graph_def),
         tf_version=tf_version,
@@ -302,6 +305,14 @@ def profile_from_step_stats(
         traced_compute_us=median(step_totals),
         unmatched_compute_us=_median_by_type(step_unmatched),
     )
+
+
+def _sole_reader(op: str, readers: Collection[str], ran: Collection[str]) -> bool:
+    """Whether `op` is the only one of a tensor's `readers` that ran in the traced step (`ran`:
+    the ops whose nodes ran, or that a fused node that ran replaced). A reader the step never
+    runs (a gradient's ``ZerosLike`` of an output nothing differentiates) holds no reference to
+    the buffer, so an op seen writing into it in place did so as its only holder."""
+    return all(r == op or r not in ran for r in readers)
 
 
 def _alias_slots(buffers: Optional[dict[int, int]], width: int) -> tuple[int, ...]:

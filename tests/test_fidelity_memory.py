@@ -1,0 +1,106 @@
+"""bench/fidelity_memory.py: the summary of a --json run, read back with --summary_of."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def _row(device, simulated, measured, standin, replay):
+    return {"model": "rnn", "method": "m_etf", "chosen": "m_etf", "limit": "loose", "capacity_bytes": 8 << 30,
+            "device": device, "ops": 10, "simulated_bytes": simulated, "measured_bytes": measured,
+            "measured_persistent_bytes": 0, "measured_step_bytes": measured, "replaced_bytes": 0,
+            "sim_ran_bytes": simulated, "sim_alias_bytes": simulated, "sim_standin_bytes": standin,
+            "replay_bytes": replay, "ratio": simulated / measured}
+
+
+def test_under_predicted_devices_are_told_by_what_covers_them(tmp_path):
+    rows = [
+        _row("device:CPU:1", 9 * MiB, 10 * MiB, 10 * MiB, 9 * MiB),  # the sender kept it: handover
+        _row("device:CPU:2", 8 * MiB, 10 * MiB, 9 * MiB, 10 * MiB),  # the measured times cover it
+        _row("device:CPU:3", 10 * MiB - 16, 10 * MiB, 10 * MiB - 16, 10 * MiB - 16),  # 16 bytes no rule has
+        _row("device:CPU:4", 11 * MiB, 10 * MiB, 9 * MiB, 9 * MiB),  # not under
+    ]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "simulated >= measured:            1/4 devices" in out
+    assert "under-predicted devices, by what covers them: handover 1, order 1, bytes 1" in out
+    assert "  handover rnn m_etf loose device:CPU:1: 0.900, 1.00 MiB short" in out
+    assert "  order    rnn m_etf loose device:CPU:2: 0.800, 2.00 MiB short" in out
+    assert "  bytes    rnn m_etf loose device:CPU:3: 1.000, 16 B short" in out
+    assert "CPU:4: 1.1" not in out
+
+
+def _bench():
+    """bench/fidelity_memory.py as a module; its import sets TF_USE_LEGACY_KERAS, put back here."""
+    saved = os.environ.get("TF_USE_LEGACY_KERAS")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import fidelity_memory
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+        if saved is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = saved
+    return fidelity_memory
+
+
+@pytest.mark.tf
+def test_a_constant_read_on_another_stand_in_is_a_replica_held_all_step():
+    # TF replicates a small constant onto each CPU device that reads it ('c/replicate/_N'), the
+    # constant itself then running nowhere: the stand-in variant holds a replica on each reader's
+    # device from the start (before, the copy was left out and the constant's own bytes with it,
+    # 4 bytes short per device and constant, which made order look like missing bytes).
+    import numpy as np
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.profiler import profile_fetch
+    from baechi_tf.placer.pipeline import PlacementOptions
+    from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    fm = _bench()
+    setup = standin_cluster(2, prefix=LOCAL_TASK)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [256], name="x")
+        with tf.device(f"{LOCAL_TASK}/device:CPU:1"):
+            c = tf.constant(2.0, name="c")
+            a = tf.multiply(x, c, name="a")
+        with tf.device(f"{LOCAL_TASK}/device:CPU:2"):
+            b = tf.multiply(x, c, name="b")
+        with tf.device(f"{LOCAL_TASK}/device:CPU:1"):
+            out = tf.add(a, b, name="out")
+    graph_def = g.as_graph_def()
+    config = session_config(setup, grappler=False)
+    unplaced = tf.Graph()  # profiled on one device, as the bench profiles
+    with unplaced.as_default():
+        tf.compat.v1.import_graph_def(graph_def, name="")
+        for op in unplaced.get_operations():
+            op._set_device("")
+    with tf.compat.v1.Session(graph=unplaced, config=config) as sess:
+        profile = profile_fetch(sess, "out:0", {"x:0": np.ones(256, np.float32)}, warmup_steps=1, traced_steps=1,
+                                graph_def=graph_def)
+    feeds = {x: np.ones(256, np.float32)}
+    with tf.compat.v1.Session(graph=g, config=config) as sess:
+        metadata = tf.compat.v1.RunMetadata()
+        sess.run(out, feeds, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+    traced = {ns.node_name for d in metadata.step_stats.dev_stats for ns in d.node_stats}
+    assert any(n.startswith("c/replicate/") for n in traced) and "c" not in traced
+    _, report = place_graph_def(graph_def, profile, setup.cluster, PlacementOptions(placement_method="m_etf"),
+                                host_device=setup.host, device_aliases=setup.aliases)
+    result = report.result
+    blocks = fm._variant_blocks(result, metadata.step_stats)[-1]
+    c_op = result.graph.names.index("c")
+    held = [(fm._local(result.cluster.names[d]), a, f) for d, o, a, f in
+            zip(blocks.device.tolist(), blocks.op.tolist(), blocks.alloc_us.tolist(), blocks.free_us.tolist()) if o == c_op]
+    assert sorted(held) == [("device:CPU:1", 0.0, float("inf")), ("device:CPU:2", 0.0, float("inf"))]
