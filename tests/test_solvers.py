@@ -334,3 +334,18 @@ def test_auto_falls_back_to_highs_when_cvxopt_cannot_certify(monkeypatch, caplog
     assert r.solver == "highs"  # dual simplex: a vertex, not certified by duals
     assert re.search(r"LP solver cvxopt failed \(cvxopt's interior point left the m-SCT LP .* above its "
                      r"dual bound .*--lp_solver=highs\); falling back to highs", caplog.text), caplog.text
+
+
+def test_lp_scaling_solves_the_lp_with_each_highs_method_alone():
+    # bench/lp_scaling.py's "highs-ds" and "highs-ipm" columns call one HiGHS method each; they
+    # called a private helper with arguments it no longer took, and failed.
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import lp_scaling
+
+    rows = {how: lp_scaling.measure_lp("layered", 200, how) for how in ("highs-ds", "highs-ipm", "highs")}
+    assert rows["highs-ds"]["w"] == pytest.approx(rows["highs"]["w"], rel=1e-6)
+    assert rows["highs-ipm"]["w"] == pytest.approx(rows["highs"]["w"], rel=1e-6)
+    assert rows["highs-ds"]["pivots_per_row"] > 0
