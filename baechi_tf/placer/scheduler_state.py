@@ -454,10 +454,11 @@ class SchedulerState:
             del pending[:k]
 
     def _ran(self, dev: int, start: float, end: float) -> None:
-        """Records that `dev`, which sends on its compute thread, runs an op from start to end:
-        copies out of it now wait for that (`_sender_idle`), so its dry runs are stale. Starts on
-        a device never decrease, so the blocks stay sorted; a run that starts as the last ends
-        extends that block (TF runs a successor ready then on the same thread)."""
+        """Records that `dev`, which sends on its compute thread, runs an op (or serves a copy)
+        from start to end: copies out of it now wait for that (`_sender_idle`), so its dry runs
+        are stale. Starts on a device never decrease, so the blocks stay sorted; a run that
+        starts as the last ends extends that block (TF runs a successor ready then on the same
+        thread)."""
         self.chan_version[dev] += 1
         starts, ends = self.busy_start[dev], self.busy_end[dev]
         if ends and start <= ends[-1]:
