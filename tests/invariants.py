@@ -31,8 +31,9 @@ def assert_valid_schedule(graph: OpGraph, cluster: Cluster, groups: Groups, sche
     rank[schedule.order] = np.arange(graph.num_ops)
     receiving = np.zeros(graph.num_ops)
     latency = cluster.channel_tables()[2]
+    on_compute = cluster.sends_on_compute()
     for t in schedule.transfers:
-        if cluster.sends_on_compute()[t.dst_device]:
+        if on_compute[t.dst_device]:
             readers = [int(graph.edge_dst[e]) for e in np.flatnonzero(graph.edge_tensor == t.tensor)
                        if dev[graph.edge_dst[e]] == t.dst_device]
             first = min(readers, key=lambda op: rank[op])
