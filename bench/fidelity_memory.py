@@ -156,6 +156,7 @@ def measure_graph(
     explain: bool = False,
     grappler: bool = False,
     shared_memory: bool = False,
+    inter_op_threads: int = 0,
     out=sys.stdout,
 ) -> list[Row]:
     """Builds, profiles, places (each method, loose and tight) and runs graph `name`; one `Row`
@@ -172,6 +173,7 @@ def measure_graph(
     loose = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=shared_memory)
     config = session_config(loose, grappler=False)  # the profile as the graph is written
     run_config = session_config(loose, grappler=grappler)
+    run_config.inter_op_parallelism_threads = inter_op_threads  # 0: TF's default, one per core
     t0 = time.perf_counter()
     profile = _profile(case, config, traced_steps=3)
     print(f"# {name}: {len(case.graph_def.node)} ops, profiled {len(profile.ops)} "
@@ -566,6 +568,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--shared_memory", action="store_true",
                         help="model the stand-ins as devices of one memory (a reader holds no copy, "
                         "`Device.shared_memory`) instead of GPUs that copy")
+    parser.add_argument("--inter_op_threads", type=int, default=0,
+                        help="threads of the placed sessions' inter-op pool, shared by the stand-ins; "
+                        "1 runs one op at a time, as a GPU's one stream does (default: %(default)s, "
+                        "TF's own: one per core)")
     parser.add_argument("--json", help="write every row to this file")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
@@ -582,6 +588,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--warmup_steps={args.warmup_steps}: give 0 or more")
     if args.traced_steps < 1:
         parser.error(f"--traced_steps={args.traced_steps}: give at least 1")
+    if args.inter_op_threads < 0:
+        parser.error(f"--inter_op_threads={args.inter_op_threads}: give 0 (TF's default) or more")
 
     if args.summary_of:
         with open(args.summary_of) as f:
@@ -603,7 +611,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in names:
         rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
                               traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
-                              grappler=args.grappler, shared_memory=args.shared_memory)
+                              grappler=args.grappler, shared_memory=args.shared_memory,
+                              inter_op_threads=args.inter_op_threads)
     _print_summary(rows, args.grappler)
     if args.json:
         with open(args.json, "w") as f:
