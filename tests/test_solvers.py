@@ -292,7 +292,7 @@ def test_lp_without_implied_lower_bounds_has_the_same_optimum(name):
     assert solve_lp(lp, "cvxopt").bound_us / lp.time_unit_us == pytest.approx(optimum, rel=1e-6)
 
 
-def test_auto_sends_large_lps_to_cvxopt_first_unless_timed():
+def test_auto_sends_large_sparse_lps_to_cvxopt_first_unless_timed():
     from baechi_tf.sct.solvers import back_ends
 
     small, large = LPS["random3"](), build_sct_lp(_layered(3000), graphs.cluster(4))  # built, not solved
@@ -303,6 +303,37 @@ def test_auto_sends_large_lps_to_cvxopt_first_unless_timed():
     assert back_ends("auto", "mosek", large) == ("mosek", "highs", "cvxopt")
     for named in ("highs", "cvxopt", "mosek"):
         assert back_ends(named, named, large) == (named,)
+
+
+def test_auto_keeps_large_lps_with_dense_normal_equations_on_highs():
+    """An op with thousands of arcs puts them all in one favourite-child row, a clique of the
+    normal equations that cvxopt factors: such an LP stays with HiGHS (cvxopt's factor filled
+    in on tf_keras MobileNetV2's and DenseNet121's LPs, which simplex finishes)."""
+    from baechi_tf.sct.solvers import _CVXOPT_MAX_DENSITY, back_ends, normal_density
+
+    sparse = build_sct_lp(_layered(3000), graphs.cluster(4))  # puts bench/ on the path
+    from layered import fan_out_graph
+
+    dense = build_sct_lp(fan_out_graph(16000), graphs.cluster(4))
+    assert dense.num_arcs > 5000 and normal_density(dense) > _CVXOPT_MAX_DENSITY >= normal_density(sparse)
+    assert back_ends("auto", "highs", dense) == ("highs", "cvxopt")
+    assert back_ends("auto", "highs", sparse) == ("cvxopt", "highs")
+
+
+@pytest.mark.parametrize("shape", ["layered", "fan_out"])
+def test_normal_density_bounds_the_normal_equations_per_column(shape):
+    """`normal_density` is at least the nonzeros per column of A^T A, which it stands for."""
+    from baechi_tf.sct.solvers import normal_density
+
+    graph = _layered(600)
+    if shape == "fan_out":
+        from layered import fan_out_graph
+
+        graph = fan_out_graph(300)
+    lp = build_sct_lp(graph, graphs.cluster(4))
+    a = lp.A_ub.tocsc()
+    a.data[:] = 1.0
+    assert (a.T @ a).nnz / lp.num_vars <= normal_density(lp) <= lp.A_ub.nnz * lp.A_ub.shape[0] / lp.num_vars
 
 
 def test_a_large_piece_is_solved_by_cvxopt_and_certified(monkeypatch):

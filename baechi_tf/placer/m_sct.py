@@ -15,7 +15,8 @@ Steps:
 
 1. The LP (`baechi_tf.sct.lp`), solved exactly in pieces (`baechi_tf.sct.relaxation`) by the back
    end ``--lp_solver`` names (`baechi_tf.sct.solvers`; ``auto`` without MOSEK: HiGHS's dual
-   simplex for pieces of at most 5000 arcs, cvxopt's certified interior point for larger ones).
+   simplex for pieces of at most 5000 arcs, cvxopt's certified interior point for larger ones
+   whose normal equations are sparse, HiGHS again for the others).
 2. Favourite children: arcs with ``x_ij <= --sct_threshold`` (`baechi_tf.sct.rounding`).
 3. The shared memory-aware list scheduler (`baechi_tf.placer.list_scheduler`) with
    `FavouriteChildPolicy`, which holds devices back as in the original's ``SCTDevice``

@@ -34,15 +34,19 @@
 * ``auto``: MOSEK when it is importable and licensed, else HiGHS; logs which. A back end that
   fails or runs out of time hands the LP to the next of MOSEK, HiGHS, cvxopt. Without MOSEK, an
   LP of more than `_LARGE_LP_ARCS` arcs (5000, the size from which HiGHS gives simplex a budget)
-  goes to cvxopt first and to HiGHS if cvxopt fails (`back_ends`): on such LPs, from both
-  bench/layered.py's graphs (where simplex spends its whole budget before interior point starts
-  afresh) and the GNMT profile's 9k-arc LP (which simplex finishes), cvxopt's direct
-  factorisation took less time than either of HiGHS's methods, and than IPX, whose iterative
-  linear solves are slow on these LPs. With ``--lp_time_limit`` the order stays HiGHS first,
-  since cvxopt cannot stop at a time limit. The LP has many optimal points and the two end at
-  different ones (different favourite children); every makespan of bench/quality.py stayed the
-  same (the GNMT profile's included), and LPs of at most 5000 arcs, all the others of
-  bench/quality.py, still go to dual simplex.
+  whose normal equations are sparse (`normal_density` at most `_CVXOPT_MAX_DENSITY`) goes to
+  cvxopt first and to HiGHS if cvxopt fails (`back_ends`). cvxopt factors the normal equations
+  directly (CHOLMOD): on bench/layered.py's graphs, where no op cuts the LP and simplex spends
+  its whole budget before interior point starts afresh, and on the GNMT profile's 9k-arc LP, that
+  took less time than either of HiGHS's methods (IPX's iterative linear solves are slow there).
+  Where an op has many arcs, the normal equations hold a clique of them and their Cholesky factor
+  fills in: the LPs of tf_keras ResNet50, MobileNetV2 and DenseNet121 training steps have a
+  density of 69, 177 and 470, against 8-10 for the others, and cvxopt spends seconds to minutes
+  and gigabytes on them where HiGHS's simplex finishes within its budget or IPX within bounded
+  memory; they stay with HiGHS (`bench/lp_backends.py` times each back end). With
+  ``--lp_time_limit`` the order stays HiGHS first, since cvxopt cannot stop at a time limit. The
+  LP has many optimal points and the back ends end at different ones (different favourite
+  children).
 
 Every solve checks the solver's status; a failed, infeasible or unfinished solve raises
 `SolverError` with the solver's own words. The result is in microseconds, with ``x`` clipped to
@@ -72,7 +76,7 @@ import scipy.sparse as sp
 from baechi_tf.errors import ConfigError, SolverError
 from baechi_tf.sct.lp import SctLP
 
-__all__ = ["LPSolution", "SOLVERS", "back_ends", "choose_solver", "mosek_licence_problem", "solve_lp"]
+__all__ = ["LPSolution", "SOLVERS", "back_ends", "choose_solver", "mosek_licence_problem", "normal_density", "solve_lp"]
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +131,25 @@ def back_ends(solver: str, chosen: str, lp: SctLP, time_limit_s: Optional[float]
     """The back ends to try on `lp`, in order, for the `solver` option when `choose_solver` gave
     `chosen`: that one alone when the user named a solver. ``auto`` tries the later ones of
     MOSEK, HiGHS, cvxopt after `chosen` fails; without MOSEK, an LP of more than
-    `_LARGE_LP_ARCS` arcs goes to cvxopt first and HiGHS after, unless a time limit is set
-    (cvxopt has none). See the module docstring."""
+    `_LARGE_LP_ARCS` arcs whose `normal_density` is at most `_CVXOPT_MAX_DENSITY` goes to cvxopt
+    first and HiGHS after, unless a time limit is set (cvxopt has none). See the module
+    docstring."""
     if solver != "auto":
         return (chosen,)
-    if chosen == "highs" and lp.num_arcs > _LARGE_LP_ARCS and time_limit_s is None:
+    if (chosen == "highs" and lp.num_arcs > _LARGE_LP_ARCS and time_limit_s is None
+            and normal_density(lp) <= _CVXOPT_MAX_DENSITY):
         return ("cvxopt", "highs")
     order = ("mosek", "highs", "cvxopt")
     return order[order.index(chosen) :]
+
+
+def normal_density(lp: SctLP) -> float:
+    """Sum over the LP's rows of (nonzeros in the row) squared, per variable: a bound of the
+    nonzeros per column of the normal equations (``A^T D A``) that an interior point factors,
+    each row making a clique of its variables. The bound rows that cvxopt adds (one nonzero
+    each) add about one. Time O(rows)."""
+    counts = np.diff(lp.A_ub.indptr).astype(np.float64)
+    return float(counts @ counts) / max(1, lp.num_vars)
 
 
 def solve_lp(
@@ -186,6 +201,7 @@ def _size(lp: SctLP) -> str:
 
 _HIGHS_SIMPLEX_ARCS = 5000  # LPs of at most this many arcs: dual simplex, no pivot budget
 _LARGE_LP_ARCS = _HIGHS_SIMPLEX_ARCS  # auto without MOSEK: LPs of more arcs go to cvxopt first
+_CVXOPT_MAX_DENSITY = 24.0  # ... when their normal equations are this sparse (`normal_density`)
 _HIGHS_PIVOTS_PER_ROW = 1.0  # larger LPs: simplex pivots allowed per row before interior point
 
 
