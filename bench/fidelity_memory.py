@@ -17,7 +17,10 @@ peak is the placement report's (`Schedule.peak_memory_bytes`).
 It prints one line per placement and device (the host too when the placement put ops there):
 simulated and measured MiB, and their ratio (simulated / measured; the target is every device in
 [1.0, 1.25]). Then the summary: devices where simulated >= measured, where simulated <= 1.25 x
-measured, both, and the worst under- and over-prediction. Then the same figures for the same
+measured, both, and the worst under- and over-prediction; the under-predicted devices by cause
+(`under_causes`); and, for placements that ran more than once (two methods or limits gave the
+same one, each run in a session of its own), how far apart their devices' measured peaks were
+(`repeat_spread`). Then the same figures for the same
 schedules with their blocks of memory (`baechi_tf.placer.memory_timeline.memory_blocks`) counted
 otherwise, cumulatively, by what the traced step shows (`VARIANTS`): without the ops the step
 never ran; with an output that is a view of another buffer (a variable's value, an Identity, an
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +51,8 @@ import time
 import types
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
@@ -55,7 +61,7 @@ import flags  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
-__all__ = ["Row", "measure_graph", "summary", "under_causes"]
+__all__ = ["Row", "measure_graph", "repeat_spread", "summary", "under_causes"]
 
 NUM_DEVICES = 4
 METHODS = ("single", "m_topo", "m_etf", "m_sct", "heft", "expert", "auto")
@@ -89,6 +95,9 @@ class Row:
     sim_alias_bytes: Optional[int]  # and an output that is a view of another buffer counted with that buffer
     sim_standin_bytes: Optional[int]  # and a copy received from another stand-in counted on the sender
     replay_bytes: Optional[int]  # those rules with each op at its measured start and end
+    # The placement's fingerprint (every op's device); rows of runs that share it ran the same
+    # placement in sessions of their own (`repeat_spread`). None in files written before it.
+    placement: Optional[str] = None
 
     @property
     def ratio(self) -> float:
@@ -215,6 +224,7 @@ def measure_graph(
         measured = _measured(ran_def, stats)
         result = report.result
         device_of = result.placement.device_of
+        fingerprint = hashlib.sha1(np.ascontiguousarray(device_of, dtype=np.int32).tobytes()).hexdigest()[:16]
         if grappler:  # the traced nodes are Grappler's, not the graph's: no breakdown
             variants, replay = [[None] * result.cluster.num_devices] * 3, [None] * result.cluster.num_devices
         else:
@@ -236,6 +246,7 @@ def measure_graph(
                 measured_persistent_bytes=m.persistent_bytes, measured_step_bytes=m.step_peak_bytes,
                 replaced_bytes=m.replaced_bytes, sim_ran_bytes=variants[0][d],
                 sim_alias_bytes=variants[1][d], sim_standin_bytes=variants[2][d], replay_bytes=replay[d],
+                placement=fingerprint,
             ))
             print(_line(rows[-1]), file=out, flush=True)
         print(f"#   {method} {limit}: placed in {t2 - t1:.1f} s, ran in {time.perf_counter() - t2:.1f} s",
@@ -524,6 +535,21 @@ def under_causes(rows: Sequence[Row]) -> dict[str, list[Row]]:
     return out
 
 
+def repeat_spread(rows: Sequence[Row]) -> list[tuple[float, list[Row]]]:
+    """For each device of a placement that ran more than once (methods or limits that gave the
+    same placement, each run in a session of its own): (largest / smallest measured peak, its
+    rows), the widest first. TF's order of a step's ops is not fixed, so neither is a device's
+    measured peak; no one figure the simulator gives can fall in [1, 1.25] of runs further
+    apart than 1.25."""
+    runs: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        if r.placement is not None and r.measured_bytes > 0:
+            runs.setdefault((r.model, r.placement, r.device), []).append(r)
+    out = [(max(r.measured_bytes for r in found) / min(r.measured_bytes for r in found), found)
+           for found in runs.values() if len(found) > 1]
+    return sorted(out, key=lambda item: -item[0])
+
+
 def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     print()
     print("\n".join(summary(rows)))
@@ -537,6 +563,14 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
             for r in sorted(found, key=lambda r: r.ratio):
                 print(f"  {key:<8} {r.model} {r.method} {r.limit} {r.device}: {r.ratio:.3f}, "
                       f"{format_bytes(r.measured_bytes - r.simulated_bytes)} short")
+    spread = repeat_spread(rows)
+    if spread:
+        print(f"devices of placements run more than once: {len(spread)}; their measured peaks apart by "
+              f"more than 1%: {sum(x > 1.01 for x, _ in spread)}, more than 5%: "
+              f"{sum(x > 1.05 for x, _ in spread)}, most {spread[0][0]:.3f}")
+        for x, found in spread[:5]:
+            print(f"  {x:.3f} {found[0].model} {found[0].device}: " + ", ".join(
+                f"{r.method} {r.limit} {format_bytes(r.measured_bytes)}" for r in found))
     for field, what in VARIANTS if not grappler else ():
         print(f"\n{what}:")
         print("\n".join("  " + line for line in summary(rows, field)[1:]))

@@ -38,6 +38,25 @@ def test_under_predicted_devices_are_told_by_what_covers_them(tmp_path):
     assert "CPU:4: 1.1" not in out
 
 
+def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_path):
+    def run(method, device, measured, placement):
+        return _row(device, 10 * MiB, measured, 10 * MiB, 10 * MiB) | {"method": method, "placement": placement}
+
+    rows = [
+        run("m_etf", "device:CPU:1", 10 * MiB, "a"), run("m_sct", "device:CPU:1", 11 * MiB, "a"),  # 10% apart
+        run("m_etf", "device:CPU:2", 8 * MiB, "a"), run("m_sct", "device:CPU:2", 8 * MiB, "a"),  # the same
+        run("heft", "device:CPU:1", 5 * MiB, "b"),  # another placement, run once
+    ]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert ("devices of placements run more than once: 2; their measured peaks apart by more than 1%: 1, "
+            "more than 5%: 1, most 1.100") in out, out
+    assert "  1.100 rnn device:CPU:1: m_etf loose 10.00 MiB, m_sct loose 11.00 MiB" in out, out
+    assert "heft loose 5.00 MiB" not in out
+
+
 def _bench():
     """bench/fidelity_memory.py as a module; its import sets TF_USE_LEGACY_KERAS, put back here."""
     saved = os.environ.get("TF_USE_LEGACY_KERAS")
