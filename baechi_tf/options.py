@@ -84,7 +84,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("sct_threshold", "m-SCT: an LP edge value at or below this makes a favourite child"),
     Flag(
         "lp_solver",
-        "m-SCT's LP solver; 'auto' takes MOSEK when licensed, else HiGHS, else cvxopt",
+        "m-SCT's LP solver; 'auto' takes MOSEK when licensed, else HiGHS (cvxopt first for an "
+        "LP of over 5000 arcs whose normal equations are sparse), and the next one when a solver "
+        "fails",
         choices=tuple(LP_SOLVERS),
     ),
     Flag(
