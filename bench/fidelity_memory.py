@@ -315,7 +315,8 @@ VARIANTS = (
     ("sim_alias_bytes", "and an output that is a view of another buffer (a variable's, an input's) "
      "in this run's trace, beyond those the profile marks, held as part of that buffer"),
     ("sim_standin_bytes", "and a tensor read on another stand-in held by its sender until that "
-     "reader is done, not copied (the model's own rule where the cluster's devices share memory)"),
+     "reader is done, not copied, also where the reader writes in place of it (the model's rule "
+     "where the cluster's devices share memory gives such an output a buffer of its own too)"),
     ("replay_bytes", "those rules with each op at the start and end it had in the traced step (the "
      "memory model without the simulated timing)"),
 )

@@ -12,6 +12,10 @@ from an allocation to a free:
 * a tensor that is read, on its producer's device: from the producer's start until
   ``max(end of its last consumer on that device, end of its last transfer out,
   start of its last consumer anywhere)``;
+* an output that reuses an input's buffer: nothing of its own, the input's buffer held until
+  the output's readers are done too; where the input is another device's buffer that the op's
+  device reads (`Cluster.shares_memory`), a buffer of its own as well, as for a tensor that is
+  read above (`SchedulerState._cut`);
 * a received copy on another device: from the start of its first consumer there until
   ``max(end of its last consumer there, start of its last consumer anywhere)``; none on a device
   that shares memory with the producer's (`Cluster.shares_memory`), whose consumers count as
@@ -130,6 +134,12 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         home = dev[tensor_src[t]]
         return home if shares is not None and shares[home][d] else d
 
+    def cut(t: int) -> bool:  # an output reusing an input that another device of its memory holds
+        if alias[t] < 0 or shares is None:
+            return False
+        home, source_home = dev[tensor_src[t]], dev[tensor_src[int(alias[t])]]
+        return source_home != home and shares[source_home][home]
+
     # Buffers of read tensors by (tensor, device): [bytes, alloc, free, alloc rank, free rank,
     # kind, op, slot]. An output reusing a buffer adds its would-be free to `extend`.
     buffers: dict[tuple[int, int], list] = {}
@@ -148,9 +158,9 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
             for c in sorted(readers):
                 by_device.setdefault(holder(t, dev[c]), []).append(c)
             held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
-            if alias[t] == OWN:
+            if alias[t] == OWN or cut(t):
                 buffers[(t, home)] = [b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot]
-            elif alias[t] >= 0:
+            if alias[t] >= 0:
                 reusing.append((t, int(alias[t]), home, max(held, start[last]), rank[last]))
             if constant[t]:
                 for d in sorted({dev[c] for c in readers} - {home}):

@@ -117,7 +117,7 @@ def _native_tables(graph: OpGraph, module) -> tuple:
         tensor_bytes[edge_tensor[by_dst]], np.bincount(edge_tensor, minlength=graph.num_tensors),
         rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
         tensor_alias.astype(i64), graph.tensor_src.astype(i64), tensor_bytes, al_ptr,
-        tensor_alias[reusing].astype(i64), constant_tensors(graph, tensor_alias).astype(i64),
+        reusing.astype(i64), constant_tensors(graph, tensor_alias).astype(i64),
     )
     cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
     return cached

@@ -109,10 +109,10 @@ class GraphTables:
         self.tensor_alias = tuple(alias.tolist())
         self.tensor_src = tuple(graph.tensor_src.tolist())
         self.constant = tuple(constant_tensors(graph, alias).tolist())  # per tensor: a constant's value
-        # per op, the tensors whose buffers on its device its outputs that are read reuse
+        # per op, its outputs that are read and reuse an input's buffer (`tensor_alias`)
         aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
         for t in np.flatnonzero(alias >= 0).tolist():
-            aliased[self.tensor_src[t]].append(self.tensor_alias[t])
+            aliased[self.tensor_src[t]].append(t)
         self.aliased = tuple(tuple(a) for a in aliased)
         self.persistent = tuple(graph.persistent_bytes.tolist())
 
@@ -356,6 +356,9 @@ class SchedulerState:
                         rel[pd] = arrived
             if arrived > ready:
                 ready = arrived
+        for t in self.aliased[op]:
+            if self._cut(t, dev):
+                new_bytes += self.tensor_bytes[t]
         if commit:
             # Booked only now, so that a commit finds exactly the slots its dry run found.
             for d, (starts, ends) in extra.items():
@@ -472,6 +475,18 @@ class SchedulerState:
         if nbytes:
             bisect.insort(self.pending[dev], (when, nbytes))
 
+    def _cut(self, t: int, dev: int) -> bool:
+        """Whether output t of an op on `dev` that reuses an input's buffer (`tensor_alias`)
+        gets a buffer of its own there too: its input is another device's buffer that dev reads
+        (`shares`). TF writes in place only into a buffer nothing else holds, and whether the
+        sender still holds a tensor it handed over depends on the order the step ran in: CPU
+        stand-ins did it both ways (`bench/fidelity_memory.py`). So such an output is counted
+        both ways, each on its device: a buffer of its own on `dev`, and the input's buffer held
+        on its sender until the output's readers are done, as if written in place. Neither
+        device holds less than either way gives it."""
+        home = self.device[self.tensor_src[self.tensor_alias[t]]]
+        return home >= 0 and home != dev and self.shares[home][dev]
+
     def _holder(self, t: int, dev: int) -> int:
         """The device whose memory holds tensor t as read on `dev`: its producer's when the
         producer's device shares memory with dev (`shares`), else dev."""
@@ -482,7 +497,8 @@ class SchedulerState:
         """One holder of tensor t's buffer on dev is done at `when`; frees it when none is left.
         The buffer of an output that reuses its input's, on its producer's device, is that
         input's (on the device that holds it, `_holder`): its release is one holder of the
-        input's buffer less."""
+        input's buffer less, and, when the output has a buffer of its own too (`_cut`), that
+        buffer's free."""
         while True:
             claim = self.claims.get((t, dev))
             if claim is not None:
@@ -500,6 +516,9 @@ class SchedulerState:
                 return
             if source == HELD_VIEW:
                 return
+            if self._cut(t, dev):
+                self._free_later(dev, when, self.tensor_bytes[t])
+                freed.add(dev)
             dev = self._holder(source, dev)
             t = source
 
@@ -547,8 +566,9 @@ class SchedulerState:
             self.peak[dev] = self.usage[dev]
         freed = {dev}
         self._free_later(dev, end, self.free_at_end[op])
-        for t in self.aliased[op]:  # its own consumers hold it until now: 2 holders at first
-            claim = self.claims.setdefault((t, self._holder(t, dev)), [1, -1.0])
+        for t in self.aliased[op]:  # the input's own consumers hold it until now: 2 holders at first
+            source = self.tensor_alias[t]
+            claim = self.claims.setdefault((source, self._holder(source, dev)), [1, -1.0])
             claim[0] += 1
         seen: set[int] = set()
         for p, t, nbytes in self.inputs[op]:

@@ -89,7 +89,7 @@ struct Tables {
     std::vector<i64> succ_ptr, succ;     // successors of each op
     std::vector<i64> num_preds, alloc, free_at_end;
     // GraphTables.tensor_alias (kOwn, kHeldView or a tensor), tensor_src, tensor_bytes, and per op
-    // the tensors whose buffers its read outputs reuse (`aliased`, as al_ptr/al_t); per tensor,
+    // its read outputs that reuse an input's buffer (`aliased`, as al_ptr/al_t); per tensor,
     // whether it is a constant's value (GraphTables.constant)
     std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t, constant;
 
@@ -365,6 +365,8 @@ class Scheduler {
             if (arrival_of(T_->in_t[k], dev)) continue;
             if (pd < 0 || !links_->shares[(i64)pd * nd_ + dev] || T_->constant[T_->in_t[k]]) out += T_->in_bytes[k];
         }
+        for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k)
+            if (cut(T_->al_t[k], dev)) out += T_->tensor_bytes[T_->al_t[k]];
         return out;
     }
     i64 free_bytes(int dev) const {  // SchedulerState.free_bytes
@@ -760,6 +762,8 @@ class Scheduler {
             }
             if (arrived > ready) ready = arrived;
         }
+        for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k)
+            if (cut(T_->al_t[k], dev)) new_bytes += T_->tensor_bytes[T_->al_t[k]];
         if (commit) {
             for (const Extra::Lists& lists : extra)
                 for (std::size_t k = 0; k < lists.starts.size(); ++k) book(lists.dev, lists.starts[k], lists.ends[k]);
@@ -833,6 +837,12 @@ class Scheduler {
         return claims_[t].back();
     }
 
+    // SchedulerState._cut
+    bool cut(i64 t, int dev) const {
+        int home = (int)device_[T_->tensor_src[T_->tensor_alias[t]]];
+        return home >= 0 && home != dev && links_->shares[(i64)home * nd_ + dev];
+    }
+
     // SchedulerState._holder
     int holder(i64 t, int dev) const {
         int home = (int)device_[T_->tensor_src[t]];
@@ -858,6 +868,10 @@ class Scheduler {
                 return;
             }
             if (source == kHeldView) return;
+            if (cut(t, dev)) {
+                free_later(dev, when, T_->tensor_bytes[t]);
+                freed.push_back(dev);
+            }
             dev = holder(source, dev);
             t = source;
         }
@@ -898,8 +912,8 @@ class Scheduler {
         std::vector<int> freed{dev};
         free_later(dev, end, T_->free_at_end[op]);
         for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k) {
-            i64 t = T_->al_t[k];
-            claim_of(t, holder(t, dev)).holders += 1;
+            i64 source = T_->tensor_alias[T_->al_t[k]];
+            claim_of(source, holder(source, dev)).holders += 1;
         }
         auto& seen = seen_;
         seen.clear();
@@ -1420,7 +1434,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 11;
+    m.attr("INTERFACE") = 12;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
