@@ -9,7 +9,7 @@ graph's simulated one-device peak, divided among the 4 devices, raised to 4/3 an
 that when the method finds no placement that fits (the limit column says which). Each placement
 is run in a session of its own (Grappler off, as BaechiSession runs it; on with ``--grappler``):
 initialized, ``--warmup_steps`` untraced steps, then ``--traced_steps`` steps with
-``FULL_TRACE``. A device's measured peak is
+``FULL_TRACE``, in each of ``--sessions`` sessions (1). A device's measured peak is
 the largest over the traced steps of the memory rebuilt from the step's allocation records plus
 the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
 peak is the placement report's (`Schedule.peak_memory_bytes`).
@@ -166,6 +166,7 @@ def measure_graph(
     grappler: bool = False,
     shared_memory: bool = False,
     inter_op_threads: int = 0,
+    sessions: int = 1,
     out=sys.stdout,
 ) -> list[Row]:
     """Builds, profiles, places (each method, loose and tight) and runs graph `name`; one `Row`
@@ -220,7 +221,10 @@ def measure_graph(
             print(f"{name:<12} {method:<7} {limit:<5} refused: {refusal}", file=out, flush=True)
             continue
         t2 = time.perf_counter()
-        ran_def, stats = _run(case, placed_def, run_config, warmup_steps, traced_steps)
+        stats = []
+        for _ in range(sessions):  # TF's order of the step's ops, so the peak, moves between sessions
+            ran_def, traced = _run(case, placed_def, run_config, warmup_steps, traced_steps)
+            stats += traced
         measured = _measured(ran_def, stats)
         result = report.result
         device_of = result.placement.device_of
@@ -607,6 +611,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="threads of the placed sessions' inter-op pool, shared by the stand-ins; "
                         "1 runs one op at a time, as a GPU's one stream does (default: %(default)s, "
                         "TF's own: one per core)")
+    parser.add_argument("--sessions", type=flags.at_least(1), default=1,
+                        help="sessions each placement runs in, each with its warm-up and traced "
+                        "steps; a device's measured peak is the largest over all their traced steps "
+                        "(default: %(default)s)")
     parser.add_argument("--json", help="write every row to this file")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
@@ -638,7 +646,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("baechi_tf").setLevel(logging.ERROR)
     print(f"{NUM_DEVICES} CPU stand-ins ({'of shared memory, ' if args.shared_memory else ''}8 GiB; tight: {args.tight} x one-device simulated peak / "
           f"{NUM_DEVICES}); measured = variables + constants + peak of the allocation records; "
-          f"the largest of {args.traced_steps} traced steps")
+          f"the largest of {args.traced_steps} traced steps"
+          f"{f' in each of {args.sessions} sessions' if args.sessions > 1 else ''}")
     print(LEGEND)
     print(HEADER)
     print("-" * len(HEADER))
@@ -647,7 +656,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
                               traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
                               grappler=args.grappler, shared_memory=args.shared_memory,
-                              inter_op_threads=args.inter_op_threads)
+                              inter_op_threads=args.inter_op_threads, sessions=args.sessions)
     _print_summary(rows, args.grappler)
     if args.json:
         with open(args.json, "w") as f:

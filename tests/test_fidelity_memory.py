@@ -123,3 +123,26 @@ def test_a_constant_read_on_another_stand_in_is_a_replica_held_all_step():
     held = [(fm._local(result.cluster.names[d]), a, f) for d, o, a, f in
             zip(blocks.device.tolist(), blocks.op.tolist(), blocks.alloc_us.tolist(), blocks.free_us.tolist()) if o == c_op]
     assert sorted(held) == [("device:CPU:1", 0.0, float("inf")), ("device:CPU:2", 0.0, float("inf"))]
+
+
+@pytest.mark.tf
+def test_each_placement_runs_in_every_session_and_its_peak_is_their_largest(monkeypatch):
+    """With sessions=2 the bench runs each placement twice, each time in a new session, and a
+    device's measured peak is the largest of all the traced steps of both."""
+    import io
+
+    fm = _bench()
+    real_run, sessions = fm._run, []
+
+    def run(*args):
+        ran_def, stats = real_run(*args)
+        sessions.append((ran_def, stats))
+        return ran_def, stats
+
+    monkeypatch.setattr(fm, "_run", run)
+    rows = fm.measure_graph("rnn", ["m_topo"], [], warmup_steps=0, traced_steps=1, sessions=2, out=io.StringIO())
+    assert len(sessions) == 2 and all(len(stats) == 1 for _, stats in sessions)
+    each = [fm._measured(ran_def, stats) for ran_def, stats in sessions]
+    assert rows and {r.device for r in rows} <= set(each[0]) | set(each[1])
+    for r in rows:
+        assert r.measured_bytes == max(m[r.device].peak_bytes for m in each if r.device in m)
