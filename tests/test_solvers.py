@@ -320,6 +320,22 @@ def test_auto_keeps_large_lps_with_dense_normal_equations_on_highs():
     assert back_ends("auto", "highs", sparse) == ("cvxopt", "highs")
 
 
+def test_auto_solves_a_large_dense_lp_by_highs():
+    """The whole LP of a fan-out of 1,499 ops (6k arcs, one favourite-child row of 1,499): auto
+    hands it to HiGHS, not to cvxopt."""
+    from baechi_tf.cluster import Cluster
+    from baechi_tf.sct.relaxation import solve_sct_relaxation
+    from baechi_tf.sct.solvers import _CVXOPT_MAX_DENSITY, normal_density
+
+    _layered(1)  # puts bench/ on the path
+    from layered import fan_out_graph
+
+    graph, cluster = fan_out_graph(4500), Cluster.homogeneous(4, 1 << 34)
+    lp = build_sct_lp(graph, cluster)
+    assert lp.num_arcs > 5000 and normal_density(lp) > _CVXOPT_MAX_DENSITY
+    assert solve_sct_relaxation(graph, cluster, solver="auto", reduce=False).solver == "highs"
+
+
 @pytest.mark.parametrize("shape", ["layered", "fan_out"])
 def test_normal_density_bounds_the_normal_equations_per_column(shape):
     """`normal_density` is at least the nonzeros per column of A^T A, which it stands for."""
