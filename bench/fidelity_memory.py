@@ -330,10 +330,6 @@ def _replayed(result, step_stats):
     """`result` whose schedule has each op at its start and end in the traced step (relative to
     the step's first node; ops that did not run at 0), committed in the order they started, with
     no transfer (stand-ins pass buffers)."""
-    import dataclasses as dc
-
-    import numpy as np
-
     times: dict[str, tuple[float, float]] = {}
     for dev in step_stats.dev_stats:
         for ns in dev.node_stats:
@@ -344,8 +340,8 @@ def _replayed(result, step_stats):
     start = np.array([a - t0 for a, _ in pairs])
     end = np.array([b - t0 for _, b in pairs])
     order = np.lexsort((end, start)).astype(np.int32)
-    schedule = dc.replace(result.schedule, start_us=start, end_us=end, order=order, transfers=())
-    return dc.replace(result, schedule=schedule)
+    schedule = dataclasses.replace(result.schedule, start_us=start, end_us=end, order=order, transfers=())
+    return dataclasses.replace(result, schedule=schedule)
 
 
 def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
@@ -386,8 +382,6 @@ def _variant_blocks(result, step_stats) -> list:
        small constants onto each CPU device that reads them), else nothing: nothing to do where
        the model already says so (`Device.shared_memory`, on for `standin_cluster`'s devices).
     """
-    import numpy as np
-
     from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables, constant_tensors
     from baechi_tf.placer.memory_timeline import KEPT, MemoryBlocks, memory_blocks
 
@@ -492,8 +486,6 @@ def _variant_blocks(result, step_stats) -> list:
 def _explain(result, ran_def, stats, measured, out) -> None:
     """Per device: the simulated peak by kind of block, the measured one by kind of node, and
     the bytes the simulator gives ops that never ran in the step."""
-    import numpy as np
-
     from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline
 
     graph, schedule = result.graph, result.schedule
