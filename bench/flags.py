@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 from typing import Sequence
 
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "sizes"]
+__all__ = ["at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "saved_models", "sizes"]
 
 
 def at_least(minimum: int):
@@ -76,3 +78,13 @@ def refine_seconds(parser: argparse.ArgumentParser, value: float) -> float:
     except ConfigError as e:
         parser.error(f"--refine_seconds: {e}")
     return value
+
+
+def saved_models(models: list[str], keras_dir: str) -> list[str]:
+    """Those of `models` whose GraphDef bench/keras_graphs.py wrote to `keras_dir`; the others
+    are named on stderr with the command that writes them."""
+    missing = [m for m in models if not os.path.exists(os.path.join(keras_dir, f"{m}.pb"))]
+    if missing:
+        print(f"# not in {keras_dir} (write them with bench/keras_graphs.py --models "
+              f"{','.join(missing)}): {', '.join(missing)}", file=sys.stderr)
+    return [m for m in models if m not in missing]

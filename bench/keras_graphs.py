@@ -53,7 +53,7 @@ KERAS_MODELS = {"densenet121": "DenseNet121", "resnet50": "ResNet50", "mobilenet
 # the models `build` makes: those, and others that benches use (bench/run_overhead.py)
 APPLICATIONS = {**KERAS_MODELS, "nasnetmobile": "NASNetMobile"}
 # and GNMT v2 of baechi_tf.models (plain tf.compat.v1 ops, not Keras), for the same benches
-MODELS = [*KERAS_MODELS, "gnmt_v2"]
+MODELS = [*APPLICATIONS, "gnmt_v2"]
 DEFAULT_MODELS = "densenet121,resnet50,gnmt_v2"  # what bench/placement_speed.py reads
 INSTALL_HINT = "pip install --no-deps tf-keras==2.21.0"
 

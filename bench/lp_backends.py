@@ -108,11 +108,7 @@ def main(argv=None) -> int:
     solvers = flags.chosen(parser, args.solvers, "--solvers", SOLVERS, "LP back end")
     models = flags.chosen(parser, args.models, "--models", MODELS, "model") if args.models else []
     sizes = flags.sizes(parser, args.layered, "--layered") if args.layered else []
-    missing = [m for m in models if not os.path.exists(os.path.join(args.keras_dir, f"{m}.pb"))]
-    if missing:
-        print(f"# not in {args.keras_dir} (write them with bench/keras_graphs.py --models "
-              f"{','.join(missing)}): {', '.join(missing)}", file=sys.stderr)
-    models = [m for m in models if m not in missing]
+    models = flags.saved_models(models, args.keras_dir)
 
     import_tensorflow_quietly()
     import cvxopt.solvers  # noqa: F401  imported before any clock starts

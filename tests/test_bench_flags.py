@@ -33,7 +33,7 @@ def unexplained_flags(help_text):
 
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
-                                    "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
+                                    "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
@@ -82,8 +82,11 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("reports_scaling.py", ["--devices", "x"], "--devices 'x': give device counts of at least 1, separated by commas"),
     ("tight_memory.py", ["--methods", ","],
      f"--methods ',': unknown method(s) none given; choose from {METHODS}"),
+    ("control_edges.py", ["--methods", "m_etff"],
+     "--methods 'm_etff': unknown method(s) m_etff; choose from m_topo, m_etf, m_sct, auto"),
     ("keras_graphs.py", ["--models", "densenet"],
-     "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, gnmt_v2"),
+     "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, nasnetmobile, "
+     "gnmt_v2"),
     ("placement_speed.py", ["--repeats", "0"], "argument --repeats: '0': give a whole number of at least 1"),
     ("run_overhead.py", ["--models", "nasnet"],
      "--models 'nasnet': unknown model(s) nasnet; choose from resnet50, densenet121, nasnetmobile, gnmt_v2"),

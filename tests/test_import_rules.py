@@ -22,6 +22,7 @@ LAYERS = {
     "baechi_tf.errors": 0,
     "baechi_tf.graph": 0,
     "baechi_tf.graph_builder": 0,  # OpGraphBuilder: a graph built op by op, by name
+    "baechi_tf.control_edges": 0,  # the control edges other paths imply
     "baechi_tf.cluster": 0,
     "baechi_tf._steps": 0,
     "baechi_tf._lazy": 0,

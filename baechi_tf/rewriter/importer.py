@@ -73,6 +73,7 @@ from baechi_tf.cost_model.profile import (
 )
 from baechi_tf.errors import InvalidGraphError, ProfileError
 from baechi_tf.graph import HELD, OpGraph
+from baechi_tf.control_edges import drop_implied_control_edges
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.rewriter.colocation import (
     _FROM_STRING_HANDLE,
@@ -211,8 +212,12 @@ def import_graph_def(
     allow_profile_mismatch: bool = False,
     ignore_user_devices: bool = False,
     kernel_lookup: Optional[KernelLookup] = None,
+    keep_implied_control_edges: bool = False,
 ) -> ImportResult:
     """The `OpGraph` of `graph_def` with the costs of `profile`, for placement on `cluster`.
+
+    Control edges that other paths imply are left out (`control_edges`), as Grappler leaves
+    them out of the step it runs, unless `keep_implied_control_edges` (for comparisons).
 
     `host_device` is the host CPU: ops the user pinned to it, and ops without a kernel for the
     cluster's device type, are pinned to it. When it is not a device of `cluster`, the caller
@@ -344,7 +349,14 @@ def import_graph_def(
         )
 
     _add_edges(builder, graph_def, node_types, unrun)
-    graph = builder.build()
+    graph, implied = builder.build(), 0
+    if not keep_implied_control_edges:
+        graph, implied = drop_implied_control_edges(graph)
+    if implied:
+        notes.append(
+            f"{implied} control edges that other paths imply were left out, as Grappler's "
+            "dependency optimizer removes them"
+        )
     if resolver.ignored:
         notes.append(
             f"{len(resolver.ignored)} ops named devices outside the cluster and were placed "
