@@ -60,6 +60,7 @@ import statistics
 from typing import Any, Callable, Mapping, Optional
 
 from baechi_tf.cluster import Cluster, Device
+from baechi_tf.control_edges import drop_implied_control_edges
 from baechi_tf.cost_model.estimate import ShapeCost, fit_shape_cost, op_flops
 from baechi_tf.cost_model.profile import (
     NO_BUFFER,
@@ -73,7 +74,6 @@ from baechi_tf.cost_model.profile import (
 )
 from baechi_tf.errors import InvalidGraphError, ProfileError
 from baechi_tf.graph import HELD, OpGraph
-from baechi_tf.control_edges import drop_implied_control_edges
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.rewriter.colocation import (
     _FROM_STRING_HANDLE,
