@@ -101,7 +101,7 @@ def build_gnmt(hparams=None):
 
 def build(model: str, batch_size: int, image_size: int, num_classes: int):
     """(graph, loss, train_op, init_op, feeds) of one Momentum training step of Keras model
-    `model` (a key of `APPLICATIONS`)."""
+    `model`: a key of `APPLICATIONS`, or the name of a ``tf_keras.applications`` constructor."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -112,7 +112,7 @@ def build(model: str, batch_size: int, image_size: int, num_classes: int):
         tf1.set_random_seed(1)
         images = tf1.placeholder(tf.float32, (batch_size, image_size, image_size, 3), name="images")
         labels = tf1.placeholder(tf.int32, (batch_size,), name="labels")
-        net = getattr(tf_keras.applications, APPLICATIONS[model])(
+        net = getattr(tf_keras.applications, APPLICATIONS.get(model, model))(
             weights=None, input_shape=(image_size, image_size, 3), classes=num_classes
         )
         probabilities = net(images, training=True)  # the applications end in a softmax

@@ -33,7 +33,7 @@ def unexplained_flags(help_text):
 
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
-                                    "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
+                                    "keras_sweep.py", "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
@@ -84,6 +84,7 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
      f"--methods ',': unknown method(s) none given; choose from {METHODS}"),
     ("control_edges.py", ["--methods", "m_etff"],
      "--methods 'm_etff': unknown method(s) m_etff; choose from m_topo, m_etf, m_sct, auto"),
+    ("keras_sweep.py", ["--steps", "1"], "argument --steps: '1': give a whole number of at least 2"),
     ("keras_graphs.py", ["--models", "densenet"],
      "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, nasnetmobile, "
      "gnmt_v2"),
