@@ -12,7 +12,9 @@ It prints a line per application and method: the graph's ops, the method the pla
 the placement's seconds (`PlacementResult.placement_seconds`) and simulated step, the seconds to
 the end of the first placed step (profile, place, import, the step), the median of the other
 steps against the plain session's, and whether the losses equal the plain session's (``equal``,
-or the largest relative difference), or the error that stopped the method. The plain session runs
+or the largest relative difference), or the error that stopped the method. A line ``plain
+again`` says how far a second plain session's losses are from the first's: TF's CPU kernels
+need not add in the same order twice. The plain session runs
 with all of TF's optimizations; a placed one without those shown to break a placement
 (`baechi_tf.rewriter.devices.placed_graph_config`), so the last bits of a loss may differ and grow
 over the steps.
@@ -78,6 +80,11 @@ def sweep_model(model: str, methods, args, out=sys.stdout) -> None:
     with tf.compat.v1.Session(graph=graph, config=config) as sess:
         sess.run(init)
         plain, plain_s = _steps(sess, train_op, loss, feeds, args.steps)
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:  # how far two plain runs differ
+        sess.run(init)
+        again, _ = _steps(sess, train_op, loss, feeds, args.steps)
+    print(f"{model:<17} {ops:>6} {'plain again':<26} {'':>7} {'':>9} {'':>7}  {'':>19}  "
+          f"{_agreement(again, plain)}", file=out, flush=True)
     for method in methods:
         sess = tf.compat.v1.Session(graph=graph, config=config)
         try:
@@ -90,7 +97,7 @@ def sweep_model(model: str, methods, args, out=sys.stdout) -> None:
             result = placed.placement.result
             step = (f"{statistics.median(seconds) * 1e3:8.1f} / {statistics.median(plain_s[1:]) * 1e3:8.1f}"
                     if seconds else f"{'-':>8} / {'-':>8}")
-            print(f"{model:<17} {ops:>6} {method:<7} {result.placement.method:<14} "
+            print(f"{model:<17} {ops:>6} {method:<7} {result.placement.method:<18} "
                   f"{result.placement_seconds:>7.2f} {result.makespan_us / 1e3:>9.1f} {first_s:>7.1f}  "
                   f"{step}  {_agreement(losses + more, plain)}", file=out, flush=True)
             placed.close()
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
     if not keras_graphs.start_tensorflow("keras_sweep.py", ["nasnetmobile"]):  # any application: tf_keras
         return 1
 
-    print(f"{'model':<17} {'ops':>6} {'method':<7} {'placed by':<14} {'place s':>7} {'sim ms':>9} {'first s':>7}  "
+    print(f"{'model':<17} {'ops':>6} {'method':<7} {'placed by':<18} {'place s':>7} {'sim ms':>9} {'first s':>7}  "
           f"step ms (placed / plain)  losses against plain")
     for model in models:
         sweep_model(model, methods, args)
