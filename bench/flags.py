@@ -12,7 +12,7 @@ from typing import Sequence
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "saved_models", "sizes"]
+__all__ = ["add_saved_model_flags", "at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "saved_models", "sizes"]
 
 
 def at_least(minimum: int):
@@ -78,6 +78,14 @@ def refine_seconds(parser: argparse.ArgumentParser, value: float) -> float:
     except ConfigError as e:
         parser.error(f"--refine_seconds: {e}")
     return value
+
+
+def add_saved_model_flags(parser: argparse.ArgumentParser, models: Sequence[str], keras_dir: str) -> None:
+    """--models (of `models`, all by default) and --keras_dir (`keras_dir` by default): the graphs
+    bench/keras_graphs.py wrote, for `saved_models`."""
+    parser.add_argument("--models", default=",".join(models),
+                        help="saved graphs, of those in --keras_dir (default: %(default)s)")
+    parser.add_argument("--keras_dir", default=keras_dir, help="where bench/keras_graphs.py wrote them")
 
 
 def saved_models(models: list[str], keras_dir: str) -> list[str]:

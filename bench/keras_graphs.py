@@ -129,6 +129,15 @@ def build(model: str, batch_size: int, image_size: int, num_classes: int):
     return graph, loss, train_op, init, feeds
 
 
+def add_step_flags(parser: argparse.ArgumentParser, *, image_size: int = 64, num_classes: int = 1000) -> None:
+    """--batch_size, --image_size and --num_classes: the arguments of `build` for a Keras model."""
+    parser.add_argument("--batch_size", type=flags.at_least(1), default=8, help="images per step (default: %(default)s)")
+    parser.add_argument("--image_size", type=flags.at_least(32), default=image_size,
+                        help="height and width of the images, 32 or more (default: %(default)s)")
+    parser.add_argument("--num_classes", type=flags.at_least(2), default=num_classes,
+                        help="classes of the last layer (default: %(default)s)")
+
+
 def build_and_profile(model: str, args: argparse.Namespace) -> dict:
     """Builds, profiles and writes `model`; its op count and the seconds of each stage."""
     import tensorflow as tf
@@ -163,11 +172,7 @@ def main() -> int:
     parser.add_argument("--out_dir", default=DEFAULT_OUT_DIR,
                         help="folder of the <model>.pb and <model>.profile files, made when missing "
                         "(default: bench/out/keras, git-ignored)")
-    parser.add_argument("--batch_size", type=flags.at_least(1), default=8, help="images per step (default: %(default)s)")
-    parser.add_argument("--image_size", type=flags.at_least(32), default=64,
-                        help="height and width of the images, 32 or more (default: %(default)s)")
-    parser.add_argument("--num_classes", type=flags.at_least(2), default=1000,
-                        help="classes of the last layer (default: %(default)s)")
+    add_step_flags(parser)
     parser.add_argument("--warmup_steps", type=flags.at_least(0), default=1,
                         help="untraced steps before the traced ones (default: %(default)s)")
     parser.add_argument("--traced_steps", type=flags.at_least(1), default=3,

@@ -1,7 +1,7 @@
 """Graphs nobody here wrote: tf_keras applications placed by BaechiSession with each method.
 
 For each tf_keras application of ``--models`` (``weights=None``, ``--batch_size`` random images of
-``--image_size`` pixels, ``--classes`` classes, one Momentum step of sparse softmax cross-entropy
+``--image_size`` pixels, ``--num_classes`` classes, one Momentum step of sparse softmax cross-entropy
 with its batch-norm updates, as bench/keras_graphs.py builds them), in one process: a plain
 ``tf.compat.v1.Session`` on 5 CPU devices (the host and four stand-ins) runs the initializer and
 ``--steps`` training steps, fetching the loss; then, per method of ``--methods``, a new plain
@@ -73,7 +73,7 @@ def sweep_model(model: str, methods, args, out=sys.stdout) -> None:
     from baechi_tf import BaechiSession
 
     graph, loss, train_op, init, feeds = keras_graphs.build(
-        MODELS[model], args.batch_size, args.image_size, args.classes
+        MODELS[model], args.batch_size, args.image_size, args.num_classes
     )  # the constructor's name: keras_graphs.APPLICATIONS holds the others' sets
     ops = len(graph.as_graph_def().node)
     config = tf.compat.v1.ConfigProto(device_count={"CPU": NUM_DEVICES + 1})
@@ -112,11 +112,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(MODELS),
                         help="comma-separated tf_keras applications (default: %(default)s)")
     parser.add_argument("--methods", default=",".join(METHODS), help="placers (default: %(default)s)")
-    parser.add_argument("--batch_size", type=flags.at_least(1), default=8, help="images per step (default: %(default)s)")
-    parser.add_argument("--image_size", type=flags.at_least(32), default=96,
-                        help="height and width of the images, 32 or more (default: %(default)s)")
-    parser.add_argument("--classes", type=flags.at_least(2), default=10,
-                        help="classes of the last layer (default: %(default)s)")
+    keras_graphs.add_step_flags(parser, image_size=96, num_classes=10)
     parser.add_argument("--steps", type=flags.at_least(2), default=3,
                         help="training steps per session, the first placed one included (default: %(default)s)")
     args = parser.parse_args(argv)

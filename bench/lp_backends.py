@@ -98,9 +98,7 @@ def solve_layered(size: int, solver: str) -> tuple[float, str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help="saved graphs to place, of those in --keras_dir (default: %(default)s)")
-    parser.add_argument("--keras_dir", default=KERAS_DIR, help="where bench/keras_graphs.py wrote them")
+    flags.add_saved_model_flags(parser, MODELS, KERAS_DIR)
     parser.add_argument("--solvers", default=",".join(SOLVERS), help="back ends (default: %(default)s)")
     parser.add_argument("--layered", default="5000,10000",
                         help="op counts of layered graphs whose LP to solve ('' for none; default: %(default)s)")
