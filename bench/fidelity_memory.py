@@ -28,7 +28,9 @@ op done in place) held as part of that buffer; with a tensor read on another sta
 sender (stand-ins pass buffers, a GPU copies them); and those rules replayed at each op's measured
 start and end, which leaves out the simulated timing. ``--explain`` adds, per placement, what the
 simulator holds at its peak by kind and what the device held at its measured peak by type of
-node. ``--json`` writes every row for plots and for bench/fidelity.py.
+node. ``--json`` writes every row for plots and for bench/fidelity.py; ``--save DIR`` keeps the
+graphs, profiles, placements and measured peaks, so that bench/fidelity_memory_resim.py can
+simulate the same placements again under another model against the same measurements.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory.py [--models rnn,transformer]
         [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--shared_memory] [--json out.json]
@@ -49,7 +51,7 @@ import statistics
 import sys
 import time
 import types
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -61,7 +63,7 @@ import flags  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
-__all__ = ["Row", "measure_graph", "repeat_spread", "summary", "under_causes"]
+__all__ = ["Row", "measure_graph", "repeat_spread", "save_run", "summary", "under_causes"]
 
 NUM_DEVICES = 4
 METHODS = ("single", "m_topo", "m_etf", "m_sct", "heft", "expert", "auto")
@@ -167,13 +169,16 @@ def measure_graph(
     shared_memory: bool = False,
     inter_op_threads: int = 0,
     sessions: int = 1,
+    save: Optional[str] = None,
     out=sys.stdout,
 ) -> list[Row]:
     """Builds, profiles, places (each method, loose and tight) and runs graph `name`; one `Row`
     per device of each placement that ran. Placements refused as infeasible are printed, not
     returned. With `shared_memory`, the stand-ins are modelled as devices of one memory
-    (`Device.shared_memory`: a reader holds no copy), else as GPUs that copy. With `grappler`, the placements run with Grappler on (the profile is still taken
-    without), and the rows have no breakdown (`VARIANTS` fields None)."""
+    (`Device.shared_memory`: a reader holds no copy), else as GPUs that copy. With `grappler`,
+    the placements run with Grappler on (the profile is still taken without), and the rows have
+    no breakdown (`VARIANTS` fields None). With `save`, a folder, it keeps what re-simulating the
+    rows needs there (`save_run`)."""
     from baechi_tf.errors import BaechiError, InfeasiblePlacementError
     from baechi_tf.placer.pipeline import PlacementOptions
     from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
@@ -205,6 +210,7 @@ def measure_graph(
     runs = [(m, "loose") for m in methods if m != "expert" or case.expert]
     runs += [(m, "tight") for m in tight_methods]
     rows: list[Row] = []
+    saved: list[dict] = []  # per placement that ran, what `save_run` keeps
     for method, kind in runs:
         t1 = time.perf_counter()
         placed_def = refusal = None
@@ -253,11 +259,34 @@ def measure_graph(
                 placement=fingerprint,
             ))
             print(_line(rows[-1]), file=out, flush=True)
+        saved.append({"method": method, "limit": limit, "placement": fingerprint,
+                      "op_to_device": report.op_to_device})
         print(f"#   {method} {limit}: placed in {t2 - t1:.1f} s, ran in {time.perf_counter() - t2:.1f} s",
               file=sys.stderr, flush=True)
         if explain:
             _explain(result, ran_def, stats, measured, out)
+    if save:
+        save_run(save, case.name, case.graph_def, profile, shared_memory, saved, rows)
     return rows
+
+
+def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_memory: bool,
+             placements: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> None:
+    """Writes what re-simulating `rows` needs to `directory` (made if missing): ``<name>.pb``
+    (the unplaced GraphDef), ``<name>.profile`` (its CostProfile) and ``<name>.json`` (whether
+    the stand-ins were of shared memory; per placement its method, limit, fingerprint and
+    op -> device; and every row, measured peaks included). Each file is written whole or not at
+    all (`atomic_write`); bench/fidelity_memory_resim.py reads them."""
+    from baechi_tf._files import atomic_write
+    from baechi_tf.cost_model.profile import save_profile
+
+    os.makedirs(directory, exist_ok=True)
+    base = os.path.join(directory, name)
+    atomic_write(base + ".pb", graph_def.SerializeToString())
+    save_profile(profile, base + ".profile")
+    doc = {"graph": name, "shared_memory": shared_memory, "placements": list(placements),
+           "rows": [dataclasses.asdict(r) for r in rows]}
+    atomic_write(base + ".json", json.dumps(doc, sort_keys=True) + "\n")
 
 
 HEADER = (f"{'model':<12} {'method':<7} {'limit':<5} {'chosen':<14} {'device':<12} {'ops':>5} "
@@ -608,6 +637,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "steps; a device's measured peak is the largest over all their traced steps "
                         "(default: %(default)s)")
     parser.add_argument("--json", help="write every row to this file")
+    parser.add_argument("--save", metavar="DIR",
+                        help="keep each graph, its profile, its placements and their measured peaks "
+                        "in DIR, for bench/fidelity_memory_resim.py to simulate again under another "
+                        "model")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
     args = parser.parse_args(argv)
@@ -648,7 +681,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows += measure_graph(name, methods, tight_methods, tight=args.tight, warmup_steps=args.warmup_steps,
                               traced_steps=args.traced_steps, explain=args.explain and not args.grappler,
                               grappler=args.grappler, shared_memory=args.shared_memory,
-                              inter_op_threads=args.inter_op_threads, sessions=args.sessions)
+                              inter_op_threads=args.inter_op_threads, sessions=args.sessions,
+                              save=args.save)
     _print_summary(rows, args.grappler)
     if args.json:
         with open(args.json, "w") as f:

@@ -32,7 +32,7 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
+@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
                                     "keras_sweep.py", "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
                                     "run_overhead.py", "scale.py", "tight_memory.py"])
@@ -101,6 +101,7 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
      f"--tight_methods 'm_etff': unknown method(s) m_etff; choose from {METHODS}"),
     ("fidelity_time.py", ["--copies_in_flight", "0.5"],
      "argument --copies_in_flight: '0.5': give a number >= 1 or 'unlimited'"),
+    ("fidelity_memory_resim.py", ["/tmp", "--graphs", "rnn"], "--graphs: no saved rnn in /tmp"),
     ("fidelity_resim.py", ["/tmp", "--copies_in_flight", "many"],
      "argument --copies_in_flight: 'many': give a number >= 1 or 'unlimited'"),
 ])

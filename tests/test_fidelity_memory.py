@@ -146,3 +146,33 @@ def test_each_placement_runs_in_every_session_and_its_peak_is_their_largest(monk
     assert rows and {r.device for r in rows} <= set(each[0]) | set(each[1])
     for r in rows:
         assert r.measured_bytes == max(m[r.device].peak_bytes for m in each if r.device in m)
+
+
+@pytest.mark.tf
+def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
+    """--save keeps graph, profile, placements and measured peaks; bench/fidelity_memory_resim.py
+    places the saved layouts again and, with the model unchanged, gets every device's simulated
+    peak as the run printed it, against the same measured peaks."""
+    import io
+
+    fm = _bench()
+    rows = fm.measure_graph("rnn", ["m_topo", "m_etf"], [], warmup_steps=0, traced_steps=1, shared_memory=True,
+                            save=str(tmp_path), out=io.StringIO())
+    assert sorted(os.listdir(tmp_path)) == ["rnn.json", "rnn.pb", "rnn.profile"]
+    doc = json.loads((tmp_path / "rnn.json").read_text())
+    assert doc["shared_memory"] is True and [p["method"] for p in doc["placements"]] == ["m_topo", "m_etf"]
+    assert len(doc["rows"]) == len(rows) >= 2
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(rows)} of {len(rows)} devices simulated as saved" in done.stdout, done.stdout
+    both = sum(fm.LOW <= r.ratio <= fm.HIGH for r in rows)
+    assert done.stdout.count(f"both (the target, [1.0, 1.25]):   {both}/{len(rows)} devices") == 2, done.stdout
+
+
+def test_resim_of_a_folder_without_a_saved_run_says_how_to_make_one(tmp_path):
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.splitlines()[-1] == (f"fidelity_memory_resim.py: error: {tmp_path}: no <graph>.json here; "
+                                            "write one with bench/fidelity_memory.py --save DIR"), done.stderr

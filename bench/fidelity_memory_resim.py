@@ -1,0 +1,120 @@
+"""Peak memory offline: the placements of a saved `bench/fidelity_memory.py --save DIR` run,
+simulated again under the current model, against the peaks that run measured.
+
+For each ``<graph>.json`` in DIR, its GraphDef (``.pb``) and profile (``.profile``) are placed
+again with each saved placement as a fixed layout (``expert``, every op where it ran) on the run's
+4 stand-ins (of shared memory when the run's were), and each device's simulated peak is set
+against the peak measured then. It prints one line per device whose figure moved (saved and new
+simulated MiB, measured MiB, the new ratio), then `fidelity_memory.summary` of the saved and of
+the new figures side by side, and how many devices came out as saved (with the model unchanged:
+all of them, the check that the replay is faithful). No TensorFlow session runs: seconds to a
+minute.
+
+The measured peaks depend on TF's order of the step, not on the model, so a model's change can
+be judged here on the very measurements the saved run took, without the noise of another run's
+placements. Only the saved placements can be judged: a model under which a method would place
+otherwise needs a measured run (`fidelity_memory.py`).
+
+    .venv/bin/python bench/fidelity_memory_resim.py DIR [--graphs rnn,transformer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(BENCH))
+sys.path.insert(0, BENCH)
+
+__all__ = ["main", "resimulate"]
+
+
+def resimulate(path: str) -> list[tuple]:
+    """Per row of the saved graph ``path`` (its ``.json``): (the saved `fidelity_memory.Row`,
+    the same row with the peak simulated again under the current model)."""
+    import tensorflow as tf
+
+    from fidelity_memory import NUM_DEVICES, Row, _local
+
+    from baechi_tf.cost_model.profile import load_profile
+    from baechi_tf.placer.pipeline import PlacementOptions
+    from baechi_tf.rewriter.devices import LOCAL_TASK, standin_cluster
+    from baechi_tf.rewriter.graph_pass import place_graph_def
+
+    base = path[: -len(".json")]
+    with open(path) as f:
+        doc = json.load(f)
+    graph_def = tf.compat.v1.GraphDef.FromString(open(base + ".pb", "rb").read())
+    profile = load_profile(base + ".profile")
+    setup = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
+    peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
+    for p in doc["placements"]:
+        options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
+        _, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
+                                    device_aliases=setup.aliases)
+        schedule = report.result.schedule
+        peaks[(p["method"], p["limit"])] = {_local(d.name): int(schedule.peak_memory_bytes[i])
+                                            for i, d in enumerate(report.result.cluster.devices)}
+    out = []
+    for saved in doc["rows"]:
+        row = Row(**saved)
+        new = peaks[(row.method, row.limit)].get(row.device)
+        if new is None:
+            raise SystemExit(f"{path}: the placement {row.method} {row.limit} has no device {row.device}")
+        out.append((row, dataclasses.replace(row, simulated_bytes=new)))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", help="a folder written by bench/fidelity_memory.py --save")
+    parser.add_argument("--graphs", default="",
+                        help="comma-separated names of the saved graphs to take (default: all)")
+    args = parser.parse_args(argv)
+    paths = sorted(glob.glob(os.path.join(args.dir, "*.json")))
+    if args.graphs:
+        wanted = args.graphs.split(",")
+        missing = [g for g in wanted if os.path.join(args.dir, g + ".json") not in paths]
+        if missing:
+            parser.error(f"--graphs: no saved {', '.join(missing)} in {args.dir}")
+        paths = [os.path.join(args.dir, g + ".json") for g in wanted]
+    if not paths:
+        parser.error(f"{args.dir}: no <graph>.json here; write one with bench/fidelity_memory.py --save DIR")
+
+    from baechi_tf._startup import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    import logging
+
+    logging.getLogger("baechi_tf").setLevel(logging.ERROR)
+    from fidelity_memory import MiB, summary
+
+    pairs = []
+    for path in paths:
+        pairs += resimulate(path)
+    same = sum(old.simulated_bytes == new.simulated_bytes for old, new in pairs)
+    print(f"{'model':<12} {'method':<7} {'limit':<5} {'device':<12} {'saved MiB':>9} {'now MiB':>9} "
+          f"{'meas MiB':>9} {'sim/meas':>8}")
+    for old, new in pairs:
+        if old.simulated_bytes != new.simulated_bytes:
+            print(f"{new.model:<12} {new.method:<7} {new.limit:<5} {new.device:<12} "
+                  f"{old.simulated_bytes / MiB:>9.2f} {new.simulated_bytes / MiB:>9.2f} "
+                  f"{new.measured_bytes / MiB:>9.2f} {new.ratio:>8.3f}")
+    print(f"\n{same} of {len(pairs)} devices simulated as saved")
+    for title, rows in (("as saved", [old for old, _ in pairs]), ("now", [new for _, new in pairs])):
+        print(f"\n{title}:")
+        for line in summary(rows):
+            print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
