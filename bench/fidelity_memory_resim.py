@@ -3,7 +3,8 @@ simulated again under the current model, against the peaks that run measured.
 
 For each ``<graph>.json`` in DIR, its GraphDef (``.pb``) and profile (``.profile``) are placed
 again with each saved placement as a fixed layout (``expert``, every op where it ran) on the run's
-4 stand-ins (of shared memory when the run's were), and each device's simulated peak is set
+4 stand-ins (of shared memory when the run's were, and of the capacity the placement was made
+for), and each device's simulated peak is set
 against the peak measured then. It prints one line per device whose figure moved (saved and new
 simulated MiB, measured MiB, the new ratio), then `fidelity_memory.summary` of the saved and of
 the new figures side by side, and how many devices came out as saved (with the model unchanged:
@@ -53,9 +54,12 @@ def resimulate(path: str) -> list[tuple]:
         doc = json.load(f)
     graph_def = tf.compat.v1.GraphDef.FromString(open(base + ".pb", "rb").read())
     profile = load_profile(base + ".profile")
-    setup = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
     peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
     for p in doc["placements"]:
+        # The stand-ins' capacity as when placed: the simulator holds an op back until its memory
+        # is free, so under a tight limit the schedule depends on it.
+        capacity = max(r["capacity_bytes"] for r in doc["rows"] if (r["method"], r["limit"]) == (p["method"], p["limit"]))
+        setup = standin_cluster(NUM_DEVICES, capacity, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
         options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
         _, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
                                     device_aliases=setup.aliases)
