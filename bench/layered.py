@@ -58,8 +58,9 @@ def colocated_updates_graph(num_ops: int, chained: bool = False) -> OpGraph:
     producer p{k} (100 us, 4 KiB) feeding an update u{k} (2 us) colocated with the variable and
     reading it: the shape of many updates of one variable. Placed over several devices the
     producers run side by side and their copies queue on the channel into the variable's device.
-    `chained`: each update also waits for the one before (a control edge), so that m-SCT keeps
-    the variable's device for the next update while the producers wait.
+    `chained`: each update also reads the one before (4 bytes), so that m-SCT keeps the
+    variable's device for the next update, its favourite child, while the producers wait (a
+    control edge would not do: m-SCT's LP makes no op a favourite child through one).
     """
     b = OpGraphBuilder()
     b.add_op("var", 1, [1 << 20], persistent_bytes=1 << 20)
@@ -69,7 +70,7 @@ def colocated_updates_graph(num_ops: int, chained: bool = False) -> OpGraph:
         b.add_edge(f"p{k}", f"u{k}")
         b.add_edge("var", f"u{k}")
         if chained and k:
-            b.add_control_edge(f"u{k - 1}", f"u{k}")
+            b.add_edge(f"u{k - 1}", f"u{k}")
     return b.build()
 
 

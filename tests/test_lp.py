@@ -251,3 +251,105 @@ def test_relaxation_reports_a_lower_bound_within_the_certificate():
         whole = solve_lp(build_sct_lp(graph, graphs.cluster(4)), "highs").w_us
         assert r.bound_us <= r.w_us
         assert r.bound_us == pytest.approx(whole, rel=1e-9)
+
+
+# ---------------------------------------------------------------- control-only arcs
+
+
+def control_biclique(senders=3, waiters=4, extra=True):
+    """A source x feeding senders u0.. and waiters v0.. (data), every sender ordered before every
+    waiter by a control edge (what ``tf.control_dependencies(update_ops)`` makes); with `extra`
+    also a waiter 'lone' after u0 alone and a data arc u0 -> v0 (so that arc is not control-only)."""
+    b = OpGraphBuilder()
+    b.add_op("x", 5, [4096])
+    for i in range(senders):
+        b.add_op(f"u{i}", 10 + 10 * i, [1024])
+        b.add_edge("x", f"u{i}")
+    for j in range(waiters):
+        b.add_op(f"v{j}", 40 + 5 * j, [4])
+        b.add_edge("x", f"v{j}")
+        for i in range(senders):
+            b.add_control_edge(f"u{i}", f"v{j}")
+    if extra:
+        b.add_op("lone", 7, [4])
+        b.add_control_edge("u0", "lone")
+        b.add_edge("u0", "v0")
+    return b.build()
+
+
+def test_control_only_arcs_have_no_x_and_pay_their_message():
+    # a -> b carries a tensor, a -> c only orders them: c waits for a's message whatever the LP
+    # does, so b is a's favourite child and w = 10 + max(100, C + 100) with C the message's time.
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [4])
+    b.add_op("b", 100, [4])
+    b.add_op("c", 100, [4])
+    b.add_edge("a", "b")
+    b.add_control_edge("a", "c")
+    lp, sol = solve(b.build())
+    assert lp.num_arcs == 1 and (lp.fixed_src.tolist(), lp.fixed_dst.tolist()) == ([0], [2])
+    assert lp.num_barriers == 0 and lp.rows_per_block[4] == 1
+    assert sol.w_us == pytest.approx(110 + COMM(0))
+    np.testing.assert_allclose(sol.x, [0.0], atol=1e-9)  # nothing else can be the favourite
+
+
+def test_a_set_of_control_predecessors_that_ops_share_is_one_barrier():
+    from scipy.optimize import linprog
+
+    graph = control_biclique()
+    cluster = graphs.cluster(2, comm=COMM)
+    lp = build_sct_lp(graph, cluster)
+    # 3 senders x 4 waiters of control-only arcs (u0 -> v0 also carries a tensor, so v0's set is
+    # u1, u2 and v0 has its own rows): u0..u2 -> b -> v1..v3 is 3 + 3 rows, v0 2 rows, lone 1.
+    assert lp.num_barriers == 1 and lp.rows_per_block[4] == 3 + 3 + 2 + 1
+    assert lp.num_vars == lp.num_arcs + graph.num_ops + 1 + 1
+    # The same LP with one row per control-only arc, written out: the same optimum.
+    src, dst, c = arc_comm_us(graph, cluster)
+    data = np.array([any(s == i and d == j for s, d in zip(graph.edge_src[~graph.is_control].tolist(),
+                                                          graph.edge_dst[~graph.is_control].tolist()))
+                     for i, j in zip(src.tolist(), dst.tolist())])
+    control = ~data
+    assert control.sum() == 3 * 4 - 1 + 1
+    unit = lp.time_unit_us
+    arcs = list(zip(src[data].tolist(), dst[data].tolist()))
+    A, rhs = dense_reference(graph.compute_us / unit, arcs, c[data] / unit)
+    direct = []
+    for i, j, cij in zip(src[control].tolist(), dst[control].tolist(), c[control].tolist()):
+        row = np.zeros(A.shape[1])
+        row[len(arcs) + i], row[len(arcs) + j] = 1, -1
+        direct.append((row, -(graph.compute_us[i] + cij) / unit))
+    A = np.vstack([A] + [r for r, _ in direct])
+    rhs = np.concatenate([rhs, [v for _, v in direct]])
+    cost = np.zeros(A.shape[1])
+    cost[-1] = 1
+    bounds = [(0, 1)] * len(arcs) + [(0, None)] * (graph.num_ops + 1)
+    reference = linprog(cost, A_ub=A, b_ub=rhs, bounds=bounds, method="highs")
+    assert reference.status == 0
+    for solver in ("highs", "cvxopt"):
+        assert solve_lp(lp, solver).w_us == pytest.approx(reference.fun * unit, rel=1e-6), solver
+
+
+def test_the_certificate_follows_control_only_arcs_through_barriers():
+    from baechi_tf.sct import solvers
+
+    graph = control_biclique()
+    lp = build_sct_lp(graph, graphs.cluster(2, comm=COMM))
+    best = solve_lp(lp, "highs")
+    makespan, _ = solvers._certified_gap(lp, best.x, np.zeros(lp.num_rows))
+    # The waiters start after every sender's message: the longest path goes through them.
+    assert makespan * lp.time_unit_us == pytest.approx(best.w_us, rel=1e-9)
+    assert makespan * lp.time_unit_us >= 5 + 30 + COMM(0) + 55 - 1e-6  # x, u2, message, v3
+    implied = solvers._implied_lower(lp)
+    assert implied[lp.w_index + 1 :].all()  # the barrier's b >= 0 follows from its rows
+
+
+def test_relaxation_gives_control_only_arcs_x_one_and_reaches_the_whole_optimum():
+    graph = control_biclique(senders=4, waiters=6)
+    cluster = graphs.cluster(4, comm=COMM)
+    whole = solve_sct_relaxation(graph, cluster, solver="highs", reduce=False)
+    pieces = solve_sct_relaxation(graph, cluster, solver="highs", piece_ops=3)
+    assert pieces.w_us == pytest.approx(whole.w_us, rel=1e-9)
+    data = {(s, d) for s, d in zip(graph.edge_src[~graph.is_control].tolist(), graph.edge_dst[~graph.is_control].tolist())}
+    control = np.array([(i, j) not in data for i, j in zip(pieces.arc_src.tolist(), pieces.arc_dst.tolist())])
+    assert control.sum() == 4 * 6 - 1 + 1  # u0 -> v0 carries a tensor; u0 -> lone does not
+    assert (pieces.x[control] == 1).all() and (whole.x[control] == 1).all()

@@ -47,7 +47,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import SolverError
 from baechi_tf.graph import OpGraph
 from baechi_tf.progress import Progress
-from baechi_tf.sct.lp import arc_comm_us, sct_lp
+from baechi_tf.sct.lp import arc_comm_us, control_only_arcs, sct_lp
 from baechi_tf.sct.solvers import back_ends, choose_solver, solve_lp
 
 __all__ = ["SctRelaxation", "solve_sct_relaxation"]
@@ -65,7 +65,7 @@ class SctRelaxation:
     arc_src: np.ndarray  # int32 [num_arcs], i of arc (i, j), arcs sorted by (i, j)
     arc_dst: np.ndarray  # int32 [num_arcs], j of arc (i, j)
     c_us: np.ndarray  # float64 [num_arcs], c_ij
-    x: np.ndarray  # float64 [num_arcs], x_ij in [0, 1]
+    x: np.ndarray  # float64 [num_arcs], x_ij in [0, 1]; 1 on control-only arcs (`sct.lp`)
     s_us: np.ndarray  # float64 [num_ops], earliest start of each op under x
     w_us: float  # the LP optimum (the relaxed makespan): the longest path under x
     solver: str  # the back ends that solved the pieces, joined by '+' ('highs', 'cvxopt+highs')
@@ -99,12 +99,13 @@ def solve_sct_relaxation(
         return solve_lp(lp, order[0], time_limit_s=time_limit_s, fallbacks=order[1:])
 
     arc_src, arc_dst, c_us = arc_comm_us(graph, cluster)
+    control = control_only_arcs(graph, arc_src, arc_dst)
     p = graph.compute_us
     topo = graph.topo_index
     by_dst = np.argsort(topo[arc_dst], kind="stable")
     if not reduce:
         _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve)
+        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve)
 
     head0 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, np.zeros_like(c_us))
     head1 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, c_us)
@@ -128,10 +129,10 @@ def solve_sct_relaxation(
             s_lower = np.zeros(ops.shape[0])
             if release:
                 s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
-            sol = solve(
-                sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower), bar
-            )
-            x[arcs] = sol.x
+            lp = sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower,
+                        control=control[arcs])
+            sol = solve(lp, bar)
+            x[arcs[~control[arcs]]] = sol.x  # a control-only arc has x = 1
             used.add(sol.solver)
             w_pieces = sol.bound_us  # a lower bound of the piece's optimum: the solver's, or certified
             num_lps += 1
@@ -148,7 +149,7 @@ def solve_sct_relaxation(
             bound,
         )
         _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve)
+        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve)
     solved_by = "+".join(sorted(used)) or name
     log.info(
         "m-SCT LP: %d of %d arcs in %d LPs by %s, optimum %.6g us (lower bound %.6g us)",
@@ -165,12 +166,14 @@ def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
         )
 
 
-def _whole(graph, arc_src, arc_dst, c_us, by_dst, name, solve) -> SctRelaxation:
+def _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve) -> SctRelaxation:
     with Progress(f"m-SCT LP ({name})", tick=True) as bar:
-        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us), bar, "the whole graph, ")
-    s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * sol.x)
+        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us, control=control), bar, "the whole graph, ")
+    x = np.ones_like(c_us)
+    x[~control] = sol.x
+    s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * x)
     return SctRelaxation(
-        arc_src, arc_dst, c_us, sol.x, s, sol.w_us, sol.solver, 1, arc_src.shape[0], sol.bound_us
+        arc_src, arc_dst, c_us, x, s, sol.w_us, sol.solver, 1, arc_src.shape[0], sol.bound_us
     )
 
 

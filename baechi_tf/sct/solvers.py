@@ -334,19 +334,24 @@ def _quiet_highs(highspy):
 
 def _certified_gap(lp: SctLP, x: np.ndarray, row_dual: np.ndarray) -> tuple[float, float]:
     """``(makespan, bound)`` in the LP's time unit: the longest path when arc a takes
-    ``p_i + c_a x_a`` (x in [0, 1], so a feasible makespan), and a lower bound of the optimum by
-    weak duality from any row multipliers (HiGHS's sign: <= 0 on ``<=`` rows, clipped there).
+    ``p_i + c_a x_a`` (x in [0, 1], so a feasible makespan) and a control-only arc ``p_i + c_ij``,
+    and a lower bound of the optimum by weak duality from any row multipliers (HiGHS's sign: <= 0
+    on ``<=`` rows, clipped there).
 
     The bound is ``min over the box of c z + lam (A z - b)`` for ``lam = -row_dual >= 0``. The box
-    caps every start and w at the feasible makespan: the earliest starts of an optimal x end by the
-    optimum, so some optimal point lies in it, and the minimum over the box is finite. Time
-    O(V + A) (one pass in topological order)."""
+    caps every start, w and barrier at the feasible makespan: the earliest starts of an optimal x
+    end by the optimum, and each barrier at its predecessors' latest end is no later than the
+    starts that wait on it, so some optimal point lies in it, and the minimum over the box is
+    finite. Time O(V + A + F) (one pass in topological order) for F control-only arcs."""
     unit = lp.time_unit_us
-    p, arc_us = lp.p_us / unit, lp.c_us / unit * x
+    p = lp.p_us / unit
+    src = np.concatenate([lp.arc_src, lp.fixed_src])
+    dst = np.concatenate([lp.arc_dst, lp.fixed_dst])
+    arc_us = np.concatenate([lp.c_us * x, lp.fixed_c_us]) / unit
     start = lp.lower[lp.num_arcs : lp.w_index].tolist()
-    order = _topological_arcs(lp.arc_src, lp.arc_dst, lp.num_ops)
-    length = (p[lp.arc_src] + arc_us)[order].tolist()
-    for i, j, w in zip(lp.arc_src[order].tolist(), lp.arc_dst[order].tolist(), length):
+    order = _topological_arcs(src, dst, lp.num_ops)
+    length = (p[src] + arc_us)[order].tolist()
+    for i, j, w in zip(src[order].tolist(), dst[order].tolist(), length):
         if start[i] + w > start[j]:
             start[j] = start[i] + w
     makespan = float(max((np.asarray(start) + p).max(initial=0.0), lp.lower[lp.w_index]))
@@ -427,20 +432,25 @@ def _cvxopt_rows(lp: SctLP) -> tuple[sp.coo_matrix, np.ndarray]:
 
 def _implied_lower(lp: SctLP) -> np.ndarray:
     """bool [num_vars]: the variables whose lower bound the rows imply, given every lower bound
-    holds: ``s_j >= lower_j`` when some arc (i, j) has ``lower_i + p_i >= lower_j`` (the
-    precedence row gives ``s_j >= s_i + p_i``, and ``c_ij x_ij >= 0``), and ``w >= lower_w`` when
-    some sink i has ``lower_i + p_i >= lower_w`` (its makespan row). By induction over a
-    topological order every bound then holds, whether by its own row or so."""
+    holds: ``s_j >= lower_j`` when some arc (i, j), with an x or control-only, has ``lower_i +
+    p_i >= lower_j`` (the precedence row gives ``s_j >= s_i + p_i``, and ``c_ij x_ij >= 0``; a
+    barrier between them is at least ``s_i + p_i``), ``w >= lower_w`` when some sink i has
+    ``lower_i + p_i >= lower_w`` (its makespan row), and every barrier's ``b >= 0`` (each has a
+    predecessor, whose start and compute are >= 0). By induction over a topological order every
+    bound then holds, whether by its own row or so."""
     a, v = lp.num_arcs, lp.num_ops
+    src = np.concatenate([lp.arc_src, lp.fixed_src])
+    dst = np.concatenate([lp.arc_dst, lp.fixed_dst])
     s_lower = lp.lower[a : a + v]
     p = lp.p_us / lp.time_unit_us
     ends = s_lower + p  # the earliest end of each op that its bound alone gives
     earliest = np.full(v, -np.inf)
-    np.maximum.at(earliest, lp.arc_dst, ends[lp.arc_src])
+    np.maximum.at(earliest, dst, ends[src])
     implied = np.zeros(lp.num_vars, dtype=bool)
     implied[a : a + v] = earliest >= s_lower
-    sinks = np.bincount(lp.arc_src, minlength=v) == 0
+    sinks = np.bincount(src, minlength=v) == 0
     implied[lp.w_index] = bool(sinks.any()) and ends[sinks].max() >= lp.lower[lp.w_index]
+    implied[lp.w_index + 1 :] = lp.lower[lp.w_index + 1 :] <= 0.0
     return implied
 
 
