@@ -353,3 +353,16 @@ def test_relaxation_gives_control_only_arcs_x_one_and_reaches_the_whole_optimum(
     control = np.array([(i, j) not in data for i, j in zip(pieces.arc_src.tolist(), pieces.arc_dst.tolist())])
     assert control.sum() == 4 * 6 - 1 + 1  # u0 -> v0 carries a tensor; u0 -> lone does not
     assert (pieces.x[control] == 1).all() and (whole.x[control] == 1).all()
+
+
+def test_the_size_limit_counts_control_only_arcs_as_the_rows_they_take():
+    # 8 arcs with a choice, and 11 control-only arcs written as 9 rows through a barrier: an LP of
+    # 17, not 19, which a limit of 17 lets through and one of 16 refuses before solving.
+    from baechi_tf.errors import SolverError
+
+    graph = control_biclique()
+    cluster = graphs.cluster(2, comm=COMM)
+    solve_sct_relaxation(graph, cluster, solver="highs", reduce=False, max_lp_arcs=17)
+    with pytest.raises(SolverError, match=r"piece of 9 ops and 8 arcs with a choice and 9 rows of control-only "
+                       r"arcs that no op cuts, 17 in all, above the limit of 16; no LP was attempted"):
+        solve_sct_relaxation(graph, cluster, solver="highs", reduce=False, max_lp_arcs=16)

@@ -151,7 +151,8 @@ def _m_etf(graph: OpGraph, cluster: Cluster, groups: Groups, options, cutoff_us:
 
 
 # In auto's portfolio m-SCT gives up (SolverError, skipped) on an LP piece of more than this many
-# arcs, a bound on its work that does not depend on the machine: such a piece is solved by
+# arcs with a choice and rows of control-only arcs (`relaxation._check_size`), a bound on its work
+# that does not depend on the machine: such a piece is solved by
 # cvxopt when its normal equations are sparse and by HiGHS's budgeted simplex or interior point
 # otherwise (`baechi_tf.sct.solvers`), which can take a second (layered graphs of 10k ops) to
 # some 15 s (a DenseNet121 step's 65k-arc piece, by interior point) of auto's budget.

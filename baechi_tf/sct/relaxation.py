@@ -86,8 +86,9 @@ def solve_sct_relaxation(
 ) -> SctRelaxation:
     """Solves the m-SCT LP of `graph`; `reduce=False` hands the whole LP to the solver at once.
 
-    With `max_lp_arcs`, an LP (a piece, or the whole) of more arcs is not attempted: `SolverError`
-    (a deterministic bound on the solver's work, for callers that have other placers to try).
+    With `max_lp_arcs`, an LP (a piece, or the whole) larger than that, its arcs with a choice and
+    its rows of control-only arcs counted (`_check_size`), is not attempted: `SolverError` (a
+    deterministic bound on the solver's work, for callers that have other placers to try).
     `time_limit_s` bounds each solve; with ``solver='auto'`` a back end that fails or runs out of
     time hands the LP to the next one (MOSEK, HiGHS, cvxopt) with a warning.
     """
@@ -104,8 +105,7 @@ def solve_sct_relaxation(
     topo = graph.topo_index
     by_dst = np.argsort(topo[arc_dst], kind="stable")
     if not reduce:
-        _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve)
+        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve, max_lp_arcs)
 
     head0 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, np.zeros_like(c_us))
     head1 = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, p, c_us)
@@ -118,19 +118,21 @@ def solve_sct_relaxation(
     w_pieces = 0.0
     num_lps = 0
     used = set()
-    pieces = list(_pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops))
-    for ops, arcs, _ in pieces:
-        _check_size(arcs.shape[0], max_lp_arcs, ops.shape[0])
+    pieces = []
+    for ops, arcs, release in _pieces(graph.num_ops, arc_src, arc_dst, keep, topo, piece_ops):
+        # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece. A released piece's
+        # first op gets its earliest start once the piece before is solved.
+        local = np.full(graph.num_ops, -1, dtype=np.int64)
+        local[ops] = np.arange(ops.shape[0])
+        lp = sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], control=control[arcs])
+        _check_size(lp, max_lp_arcs)
+        pieces.append((ops, arcs, release, lp))
     with Progress(f"m-SCT LP ({name})", len(pieces), unit="pieces", tick=True) as bar:
-        for ops, arcs, release in pieces:
-            # `arcs` index the graph's arcs; ops are renumbered 0.. in the piece.
-            local = np.full(graph.num_ops, -1, dtype=np.int64)
-            local[ops] = np.arange(ops.shape[0])
-            s_lower = np.zeros(ops.shape[0])
-            if release:
-                s_lower[0] = w_pieces - p[ops[0]]  # the cut op starts when the last piece found it ends
-            lp = sct_lp(p[ops], local[arc_src[arcs]], local[arc_dst[arcs]], c_us[arcs], s_lower_us=s_lower,
-                        control=control[arcs])
+        for ops, arcs, release, lp in pieces:
+            if release:  # the cut op starts when the last piece found it ends
+                lower = lp.lower.copy()
+                lower[lp.num_arcs] = (w_pieces - p[ops[0]]) / lp.time_unit_us
+                lp = dataclasses.replace(lp, lower=lower)
             sol = solve(lp, bar)
             x[arcs[~control[arcs]]] = sol.x  # a control-only arc has x = 1
             used.add(sol.solver)
@@ -148,8 +150,7 @@ def solve_sct_relaxation(
             w,
             bound,
         )
-        _check_size(arc_src.shape[0], max_lp_arcs, graph.num_ops)
-        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve)
+        return _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve, max_lp_arcs)
     solved_by = "+".join(sorted(used)) or name
     log.info(
         "m-SCT LP: %d of %d arcs in %d LPs by %s, optimum %.6g us (lower bound %.6g us)",
@@ -158,17 +159,23 @@ def solve_sct_relaxation(
     return SctRelaxation(arc_src, arc_dst, c_us, x, s, w, solved_by, num_lps, int(keep.sum()), min(bound, w))
 
 
-def _check_size(num_arcs: int, limit: Optional[int], num_ops: int) -> None:
-    if limit is not None and num_arcs > limit:
+def _check_size(lp, limit: Optional[int]) -> None:
+    """`SolverError` when `lp` is larger than `limit`: its arcs with an x and its rows of
+    control-only arcs (`sct.lp`, block 5) count, the work a solver has with it."""
+    size = lp.num_arcs + lp.rows_per_block[4]
+    if limit is not None and size > limit:
         raise SolverError(
-            f"the m-SCT LP has a piece of {num_ops} ops and {num_arcs} arcs that no op cuts, above "
-            f"the limit of {limit} arcs; no LP was attempted"
+            f"the m-SCT LP has a piece of {lp.num_ops} ops and {lp.num_arcs} arcs with a choice and "
+            f"{lp.rows_per_block[4]} rows of control-only arcs that no op cuts, {size} in all, above "
+            f"the limit of {limit}; no LP was attempted"
         )
 
 
-def _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve) -> SctRelaxation:
+def _whole(graph, arc_src, arc_dst, c_us, control, by_dst, name, solve, max_lp_arcs) -> SctRelaxation:
+    lp = sct_lp(graph.compute_us, arc_src, arc_dst, c_us, control=control)
+    _check_size(lp, max_lp_arcs)
     with Progress(f"m-SCT LP ({name})", tick=True) as bar:
-        sol = solve(sct_lp(graph.compute_us, arc_src, arc_dst, c_us, control=control), bar, "the whole graph, ")
+        sol = solve(lp, bar, "the whole graph, ")
     x = np.ones_like(c_us)
     x[~control] = sol.x
     s = _longest_starts(graph.num_ops, arc_src, arc_dst, by_dst, graph.compute_us, c_us * x)
