@@ -408,7 +408,7 @@ def test_missing_directory_and_future_format(tmp_path):
     with pytest.raises(ProfileError, match="format 9"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 1  # digests of types and inputs only: a profile to take again
-    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2, 3 and 4; profile the graph again"):
+    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2, 3, 4 and 5; profile the graph again"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 2
     pb.ops.add(name="a", compute_us=-1.0)
@@ -540,7 +540,7 @@ def test_outputs_that_reuse_a_buffer_are_read_from_the_trace():
     again = profile_from_bytes(profile_to_bytes(profile))
     assert dict(again.ops) == dict(profile.ops)
     pb = cost_profile_pb2.CostProfile.FromString(profile_to_bytes(profile))
-    assert pb.format_version == 4
+    assert pb.format_version == 5
     pb.format_version = 3
     for op in pb.ops:
         del op.output_alias[:]
@@ -602,3 +602,23 @@ def test_a_trace_without_addresses_falls_back_to_the_forwarding_types():
     assert output_buffers("Const", {0: (7, 8)}, [], 0, 8) == {0: NO_BUFFER}
     assert output_buffers("Const", {0: (7, 8)}, [], 0, 4) == {0: OWN_BUFFER}
     assert output_buffers("Unique", {0: (7, 8), 1: (9, 8)}, [(5, 8)], 16, 0) == {0: OWN_BUFFER, 1: OWN_BUFFER}
+
+
+def test_held_is_what_a_reader_freed_after_the_op_ended():
+    from baechi_tf.cost_model.profiler import _held
+
+    spans = {"r1": (6, 9), "r2": (14, 16), "other": (20, 21)}
+    records = [
+        (1, 200), (12, -200),  # the output's buffer, freed by its last reader: not held
+        (1, 100), (9, -100),  # freed as r1 ended: held for r1
+        (2, 50), (4, -50),  # freed before the op ended: scratch
+        (2, 30), (20, -30),  # freed while no reader of the op ran: not counted here
+        (3, 70), (15, -70),  # freed while r2 ran: held, and r2 is the later reader
+        (3, 999),  # never freed in the step (a variable's new buffer)
+    ]
+    assert _held(records, (0, 5), [200], {"r1", "r2"}, spans) == (170, "r2")
+    assert _held(records, (0, 5), [200], set(), spans) == (0, "")  # no reader: nothing held
+    assert _held(records, None, [200], {"r1"}, spans) == (0, "")  # the op's own span unknown
+    # Without the output in `own` (no op of the graph reads it: oneDNN's workspace slot), its
+    # buffer is held too, for the reader that freed it.
+    assert _held(records, (0, 5), [], {"r1", "r2", "r3"}, spans | {"r3": (11, 12)}) == (370, "r2")

@@ -3,8 +3,10 @@
 A profile holds, per op, the median compute time over the traced steps and the maxima of each
 output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; `profiler`); for
 an op that a fused node replaced, the op it ran as (``fused_into``); per output, whether it reused
-a buffer (``output_alias``: an input's, or one its op did not allocate); and the traced time that no
-op of the graph accounts for, by node type (``unmatched_compute_us``). It
+a buffer (``output_alias``: an input's, or one its op did not allocate); memory its kernel kept
+past its end until a reader of its outputs ended (``held_bytes``, ``held_until``: a oneDNN max
+pool's workspace); and the traced time that no op of the graph accounts for, by node type
+(``unmatched_compute_us``). It
 remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and
 attributes, so that the same model at another size does not match; device fields and TF's
 internal ``_`` attributes are left out, so that a placed copy of a graph matches its unplaced
@@ -60,8 +62,9 @@ _END = "end"
 # 3: ops carry fused_into, and the profile the traced time no op accounts for (format 2 is read:
 #    nothing fused, unmatched time unknown).
 # 4: ops carry output_alias, the outputs that reused a buffer (formats 2 and 3 are read: none did).
-_FORMAT_VERSION = 4
-_READ_VERSIONS = (2, 3, 4)
+# 5: ops carry held_bytes and held_until, memory kept past their end (formats 2-4 are read: none).
+_FORMAT_VERSION = 5
+_READ_VERSIONS = (2, 3, 4, 5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,11 @@ class OpCost:
     # per output slot, the buffer it was in every traced step: OWN_BUFFER, INPUT k >= 0 (its k-th
     # data input's), or NO_BUFFER (one it did not allocate, a variable's); () when all were own
     output_alias: tuple[int, ...] = ()
+    # bytes its kernel allocated beyond its outputs that stayed allocated past its end until
+    # `held_until`, an op that reads one of its outputs, ended (a oneDNN max pool's workspace,
+    # freed once its gradient has run); max over steps, not part of temp_bytes; 0 and '' for none
+    held_bytes: int = 0
+    held_until: str = ""
 
 
 OWN_BUFFER = -1
@@ -424,6 +432,8 @@ def profile_to_bytes(profile: CostProfile) -> bytes:
             num_steps=c.num_steps,
             fused_into=c.fused_into,
             output_alias=list(c.output_alias),
+            held_bytes=c.held_bytes,
+            held_until=c.held_until,
         )
     for node_type, us in sorted((profile.unmatched_compute_us or {}).items()):
         pb.unmatched.add(node_type=node_type, compute_us=us)
@@ -467,7 +477,7 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
     for c in pb.ops:
         if c.name in ops:
             raise ProfileError(f"{source} lists op {c.name!r} twice; the file is corrupt")
-        if not (c.compute_us >= 0) or c.temp_bytes < 0 or c.persistent_bytes < 0 or any(
+        if not (c.compute_us >= 0) or c.temp_bytes < 0 or c.persistent_bytes < 0 or c.held_bytes < 0 or any(
             b < 0 for b in c.output_bytes
         ):
             raise ProfileError(
@@ -489,6 +499,8 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
             num_steps=int(c.num_steps),
             fused_into=c.fused_into,
             output_alias=tuple(int(a) for a in c.output_alias),
+            held_bytes=int(c.held_bytes),
+            held_until=c.held_until,
         )
     return CostProfile(
         ops=ops,

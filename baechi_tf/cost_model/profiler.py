@@ -41,7 +41,7 @@ import dataclasses
 
 import logging
 import re
-from typing import Any, Collection, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from baechi_tf import interrupts
 from baechi_tf.progress import Progress
@@ -114,7 +114,7 @@ def _described_bytes(description) -> int:
 class _Acc:
     """One op's figures over the traced steps."""
 
-    __slots__ = ("times", "outputs", "temp", "persistent", "device", "buffers")
+    __slots__ = ("times", "outputs", "temp", "persistent", "device", "buffers", "held", "held_until")
 
     def __init__(self, device: str) -> None:
         self.times: list[float] = []
@@ -123,6 +123,8 @@ class _Acc:
         self.persistent = 0
         self.device = device
         self.buffers: Optional[dict[int, int]] = None  # slot -> buffer in every step so far
+        self.held = 0  # `OpCost.held_bytes`
+        self.held_until = ""
 
 
 # Op types whose outputs reuse their inputs' buffers (`output_buffers` when a trace has no
@@ -186,6 +188,44 @@ def _data_inputs(graph_def: Any) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
+def _held(records: Sequence[tuple[int, int]], span: Optional[tuple[int, int]], own: Sequence[int],
+          readers: set[str], spans: Mapping[str, tuple[int, int]]) -> tuple[int, str]:
+    """(bytes, reader): what an op's allocation `records` ((time, bytes), negative bytes for a
+    free) kept past its `span`'s end beyond its `own` output buffers (those the graph's ops
+    read), and freed while `reader`,
+    one of its `readers`, ran (a oneDNN max pool's workspace, freed by its gradient); (0, '')
+    when nothing was, or no reader was running when it was freed. Each allocation is matched
+    with the first later free of as many bytes; an output's buffer is an allocation of its size.
+    Time O(R log R) for R records."""
+    if span is None or not readers:
+        return 0, ""
+    allocs = sorted((t, b) for t, b in records if b > 0)
+    frees = sorted((t, -b) for t, b in records if b < 0)
+    used = [False] * len(frees)
+    outlived: list[tuple[int, int]] = []  # (bytes, time freed) of allocations freed after the end
+    for t, b in allocs:
+        k = next((i for i, (tf, bf) in enumerate(frees) if not used[i] and bf == b and tf >= t), None)
+        if k is None:
+            continue  # never freed in the step: a variable's new buffer, or an output kept
+        used[k] = True
+        if frees[k][0] > span[1]:
+            outlived.append((b, frees[k][0]))
+    for nbytes in own:  # the outputs' buffers, freed by their last readers
+        k = next((i for i, (b, _) in enumerate(outlived) if b == nbytes), None)
+        if k is not None:
+            del outlived[k]
+    held, last, until = 0, -1, ""
+    for b, t in outlived:
+        reader = max((r for r in readers if r in spans and spans[r][0] <= t <= spans[r][1] + 1),
+                     key=lambda r: spans[r][1], default=None)
+        if reader is None:
+            continue
+        held += b
+        if t > last:
+            last, until = t, reader
+    return held, until
+
+
 def profile_from_step_stats(
     step_stats_list: Sequence[Any], graph_def: Any, *, tf_version: str = "", partition_graphs: Sequence[Any] = ()
 ) -> CostProfile:
@@ -207,6 +247,9 @@ def profile_from_step_stats(
     for reader, ins in data_inputs.items():
         for t in set(ins):
             readers.setdefault(t, []).append(reader)
+    op_readers: dict[str, set[str]] = {}  # the ops whose data inputs read any output of each op
+    for (src, _), rs in readers.items():
+        op_readers.setdefault(src, set()).update(rs)
     fused = fused_ops(graph_def, partition_graphs) if partition_graphs else {}
     step_totals: list[float] = []
     step_unmatched: list[dict[str, float]] = []
@@ -224,6 +267,8 @@ def profile_from_step_stats(
                 executors.append(dev)
         step_time: dict[str, float] = {}
         traced: dict[str, tuple[dict[int, tuple[int, int]], int, int]] = {}  # for `output_buffers`
+        records: dict[str, list[tuple[int, int]]] = {}  # op -> its allocation records, for `_held`
+        spans: dict[str, tuple[int, int]] = {}  # node -> (start, end) in trace microseconds
         unmatched: dict[str, float] = {}
         total = 0.0
         for dev in executors:
@@ -232,6 +277,7 @@ def profile_from_step_stats(
                 name = ns.node_name
                 us = kernel_us.get(name, _op_us(ns))
                 total += us
+                spans[name] = (int(ns.all_start_micros), int(ns.all_start_micros + ns.all_end_rel_micros))
                 op = sources.op_of(ns)
                 if op is None or (name in shadowed and _within(_span_us(ns), call_spans)):
                     kind = node_type(ns)
@@ -256,6 +302,7 @@ def profile_from_step_stats(
                     buffers[out.slot] = (int(desc.allocation_description.ptr), nbytes)
                 a.temp = max(a.temp, int(ns.memory_stats.temp_memory_size))
                 a.persistent = max(a.persistent, int(ns.memory_stats.persistent_memory_size))
+                records[op] = [(int(r.alloc_micros), int(r.alloc_bytes)) for m in ns.memory for r in m.allocation_records]
                 traced[op] = (
                     buffers,
                     sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0),
@@ -273,9 +320,18 @@ def profile_from_step_stats(
                 step = {k: v if v < 0 or _sole_reader(name, readers.get(ins[v], ()), ran) else OWN_BUFFER
                         for k, v in step.items()}
             # What its records allocated beyond its own outputs (a variable's copy on write, an
-            # assignment's copy of a shared value) is scratch to the model.
-            own = sum(nbytes for k, (_, nbytes) in outputs.items() if step.get(k, OWN_BUFFER) == OWN_BUFFER)
-            a.temp = max(a.temp, allocated - own)
+            # assignment's copy of a shared value) is scratch to the model, but for what a
+            # reader of its outputs freed after its end (`_held`).
+            # An output no op of the graph reads (oneDNN's hidden workspace slot of a max pool) may
+            # be held so too; it is not scratch here, and `fit_outputs_to_graph` folds what of an
+            # undeclared slot is not held into the scratch.
+            own = {k: nbytes for k, (_, nbytes) in outputs.items() if step.get(k, OWN_BUFFER) == OWN_BUFFER}
+            read = [nbytes for k, nbytes in own.items() if readers.get((name, k))]
+            held, until = _held(records.get(name, ()), spans.get(name), read, op_readers.get(name, set()), spans)
+            unread = sum(own.values()) - sum(read)
+            a.temp = max(a.temp, allocated - sum(own.values()) - max(0, held - unread))
+            if held > a.held:
+                a.held, a.held_until = held, until
             if a.buffers is None:
                 a.buffers = step
             else:  # a buffer it was not in every step is its own
@@ -295,6 +351,8 @@ def profile_from_step_stats(
             device=a.device,
             num_steps=len(a.times),
             output_alias=_alias_slots(a.buffers, width),
+            held_bytes=a.held,
+            held_until=a.held_until,
         )
     return CostProfile(
         ops=_with_fused_ops(ops, names, fused),
@@ -540,11 +598,12 @@ def _fetch_closure(graph: Any, fetches: Any, feed_dict: Optional[dict]) -> Optio
 def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
     """`profile` without the output slots that the ops of `graph` (a ``tf.Graph``, or a
     ``GraphDef``: outputs counted from the ops' definitions) do not have; their bytes are
-    counted as the op's temporary memory.
+    counted as the op's temporary memory, but for those it held past its end (`held_bytes`,
+    counted first from these slots).
 
     oneDNN's CPU kernels give some ops more outputs at run time than the graph declares (a
-    training MaxPool keeps a workspace for its gradient), and the step stats report them under
-    the op's name; the importer would take them for a profile of another graph.
+    training MaxPool keeps a workspace for its gradient, which frees it), and the step stats
+    report them under the op's name; the importer would take them for a profile of another graph.
     """
     if hasattr(graph, "get_operations"):
         counts = {op.name: len(op.outputs) for op in graph.get_operations()}
@@ -555,8 +614,9 @@ def fit_outputs_to_graph(profile: Any, graph: Any) -> Any:
         n = counts.get(name, len(cost.output_bytes))
         if len(cost.output_bytes) > n:
             alias = cost.output_alias[:n]
+            hidden = sum(cost.output_bytes[n:])
             cost = dataclasses.replace(cost, output_bytes=cost.output_bytes[:n],
-                                       temp_bytes=cost.temp_bytes + sum(cost.output_bytes[n:]),
+                                       temp_bytes=cost.temp_bytes + max(0, hidden - cost.held_bytes),
                                        output_alias=alias if any(a != OWN_BUFFER for a in alias) else ())
         ops[name] = cost
     return dataclasses.replace(profile, ops=ops)

@@ -295,6 +295,8 @@ def import_graph_def(
             f"{device!r})"
         )
 
+    held_edges: list[tuple[str, int, str]] = []  # (op, its held slot, the reader that frees it)
+    by_name = {n.name: n for n in graph_def.node}
     for node in graph_def.node:
         op = tfg.get_operation_by_name(node.name)
         cost = usable.get(node.name)
@@ -323,6 +325,14 @@ def import_graph_def(
             host_ops.append(node.name)
         used_host = used_host or on_host
 
+        alias = _output_alias(node, cost, len(out_bytes), node_types, unrun)
+        until = _held_until(node, cost, unrun, by_name)
+        if until is not None:  # one more output, read by the op that frees it (`_held_until`)
+            held_edges.append((node.name, len(out_bytes), until))
+            out_bytes = list(out_bytes) + [cost.held_bytes]
+            alias = alias + [None] if alias else alias
+        elif cost is not None and node.name not in unrun:
+            temp += cost.held_bytes  # held for a reader the graph does not show: scratch
         colocation = [
             v.decode() if isinstance(v, bytes) else v
             for v in (node.attr["_class"].list.s if "_class" in node.attr else ())
@@ -345,10 +355,12 @@ def import_graph_def(
             + additions.get(node.name, ())
             + fused,
             op_type=node.op,
-            output_alias=_output_alias(node, cost, len(out_bytes), node_types, unrun),
+            output_alias=alias,
         )
 
     _add_edges(builder, graph_def, node_types, unrun)
+    for src, slot, dst in held_edges:
+        builder.add_edge(src, dst, slot)
     graph, implied = builder.build(), 0
     if not keep_implied_control_edges:
         graph, implied = drop_implied_control_edges(graph)
@@ -495,6 +507,24 @@ def _add_edges(
             dst_ids.append(dst)
             slots.append(port)
     builder.add_edges_by_id(src_ids, dst_ids, slots)
+
+
+def _held_until(node: Any, cost: Optional[OpCost], unrun: frozenset[str], names: Mapping[str, Any]) -> Optional[str]:
+    """The op that frees what `node`'s op held past its end (`OpCost.held_bytes`), when the
+    model can hold it so: that op is in the graph, runs, and reads an output of `node`'s. The
+    importer then gives the op one more output of those bytes, read by that op alone, so that
+    they are allocated when the op starts and freed when their reader is done (a oneDNN max
+    pool's workspace, which its gradient reads in the partitioned graph). None otherwise: the
+    bytes are then the op's scratch, as before the profile told them apart."""
+    if cost is None or cost.held_bytes <= 0 or node.name in unrun:
+        return None
+    until = cost.held_until
+    if until not in names or until in unrun:
+        return None
+    reader = names[until]
+    if not any(not t.startswith("^") and _parse_input(t)[0] == node.name for t in reader.input):
+        return None
+    return until
 
 
 def _output_alias(node: Any, cost: Optional[OpCost], width: int, node_types: Mapping[str, str],
