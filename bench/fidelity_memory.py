@@ -103,7 +103,15 @@ class Row:
 
     @property
     def ratio(self) -> float:
-        return self.simulated_bytes / self.measured_bytes if self.measured_bytes else float("inf")
+        return _ratio(self.simulated_bytes, self.measured_bytes)
+
+
+def _ratio(simulated: int, measured: int) -> float:
+    """simulated / measured; 1 when both are 0 (a device of a few ops that hold nothing), inf
+    when only the measured peak is."""
+    if measured:
+        return simulated / measured
+    return 1.0 if simulated == 0 else float("inf")
 
 
 def _local(name: str) -> str:
@@ -314,11 +322,13 @@ def _line(r: Row) -> str:
 
 def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
     """The summary figures of `rows` as lines of text, for the simulated peak of `field`."""
+    from baechi_tf.placer.scheduler_state import byte_formatter
+
     if not rows:
         return ["no placement ran"]
     n = len(rows)
     placements = len({(r.model, r.method, r.limit) for r in rows})
-    ratios = [(getattr(r, field) / r.measured_bytes if r.measured_bytes else float("inf"), r) for r in rows]
+    ratios = [(_ratio(getattr(r, field), r.measured_bytes), r) for r in rows]
     at_least = sum(x >= LOW for x, _ in ratios)
     at_most = sum(x <= HIGH for x, _ in ratios)
     both = sum(LOW <= x <= HIGH for x, _ in ratios)
@@ -326,10 +336,12 @@ def summary(rows: Sequence[Row], field: str = "simulated_bytes") -> list[str]:
     over = max(ratios, key=lambda xr: xr[0])
     held = [xr for xr in ratios if xr[1].measured_bytes >= MiB]
 
-    def where(xr) -> str:
+    def where(xr) -> str:  # in units that show a few bytes as bytes, never two sizes alike
         x, r = xr
+        simulated = getattr(r, field)
+        shown = byte_formatter(simulated, r.measured_bytes)
         return (f"{x:.3f} ({r.model} {r.method} {r.limit} {r.device}: simulated "
-                f"{getattr(r, field) / MiB:.2f} MiB, measured {r.measured_bytes / MiB:.2f} MiB)")
+                f"{shown(simulated)}, measured {shown(r.measured_bytes)})")
 
     return [
         f"{placements} placements, {n} devices; simulated / measured peak: median "

@@ -38,6 +38,24 @@ def test_under_predicted_devices_are_told_by_what_covers_them(tmp_path):
     assert "CPU:4: 1.1" not in out
 
 
+def test_a_device_that_measured_no_bytes_is_named_in_bytes(tmp_path):
+    # A device given a few ops that hold nothing measured 0 bytes and was simulated at 0: that is
+    # exact, not an over-prediction of inf ("simulated 0.00 MiB, measured 0.00 MiB", outside the
+    # target). One simulated at 312 bytes is over, and the worst line says so in bytes.
+    rows = [_row("device:CPU:1", 10 * MiB, 10 * MiB, 10 * MiB, 10 * MiB), _row("device:CPU:4", 312, 1, 312, 312),
+            _row("device:CPU:3", 0, 1, 0, 0)]
+    for r in rows[1:]:
+        r |= {"measured_bytes": 0, "measured_step_bytes": 0, "ratio": None}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "worst over-prediction:  inf (rnn m_etf loose device:CPU:4: simulated 312 B, measured 0 B)" in out, out
+    assert "both (the target, [1.0, 1.25]):   2/3 devices" in out, out
+    assert "worst over-prediction where at least 1 MiB was measured: 1.000 (rnn m_etf loose device:CPU:1: " \
+           "simulated 10.00 MiB, measured 10.00 MiB)" in out, out
+
+
 def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_path):
     def run(method, device, measured, placement):
         return _row(device, 10 * MiB, measured, 10 * MiB, 10 * MiB) | {"method": method, "placement": placement}
