@@ -192,11 +192,11 @@ def _held(records: Sequence[tuple[int, int]], span: Optional[tuple[int, int]], o
           readers: set[str], spans: Mapping[str, tuple[int, int]]) -> tuple[int, str]:
     """(bytes, reader): what an op's allocation `records` ((time, bytes), negative bytes for a
     free) kept past its `span`'s end beyond its `own` output buffers (those the graph's ops
-    read), and freed while `reader`,
-    one of its `readers`, ran (a oneDNN max pool's workspace, freed by its gradient); (0, '')
-    when nothing was, or no reader was running when it was freed. Each allocation is matched
-    with the first later free of as many bytes; an output's buffer is an allocation of its size.
-    Time O(R log R) for R records."""
+    read), and freed while `reader`, one of its `readers`, ran (a oneDNN max pool's workspace,
+    freed by its gradient); (0, '') when nothing was, or no reader was running when it was
+    freed. Each allocation is matched with the first later free of as many bytes; an output's
+    buffer is an allocation of its size. Time O(R^2 + R H) for R records (a few per op) and H
+    readers."""
     if span is None or not readers:
         return 0, ""
     allocs = sorted((t, b) for t, b in records if b > 0)
