@@ -26,7 +26,7 @@ import dataclasses
 
 import numpy as np
 
-from baechi_tf.graph import OpGraph
+from baechi_tf.graph import OpGraph, _frozen
 
 __all__ = ["BLOCK_HEADS", "drop_implied_control_edges", "implied_control_edges"]
 
@@ -88,8 +88,3 @@ def drop_implied_control_edges(graph: OpGraph) -> tuple[OpGraph, int]:
         edge_src_output=_frozen(graph.edge_src_output[keep]),
     ), dropped
 
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
-    array.setflags(write=False)
-    return array

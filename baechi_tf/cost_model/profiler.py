@@ -303,11 +303,8 @@ def profile_from_step_stats(
                 a.temp = max(a.temp, int(ns.memory_stats.temp_memory_size))
                 a.persistent = max(a.persistent, int(ns.memory_stats.persistent_memory_size))
                 records[op] = [(int(r.alloc_micros), int(r.alloc_bytes)) for m in ns.memory for r in m.allocation_records]
-                traced[op] = (
-                    buffers,
-                    sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0),
-                    int(ns.memory_stats.persistent_memory_size),
-                )
+                allocated = sum(b for _, b in records[op] if b > 0)
+                traced[op] = (buffers, allocated, int(ns.memory_stats.persistent_memory_size))
         for name, us in step_time.items():
             acc[name].times.append(us)
         ran = step_time.keys() | {op for op, host in fused.items() if host in step_time}

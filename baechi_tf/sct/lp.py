@@ -112,6 +112,11 @@ class SctLP:
         return int(self.b_ub.shape[0])
 
     @property
+    def all_arcs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of every arc: those with an x, then the control-only ones (block 5)."""
+        return np.concatenate([self.arc_src, self.fixed_src]), np.concatenate([self.arc_dst, self.fixed_dst])
+
+    @property
     def w_index(self) -> int:
         """Column of w."""
         return self.num_arcs + self.num_ops

@@ -345,8 +345,7 @@ def _certified_gap(lp: SctLP, x: np.ndarray, row_dual: np.ndarray) -> tuple[floa
     finite. Time O(V + A + F) (one pass in topological order) for F control-only arcs."""
     unit = lp.time_unit_us
     p = lp.p_us / unit
-    src = np.concatenate([lp.arc_src, lp.fixed_src])
-    dst = np.concatenate([lp.arc_dst, lp.fixed_dst])
+    src, dst = lp.all_arcs
     arc_us = np.concatenate([lp.c_us * x, lp.fixed_c_us]) / unit
     start = lp.lower[lp.num_arcs : lp.w_index].tolist()
     order = _topological_arcs(src, dst, lp.num_ops)
@@ -439,8 +438,7 @@ def _implied_lower(lp: SctLP) -> np.ndarray:
     predecessor, whose start and compute are >= 0). By induction over a topological order every
     bound then holds, whether by its own row or so."""
     a, v = lp.num_arcs, lp.num_ops
-    src = np.concatenate([lp.arc_src, lp.fixed_src])
-    dst = np.concatenate([lp.arc_dst, lp.fixed_dst])
+    src, dst = lp.all_arcs
     s_lower = lp.lower[a : a + v]
     p = lp.p_us / lp.time_unit_us
     ends = s_lower + p  # the earliest end of each op that its bound alone gives
