@@ -37,7 +37,7 @@ import numpy as np
 
 from baechi_tf.errors import InvalidGraphError
 
-__all__ = ["CONTROL", "HELD", "OpGraph", "csr"]
+__all__ = ["CONTROL", "HELD", "OpGraph", "VIEW_OP_TYPES", "csr"]
 
 CONTROL = -1
 """`src_output` of a control edge."""
@@ -45,6 +45,14 @@ CONTROL = -1
 HELD = (-1, -1)
 """`OpGraph.output_alias` of an output that allocates nothing: a view of memory that some op's
 persistent bytes count (a variable's value)."""
+
+VIEW_OP_TYPES = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient",
+    "EnsureShape", "Bitcast", "Slice", "Split", "SplitV", "Unpack",
+})
+"""TF op types (`OpGraph.op_types`) whose outputs that reuse an input's buffer (`output_alias`)
+are views of it: TF shares the buffer with them whatever else holds it, where an element-wise op
+writes in place only into a buffer nothing else holds."""
 
 MAX_TOTAL_BYTES = 1 << 62
 """Most bytes a graph may hold in all (outputs, scratch and persistent memory of every op), 4 EiB.

@@ -16,7 +16,8 @@ from baechi_tf.errors import InvalidGraphError
 from baechi_tf.graph import HELD
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, engine, simulate
-from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes
+from baechi_tf.placer import buffers
+from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, free_at_end_bytes, always_reused_tensors
 from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline
 
 MiB = graphs.MiB
@@ -184,3 +185,100 @@ def test_timeline_peak_is_the_schedule_peak_with_views(name):
             assert all(a <= b for a, b in zip(schedule.peak_memory_bytes, own.peak_memory_bytes)), seed
             lower += schedule.peak_memory_bytes != own.peak_memory_bytes
     assert lower >= 10
+
+
+def _always_reused(build) -> dict[str, bool]:
+    """`always_reused_tensors` of the graph `build` adds ops to, by the name of each output's op."""
+    b = OpGraphBuilder()
+    build(b)
+    graph = b.build()
+    _, alias, _ = buffer_tables(graph)
+    flags = always_reused_tensors(graph, alias)
+    return {graph.names[int(graph.tensor_src[t])]: bool(flags[t]) for t in np.flatnonzero(alias >= 0)}
+
+
+def test_an_output_is_its_buffers_always_reused_where_every_other_reader_is_its_ancestor():
+    """a -> w (in place of a); other readers of a's buffer: none, one w depends on, one it does not."""
+    def alone(b):
+        b.add_op("a", 1, [MiB])
+        b.add_op("w", 1, [MiB], output_alias=[("a", 0)])
+        b.add_op("z", 1, [])
+        b.add_edge("a", "w")
+        b.add_edge("w", "z")
+
+    def with_reader(before: bool):
+        def build(b):
+            alone(b)
+            b.add_op("r", 1, [4])
+            b.add_op("q", 1, [4])
+            b.add_edge("a", "r")
+            b.add_edge("r", "q")
+            if before:
+                b.add_control_edge("q", "w")  # r runs before w through q
+        return build
+
+    assert _always_reused(alone) == {"w": True}
+    assert _always_reused(with_reader(True)) == {"w": True}
+    assert _always_reused(with_reader(False)) == {"w": False}
+
+
+def test_the_buffers_other_tensors_hold_it_too_and_a_variables_value_is_never_free():
+    """a -> v (a view of a) -> w (in place of v): a reader of a or of v that w does not depend on
+    holds the buffer; a variable's value (HELD) is held by the variable."""
+    def chain(extra: str):
+        def build(b):
+            b.add_op("a", 1, [MiB], output_alias=[HELD] if extra == "held" else [None])
+            b.add_op("v", 1, [MiB], output_alias=[("a", 0)])
+            b.add_op("w", 1, [MiB], output_alias=[("v", 0)])
+            b.add_op("z", 1, [])
+            for src, dst in [("a", "v"), ("v", "w"), ("w", "z")]:
+                b.add_edge(src, dst)
+            if extra in ("a", "v"):
+                b.add_op("r", 1, [])
+                b.add_edge(extra, "r")
+        return build
+
+    assert _always_reused(chain("")) == {"v": True, "w": True}
+    # r holds a's buffer: neither v nor w is the last holder in every order.
+    assert _always_reused(chain("a")) == {"v": False, "w": False}
+    assert _always_reused(chain("v")) == {"v": True, "w": False}
+    flags = _always_reused(chain("held"))
+    assert flags == {"v": False, "w": False}
+
+
+def test_the_ancestor_search_gives_up_past_its_limit(monkeypatch):
+    """r -> c1 -> ... -> c20 ~> w: r is w's ancestor 20 ops up; a search of 8 ops leaves it open."""
+    def build(b):
+        b.add_op("a", 1, [MiB])
+        b.add_op("w", 1, [MiB], output_alias=[("a", 0)])
+        b.add_op("r", 1, [4])
+        b.add_edge("a", "w")
+        b.add_edge("a", "r")
+        prev = "r"
+        for i in range(20):
+            b.add_op(f"c{i}", 1, [4])
+            b.add_edge(prev, f"c{i}")
+            prev = f"c{i}"
+        b.add_control_edge(prev, "w")
+        b.add_op("z", 1, [])
+        b.add_edge("w", "z")
+
+    assert _always_reused(build) == {"w": True}
+    monkeypatch.setattr(buffers, "ANCESTOR_SEARCH_LIMIT", 8)
+    assert _always_reused(build) == {"w": False}
+
+
+@pytest.mark.parametrize("op_type", ["SplitV", "Mul", ""])
+def test_a_views_outputs_reuse_the_buffer_whatever_else_holds_it(op_type):
+    """a -> s (two outputs, each a part of a's buffer) -> r0, r1: each output's reader holds the
+    buffer the other output is a part of. A view (`VIEW_OP_TYPES`) shares it all the same; an op
+    of another type, or of none given, would write in place only as its last holder."""
+    def build(b):
+        b.add_op("a", 1, [MiB])
+        b.add_op("s", 1, [MiB // 2, MiB // 2], op_type=op_type, output_alias=[("a", 0), ("a", 0)])
+        for k in range(2):
+            b.add_op(f"r{k}", 1, [])
+            b.add_edge("s", f"r{k}", src_output=k)
+        b.add_edge("a", "s")
+
+    assert _always_reused(build) == {"s": op_type == "SplitV"}

@@ -535,6 +535,10 @@ def test_outputs_that_reuse_a_buffer_are_read_from_the_trace():
     for name in ("ident", "resh", "sq", "tanh"):
         assert alias[name] == (0,), name
     assert alias["split"] == (1, 1)  # input 0 is the axis
+    # Each part is the half of exp's buffer its shape says (TF describes it by the whole buffer).
+    assert profile.ops["exp"].output_bytes == (64 * 64 * 4,)
+    assert profile.ops["split"].output_bytes == (32 * 64 * 4, 32 * 64 * 4)
+    assert profile.ops["sq"].output_bytes == (64 * 64 * 4,)
     assert alias["mm"] == alias["exp"] == ()  # their own buffers
     # Format 4 keeps them; a format-3 file has none; a slot out of range is refused.
     again = profile_from_bytes(profile_to_bytes(profile))

@@ -75,35 +75,62 @@ def test_a_tensor_read_on_a_device_of_shared_memory_is_the_senders_buffer_until_
         assert _run(graph, devices, _cluster(2, shared=True, tasks=2)).peak_memory_bytes == (2 * MiB, MiB + 4)
 
 
-@pytest.mark.parametrize("name", ENGINES)
-def test_an_output_in_place_of_a_handed_over_tensor_is_counted_both_ways(name):
-    """a (device 0, 1 MiB) -> i (device 1, in place of a) -> c (device 0, 100 us)
-
-    TF writes in place only into a buffer nothing else holds, and whether the sender still holds
-    a tensor it handed over depends on the order the step ran in: CPU stand-ins wrote such an
-    output in place in one run and allocated it anew in another. Each device is counted for the
-    way that gives it more: i's output is a buffer of its own on device 1 (held until c, which
-    reads it back, is done), and a's buffer stays on device 0 until c is done, as if i had
-    written into it. Before, device 1 held nothing: a stand-in that allocated anew measured
-    1.97 MiB where 0.02 MiB were simulated (bench/fidelity_memory.py)."""
+def _in_place_of_handed_over(other_reader: str):
+    """a (device 0, 1 MiB) -> i (device 1, in place of a) -> c (device 0, 100 us, 4 B, a sink);
+    with `other_reader` "concurrent" a second reader r of a (device 0, 10 us, no output), with
+    "ancestor" the same r with a control edge r ~> i, with "" none."""
     b = OpGraphBuilder()
     b.add_op("a", 10, [MiB])
     b.add_op("i", 10, [MiB], output_alias=[("a", 0)])
     b.add_op("c", 100, [4])
     b.add_edge("a", "i")
     b.add_edge("i", "c")
-    graph, cluster = b.build(), _cluster(2, shared=True)
+    if other_reader:
+        b.add_op("r", 10, [])
+        b.add_edge("a", "r")
+        if other_reader == "ancestor":
+            b.add_control_edge("r", "i")
+    return b.build()
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_an_output_in_place_of_a_handed_over_tensor_is_counted_both_ways_where_the_order_decides(name):
+    """TF writes in place only into a buffer nothing else holds. With r, which need not run before
+    i, still to run, whether a's buffer is free for i depends on the order of the step, and CPU
+    stand-ins did it both ways. Each device is counted for the way that gives it more: i's output
+    is a buffer of its own on device 1 (held until c, which reads it back, is done), and a's
+    buffer stays on device 0 until c is done, as if i had written into it. A stand-in that
+    allocated anew where device 1 was counted at nothing measured 1.97 MiB against 0.02 MiB
+    simulated (bench/fidelity_memory.py)."""
+    graph, cluster = _in_place_of_handed_over("concurrent"), _cluster(2, shared=True)
     with engine.selected(name):
-        schedule = _run(graph, [0, 1, 0], cluster)
+        schedule = _run(graph, [0, 1, 0, 0], cluster)
         assert schedule.peak_memory_bytes == (MiB + 4, MiB)
         # On one device, or on devices that copy (GPUs: i writes into its own copy of a), the
         # output is written in place.
-        assert _run(graph, [1, 1, 0], cluster).peak_memory_bytes == (4, MiB)
-        assert _run(graph, [0, 1, 0], _cluster(2, shared=False)).peak_memory_bytes == (MiB + 4, MiB)
+        assert _run(graph, [1, 1, 0, 1], cluster).peak_memory_bytes == (4, MiB)
+        assert _run(graph, [0, 1, 0, 0], _cluster(2, shared=False)).peak_memory_bytes == (MiB + 4, MiB)
     blocks = memory_blocks(graph, schedule, cluster)
     assert sorted((int(o), int(d), float(f)) for o, d, k, f in zip(blocks.op, blocks.device, blocks.kind, blocks.free_us)
                   if k == "output") == [(0, 0, float(schedule.end_us[2])), (1, 1, float(schedule.end_us[2])),
                                         (2, 0, float("inf"))]
+
+
+@pytest.mark.parametrize("name", ENGINES)
+@pytest.mark.parametrize("other_reader", ["", "ancestor"])
+def test_an_output_in_place_of_a_handed_over_tensor_is_in_place_where_every_order_frees_it(name, other_reader):
+    """With no other reader of a, or one that runs before i in every order (a control edge), i
+    is the last holder of a's buffer however the step runs: TF writes in place into the sender's
+    buffer (`test_stand_ins_write_in_place_into_a_handed_over_buffer_they_alone_hold`). Device 1
+    holds nothing; a's buffer stays on device 0 until c is done."""
+    graph, cluster = _in_place_of_handed_over(other_reader), _cluster(2, shared=True)
+    devices = [0, 1, 0] + ([0] if other_reader else [])
+    with engine.selected(name):
+        schedule = _run(graph, devices, cluster)
+    assert schedule.peak_memory_bytes == (MiB + 4, 0)
+    blocks = memory_blocks(graph, schedule, cluster)
+    assert sorted((int(o), int(d), float(f)) for o, d, k, f in zip(blocks.op, blocks.device, blocks.kind, blocks.free_us)
+                  if k == "output") == [(0, 0, float(schedule.end_us[2])), (2, 0, float("inf"))]
 
 
 @pytest.mark.parametrize("name", ENGINES)
@@ -231,3 +258,37 @@ def test_stand_ins_hand_tensors_over_as_the_simulator_counts_them():
         dataclasses.replace(d, shared_memory=False) for d in result.cluster.devices))
     copying = simulate(result.graph, gpus, result.placement)
     assert copying.peak_memory_bytes[1] == 2 * tensor  # b and a copy of a
+
+
+@pytest.mark.parametrize("later_reader", [False, True])
+def test_stand_ins_write_in_place_into_a_handed_over_buffer_they_alone_hold(later_reader):
+    """The premise of `buffers.always_reused_tensors`, on a session of two stand-ins (Grappler off,
+    traced): a = x @ x on the first, b = relu(a) on the second. With no other reader of a, b
+    allocates nothing: TF wrote it into the first stand-in's buffer. With one more reader of a
+    that runs after b (a control edge b ~> it), a's buffer is still held when b runs, and b
+    allocates a buffer of its own."""
+    import tensorflow as tf
+
+    from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
+
+    tf1 = tf.compat.v1
+    setup = standin_cluster(2, prefix=LOCAL_TASK, shared_memory=True)
+    first, second = setup.cluster.names
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device(first):
+            x = tf.ones([256, 256])
+            a = tf.matmul(x, x, name="a")
+        with tf.device(second):
+            b = tf.nn.relu(a, name="b")
+            out = tf.reduce_sum(b)
+        if later_reader:
+            with tf.device(first), tf.control_dependencies([b]):
+                out += tf.reduce_sum(a * 2.0)
+    with tf1.Session(graph=g, config=session_config(setup, grappler=False)) as sess:
+        sess.run(out)
+        metadata = tf1.RunMetadata()
+        sess.run(out, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    allocated = [sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0)
+                 for dev in metadata.step_stats.dev_stats for ns in dev.node_stats if ns.node_name == "b"]
+    assert allocated == [256 * 256 * 4 if later_reader else 0]

@@ -57,6 +57,7 @@ from baechi_tf.cost_model.profile import (
 )
 from baechi_tf.cost_model.executed import fused_ops, node_type, source_op
 from baechi_tf.errors import ConfigError, ProfileError, first_line
+from baechi_tf.graph import VIEW_OP_TYPES
 
 __all__ = [
     "ProfilingCutShort",
@@ -133,10 +134,6 @@ _FORWARDING_TYPES = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient",
     "EnsureShape", "Snapshot", "Bitcast",
 })
-# Op types whose outputs are views of their inputs' buffers whatever else reads them; an op of
-# another type seen writing in place (TF's forward_input) does so only when nothing else holds the
-# input, which is taken as settled only for an input it alone reads of the ops the step runs.
-_VIEW_TYPES = _FORWARDING_TYPES - {"Snapshot"} | {"Slice", "Split", "SplitV", "Unpack"}
 # Op types whose value is a variable's buffer, which persistent bytes count.
 _VARIABLE_VIEW_TYPES = frozenset({"ReadVariableOp", "VariableV2", "Variable"})
 
@@ -267,6 +264,8 @@ def profile_from_step_stats(
                 executors.append(dev)
         step_time: dict[str, float] = {}
         traced: dict[str, tuple[dict[int, tuple[int, int]], int, int]] = {}  # for `output_buffers`
+        # op -> slot -> (most bytes of its buffer, most bytes by its shape) in the step
+        sizes: dict[str, dict[int, tuple[int, int]]] = {}
         records: dict[str, list[tuple[int, int]]] = {}  # op -> its allocation records, for `_held`
         spans: dict[str, tuple[int, int]] = {}  # node -> (start, end) in trace microseconds
         unmatched: dict[str, float] = {}
@@ -290,16 +289,18 @@ def profile_from_step_stats(
                 if op != name:  # a node Grappler made of the op: its time, not its outputs
                     continue
                 buffers = {}
+                slot_sizes = sizes.setdefault(op, {})
                 for out in ns.output:
                     desc = out.tensor_description
+                    described = _described_bytes(desc)
                     nbytes = max(
                         int(desc.allocation_description.allocated_bytes),
                         int(desc.allocation_description.requested_bytes),
-                        _described_bytes(desc),
+                        described,
                     )
-                    if nbytes > a.outputs.get(out.slot, -1):
-                        a.outputs[out.slot] = nbytes
                     buffers[out.slot] = (int(desc.allocation_description.ptr), nbytes)
+                    most, by_shape = slot_sizes.get(out.slot, (0, 0))
+                    slot_sizes[out.slot] = (max(most, nbytes), max(by_shape, described))
                 a.temp = max(a.temp, int(ns.memory_stats.temp_memory_size))
                 a.persistent = max(a.persistent, int(ns.memory_stats.persistent_memory_size))
                 records[op] = [(int(r.alloc_micros), int(r.alloc_bytes)) for m in ns.memory for r in m.allocation_records]
@@ -313,9 +314,19 @@ def profile_from_step_stats(
             inputs = [traced[s][0].get(o) if s in traced else None for s, o in ins]
             step = output_buffers(names[name], outputs, inputs, allocated, persistent)
             a = acc[name]
-            if names[name] not in _VIEW_TYPES:  # in place only when nothing else the step runs reads the input
+            # An op not of `VIEW_OP_TYPES` seen writing in place (TF's forward_input) did so only
+            # as the input's only holder, taken as settled only for an input it alone reads of the
+            # ops the step runs.
+            if names[name] not in VIEW_OP_TYPES:
                 step = {k: v if v < 0 or _sole_reader(name, readers.get(ins[v], ()), ran) else OWN_BUFFER
                         for k, v in step.items()}
+            for k, (nbytes, by_shape) in sizes.get(name, {}).items():
+                # An output in an input's buffer is the part its shape says: TF describes a view
+                # (a part of a Split, a Slice) by the whole buffer it is in.
+                if step.get(k, OWN_BUFFER) >= 0 and by_shape:
+                    nbytes = by_shape
+                if nbytes > a.outputs.get(k, -1):
+                    a.outputs[k] = nbytes
             # What its records allocated beyond its own outputs (a variable's copy on write, an
             # assignment's copy of a shared value) is scratch to the model, but for what a
             # reader of its outputs freed after its end (`_held`).

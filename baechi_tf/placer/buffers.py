@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from baechi_tf.graph import HELD, OpGraph
+from baechi_tf.graph import HELD, VIEW_OP_TYPES, OpGraph
 
-__all__ = ["HELD_VIEW", "OWN", "buffer_tables", "constant_tensors", "free_at_end_bytes"]
+__all__ = ["HELD_VIEW", "OWN", "buffer_tables", "constant_tensors", "free_at_end_bytes", "always_reused_tensors"]
 
 OWN, HELD_VIEW = -1, -2  # `buffer_tables`' alias of a tensor with a buffer of its own, of a held view
+
+ANCESTOR_SEARCH_LIMIT = 4096
+"""Most ops `always_reused_tensors` visits for one tensor before it calls the order open."""
 
 
 def buffer_tables(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, frozenset[tuple[int, int]]]:
@@ -83,3 +86,81 @@ def constant_tensors(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
     counted so too: never less than TF holds). O(T) for T tensors."""
     held = alias == HELD_VIEW
     return held & (graph.persistent_bytes[graph.tensor_src] > 0) & (graph.tensor_src_output >= 0)
+
+
+def always_reused_tensors(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
+    """bool [num_tensors]: the outputs that reuse an input's buffer (``alias >= 0``, from
+    `buffer_tables`) in every order the step can run in.
+
+    A view (an op of `VIEW_OP_TYPES`: Identity, Reshape, Split, ...) shares the buffer whatever
+    else holds it. An op of another type writes in place only into a buffer nothing else holds:
+    every other op that reads it (or reads a tensor that is the same buffer: the input's own
+    source, views of it) has run. That holds in every order when each such op is an ancestor of
+    the writer; otherwise it depends on the order (the profile saw it in the profiled run's
+    order). Where the buffer is a persistent view (`HELD_VIEW`: a variable's value) the variable
+    holds it too, and the answer is False. The scheduler counts a False output reading another
+    device's buffer both ways (`SchedulerState._cut`); a True one reuses the buffer there.
+
+    The ancestor search walks predecessors from the writer, never below the lowest topological
+    index of the ops it looks for, and gives up (False: the order decides) after
+    `ANCESTOR_SEARCH_LIMIT` ops. O(T + E) to group the buffers, plus at most that many ops per
+    output whose buffer has other readers."""
+    out = np.zeros(graph.num_tensors, dtype=bool)
+    reusing = np.flatnonzero(alias >= 0)
+    if reusing.size == 0:
+        return out
+    alias_of = alias.tolist()
+    src = graph.tensor_src.tolist()
+    types = graph.op_types
+    readers: list[list[int]] = [[] for _ in range(graph.num_tensors)]
+    for t, c, slot in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
+        if slot >= 0:
+            readers[t].append(c)
+    children: dict[int, list[int]] = {}  # tensor -> the tensors that reuse its buffer
+    for t in reusing.tolist():
+        children.setdefault(alias_of[t], []).append(t)
+    topo = graph.topo_index.tolist()
+    preds = graph.predecessors
+    for t in reusing.tolist():
+        writer = src[t]
+        if types and types[writer] in VIEW_OP_TYPES:
+            out[t] = True
+            continue
+        root = t
+        while alias_of[root] >= 0:
+            root = alias_of[root]
+        if alias_of[root] == HELD_VIEW:
+            continue
+        holders: set[int] = set()
+        stack = [root]
+        while stack:  # the buffer's tensors but t and those that reuse t's buffer
+            u = stack.pop()
+            holders.update(readers[u])
+            stack.extend(v for v in children.get(u, ()) if v != t)
+        holders.discard(writer)
+        if not holders:
+            out[t] = True
+        elif max(topo[h] for h in holders) < topo[writer]:
+            out[t] = _all_ancestors(holders, writer, preds, topo)
+    return out
+
+
+def _all_ancestors(targets: set[int], op: int, preds, topo: list[int]) -> bool:
+    """Whether every op of `targets` is an ancestor of `op`, by a search of at most
+    `ANCESTOR_SEARCH_LIMIT` ops (False when it runs out)."""
+    need = set(targets)
+    low = min(topo[x] for x in need)
+    seen = {op}
+    stack = [op]
+    while stack:
+        for p in preds[stack.pop()]:
+            if p in seen or topo[p] < low:
+                continue
+            if len(seen) >= ANCESTOR_SEARCH_LIMIT:
+                return False
+            seen.add(p)
+            need.discard(p)
+            if not need:
+                return True
+            stack.append(p)
+    return False

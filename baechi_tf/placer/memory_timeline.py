@@ -14,7 +14,8 @@ from an allocation to a free:
   start of its last consumer anywhere)``;
 * an output that reuses an input's buffer: nothing of its own, the input's buffer held until
   the output's readers are done too; where the input is another device's buffer that the op's
-  device reads (`Cluster.shares_memory`), a buffer of its own as well, as for a tensor that is
+  device reads (`Cluster.shares_memory`) and the op is not that buffer's last holder in every
+  order (`buffers.always_reused_tensors`), a buffer of its own as well, as for a tensor that is
   read above (`SchedulerState._cut`);
 * a received copy on another device: from the start of its first consumer there until
   ``max(end of its last consumer there, start of its last consumer anywhere)``; none on a device
@@ -46,7 +47,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import OWN, buffer_tables, constant_tensors
+from baechi_tf.placer.buffers import OWN, buffer_tables, constant_tensors, always_reused_tensors
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]
@@ -127,6 +128,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     succ = graph.successors
     _, alias, reused = buffer_tables(graph)
     constant = constant_tensors(graph, alias).tolist()
+    always_reused = always_reused_tensors(graph, alias).tolist()
     tensor_src = graph.tensor_src.tolist()
     shares = cluster.shares_memory() if cluster is not None else None
 
@@ -135,7 +137,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         return home if shares is not None and shares[home][d] else d
 
     def cut(t: int) -> bool:  # an output reusing an input that another device of its memory holds
-        if alias[t] < 0 or shares is None:
+        if alias[t] < 0 or shares is None or always_reused[t]:
             return False
         home, source_home = dev[tensor_src[t]], dev[tensor_src[int(alias[t])]]
         return source_home != home and shares[source_home][home]

@@ -19,7 +19,9 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import HELD_VIEW, OWN, buffer_tables, constant_tensors, free_at_end_bytes
+from baechi_tf.placer.buffers import (
+    HELD_VIEW, OWN, buffer_tables, constant_tensors, free_at_end_bytes, always_reused_tensors,
+)
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
 from baechi_tf.placer.twins import UntouchedTwins
@@ -109,6 +111,8 @@ class GraphTables:
         self.tensor_alias = tuple(alias.tolist())
         self.tensor_src = tuple(graph.tensor_src.tolist())
         self.constant = tuple(constant_tensors(graph, alias).tolist())  # per tensor: a constant's value
+        # per tensor: reuses an input's buffer whose last holder its op is in any order
+        self.always_reused = tuple(always_reused_tensors(graph, alias).tolist())
         # per op, its outputs that are read and reuse an input's buffer (`tensor_alias`)
         aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
         for t in np.flatnonzero(alias >= 0).tolist():
@@ -209,6 +213,7 @@ class SchedulerState:
         # (`buffers.constant_tensors`), persistent memory from the start, as a group's is.
         self.shares = cluster.shares_memory()
         self.constant = tables.constant
+        self.always_reused = tables.always_reused
         self.replicated = 0  # bytes of such replicas the last committing `ready_time` made
         # Of the last committing `ready_time`: the compute time its copies take on the reader's
         # device, and (sender, send start, hold) of each copy out of a device that serves copies
@@ -478,12 +483,15 @@ class SchedulerState:
     def _cut(self, t: int, dev: int) -> bool:
         """Whether output t of an op on `dev` that reuses an input's buffer (`tensor_alias`)
         gets a buffer of its own there too: its input is another device's buffer that dev reads
-        (`shares`). TF writes in place only into a buffer nothing else holds, and whether the
-        sender still holds a tensor it handed over depends on the order the step ran in: CPU
-        stand-ins did it both ways (`bench/fidelity_memory.py`). So such an output is counted
-        both ways, each on its device: a buffer of its own on `dev`, and the input's buffer held
-        on its sender until the output's readers are done, as if written in place. Neither
-        device holds less than either way gives it."""
+        (`shares`), and the op is not that buffer's last holder in every order
+        (`buffers.always_reused_tensors`). TF writes in place only into a buffer nothing else
+        holds; where another reader of it may still run, whether it does depends on the order
+        of the step, and CPU stand-ins did it both ways (`bench/fidelity_memory.py`). So such an
+        output is counted both ways, each on its device: a buffer of its own on `dev`, and the
+        input's buffer held on its sender until the output's readers are done, as if written in
+        place. Neither device holds less than either way gives it."""
+        if self.always_reused[t]:
+            return False
         home = self.device[self.tensor_src[self.tensor_alias[t]]]
         return home >= 0 and home != dev and self.shares[home][dev]
 
