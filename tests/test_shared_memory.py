@@ -260,6 +260,7 @@ def test_stand_ins_hand_tensors_over_as_the_simulator_counts_them():
     assert copying.peak_memory_bytes[1] == 2 * tensor  # b and a copy of a
 
 
+@pytest.mark.tf
 @pytest.mark.parametrize("later_reader", [False, True])
 def test_stand_ins_write_in_place_into_a_handed_over_buffer_they_alone_hold(later_reader):
     """The premise of `buffers.always_reused_tensors`, on a session of two stand-ins (Grappler off,
