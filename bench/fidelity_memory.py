@@ -100,6 +100,12 @@ class Row:
     # The placement's fingerprint (every op's device); rows of runs that share it ran the same
     # placement in sessions of their own (`repeat_spread`). None in files written before it.
     placement: Optional[str] = None
+    # Of the outputs of this device's ops that reuse another stand-in's buffer (`reuse_check`),
+    # over the traced steps: [runs, runs in which TF reused the buffer] of those the model counts
+    # once (`buffers.always_reused_tensors`) and of those it counts both ways. None in files
+    # written before it, and with Grappler.
+    reused_once: Optional[list[int]] = None
+    reused_both_ways: Optional[list[int]] = None
 
     @property
     def ratio(self) -> float:
@@ -251,6 +257,10 @@ def measure_graph(
             per_step = [_variants(result, step) + _variants(_replayed(result, step), step)[-1:] for step in stats]
             variants = [[max(p) for p in zip(*(v[k] for v in per_step))] for k in range(4)]
             replay = variants.pop()
+            reuse, missed = reuse_check(result, stats)
+            if missed:
+                print(f"#   {method} {limit}: outputs counted once as another stand-in's buffer that a "
+                      f"traced run put elsewhere: {', '.join(sorted(set(missed)))}", file=sys.stderr, flush=True)
         for d, dev in enumerate(result.cluster.devices):
             ops = int((device_of == d).sum())
             key = _local(dev.name)
@@ -264,7 +274,8 @@ def measure_graph(
                 measured_persistent_bytes=m.persistent_bytes, measured_step_bytes=m.step_peak_bytes,
                 replaced_bytes=m.replaced_bytes, sim_ran_bytes=variants[0][d],
                 sim_alias_bytes=variants[1][d], sim_standin_bytes=variants[2][d], replay_bytes=replay[d],
-                placement=fingerprint,
+                placement=fingerprint, reused_once=None if grappler else reuse[d][0],
+                reused_both_ways=None if grappler else reuse[d][1],
             ))
             print(_line(rows[-1]), file=out, flush=True)
         saved.append({"method": method, "limit": limit, "placement": fingerprint,
@@ -383,6 +394,44 @@ def _replayed(result, step_stats):
     order = np.lexsort((end, start)).astype(np.int32)
     schedule = dataclasses.replace(result.schedule, start_us=start, end_us=end, order=order, transfers=())
     return dataclasses.replace(result, schedule=schedule)
+
+
+def reuse_check(result, step_stats) -> tuple[list[tuple[list[int], list[int]]], list[str]]:
+    """(per device of `result`, ([runs, reused], [runs, reused]) of the outputs of its ops that
+    reuse (`OpGraph.output_alias`) a buffer of another device it shares memory with: first those
+    the model counts once as that buffer (`buffers.always_reused_tensors`), then those it counts
+    both ways, over the traced steps; the ops of the outputs counted once that a run did not
+    reuse the buffer for, as 'op:slot'). A run reused the buffer when the output's traced address
+    is the address of the input it names (a view or a write in place; TF records a buffer's base
+    address, also for a part of it); a run with no address recorded is not counted."""
+    from baechi_tf.placer.buffers import always_reused_tensors, buffer_tables
+
+    graph = result.graph
+    device_of = result.placement.device_of.tolist()
+    shares = result.cluster.shares_memory()
+    _, alias, _ = buffer_tables(graph)
+    once = always_reused_tensors(graph, alias)
+    src, slot = graph.tensor_src.tolist(), graph.tensor_src_output.tolist()
+    out = [([0, 0], [0, 0]) for _ in range(result.cluster.num_devices)]
+    missed: list[str] = []
+    pairs = []
+    for t in np.flatnonzero(alias >= 0).tolist():
+        s = int(alias[t])
+        d, home = device_of[src[t]], device_of[src[s]]
+        if d != home and shares[home][d]:
+            pairs.append((t, s, d))
+    for step in step_stats:
+        traced = _traced_outputs(step)
+        for t, s, d in pairs:
+            mine = traced.get(graph.names[src[t]], ({}, 0))[0].get(slot[t], 0)
+            theirs = traced.get(graph.names[src[s]], ({}, 0))[0].get(slot[s], 0)
+            if mine and theirs:
+                tally = out[d][0 if once[t] else 1]
+                tally[0] += 1
+                tally[1] += mine == theirs
+                if once[t] and mine != theirs:
+                    missed.append(f"{graph.names[src[t]]}:{slot[t]}")
+    return out, missed
 
 
 def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
@@ -588,6 +637,22 @@ def repeat_spread(rows: Sequence[Row]) -> list[tuple[float, list[Row]]]:
     return sorted(out, key=lambda item: -item[0])
 
 
+def reuse_summary(rows: Sequence[Row]) -> str:
+    """One line: how often TF reused another stand-in's buffer for the outputs the model counts
+    once, and for those it counts both ways (`Row.reused_once`, `Row.reused_both_ways`); '' when
+    no row has the figures."""
+    once, both = [0, 0], [0, 0]
+    for r in rows:
+        for total, part in ((once, r.reused_once), (both, r.reused_both_ways)):
+            if part is not None:
+                total[0] += part[0]
+                total[1] += part[1]
+    if not (once[0] or both[0]):
+        return ""
+    return (f"outputs reusing another stand-in's buffer, traced runs: counted once {once[0]}, TF "
+            f"reused the buffer in {once[1]}; counted both ways {both[0]}, reused in {both[1]}")
+
+
 def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     print()
     print("\n".join(summary(rows)))
@@ -609,6 +674,9 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
         for x, found in spread[:5]:
             print(f"  {x:.3f} {found[0].model} {found[0].device}: " + ", ".join(
                 f"{r.method} {r.limit} {format_bytes(r.measured_bytes)}" for r in found))
+    reuse = reuse_summary(rows)
+    if reuse:
+        print(reuse)
     for field, what in VARIANTS if not grappler else ():
         print(f"\n{what}:")
         print("\n".join("  " + line for line in summary(rows, field)[1:]))

@@ -54,6 +54,16 @@ def test_a_device_that_measured_no_bytes_is_named_in_bytes(tmp_path):
     assert "both (the target, [1.0, 1.25]):   2/3 devices" in out, out
     assert "worst over-prediction where at least 1 MiB was measured: 1.000 (rnn m_etf loose device:CPU:1: " \
            "simulated 10.00 MiB, measured 10.00 MiB)" in out, out
+    assert "outputs reusing another stand-in's buffer" not in out  # rows without the figures
+
+    # With them: summed over the devices, each kind on its own.
+    rows[0] |= {"reused_once": [5, 5], "reused_both_ways": [2, 1]}
+    rows[1] |= {"reused_once": [3, 3], "reused_both_ways": [0, 0]}
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert ("outputs reusing another stand-in's buffer, traced runs: counted once 8, TF reused the buffer in 8; "
+            "counted both ways 2, reused in 1") in out, out
 
 
 def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_path):
@@ -184,6 +194,14 @@ def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     assert doc["shared_memory"] is True and [p["method"] for p in doc["placements"]] == ["m_topo", "m_etf", "m_etf"]
     assert doc["placements"][2]["limit"] != "loose"
     assert len(doc["rows"]) == len(rows) >= 2
+    # The outputs the model counts once as another stand-in's buffer were that buffer in the
+    # traced step (`reuse_check`): the rule's claim, checked on the run. TF departed from it in
+    # 23 of 10,568 traced runs of a whole run (1 to 4 on a device, reruns of those placements
+    # none), so a few may miss here too.
+    once = [sum(r.reused_once[k] for r in rows) for k in range(2)]
+    assert once[0] > 0 and once[1] >= 0.95 * once[0], once
+    assert fm.reuse_summary(rows).startswith(f"outputs reusing another stand-in's buffer, traced runs: counted "
+                                             f"once {once[0]}, TF reused the buffer in {once[1]};")
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
