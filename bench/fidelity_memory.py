@@ -106,6 +106,10 @@ class Row:
     # written before it, and with Grappler.
     reused_once: Optional[list[int]] = None
     reused_both_ways: Optional[list[int]] = None
+    # The placement's peak simulated with no op held back for memory, as TF runs it
+    # (`PlacementResult.unheld_peak_bytes`; the simulated peak where no op can have waited).
+    # None in files written before it.
+    sim_unheld_bytes: Optional[int] = None
 
     @property
     def ratio(self) -> float:
@@ -276,6 +280,7 @@ def measure_graph(
                 sim_alias_bytes=variants[1][d], sim_standin_bytes=variants[2][d], replay_bytes=replay[d],
                 placement=fingerprint, reused_once=None if grappler else reuse[d][0],
                 reused_both_ways=None if grappler else reuse[d][1],
+                sim_unheld_bytes=int((result.unheld_peak_bytes or result.schedule.peak_memory_bytes)[d]),
             ))
             print(_line(rows[-1]), file=out, flush=True)
         saved.append({"method": method, "limit": limit, "placement": fingerprint,
@@ -677,6 +682,10 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     reuse = reuse_summary(rows)
     if reuse:
         print(reuse)
+    if all(r.sim_unheld_bytes is not None for r in rows):
+        print("\nthe same placements simulated with no op held back for memory (TF runs an op as soon as "
+              "its inputs are there):")
+        print("\n".join("  " + line for line in summary(rows, "sim_unheld_bytes")[1:]))
     for field, what in VARIANTS if not grappler else ():
         print(f"\n{what}:")
         print("\n".join("  " + line for line in summary(rows, field)[1:]))

@@ -64,6 +64,16 @@ def test_a_device_that_measured_no_bytes_is_named_in_bytes(tmp_path):
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert ("outputs reusing another stand-in's buffer, traced runs: counted once 8, TF reused the buffer in 8; "
             "counted both ways 2, reused in 1") in out, out
+    assert "no op held back for memory" not in out  # not every row has that peak
+
+    # With the peak as TF runs it (no op held back for memory) on every row, its figures too.
+    for r, unheld in zip(rows, (11 * MiB, 0, 0)):
+        r["sim_unheld_bytes"] = unheld
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    held_back = out.split("no op held back for memory")[1]
+    assert "both (the target, [1.0, 1.25]):   3/3 devices" in held_back, out
 
 
 def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_path):

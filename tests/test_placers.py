@@ -695,3 +695,42 @@ def test_auto_s_last_resort_passes_over_a_placer_that_gives_up(monkeypatch):
     assert "m_sct" not in names and "m_etf" in names
     for makespan, name, placement in fitting:
         assert makespan == pytest.approx(simulate(graph, cluster, placement).makespan_us)
+
+
+def _two_chains():
+    """a1 (10 us, 1 MiB) -> a2 (10 us, 4 B); b1 (10 us, 1 MiB) -> b2 (10 us, 4 B). Ties by op id
+    run a1 then b1 when memory allows: both MiB held at once."""
+    MiB = graphs.MiB
+    b = OpGraphBuilder()
+    for name, out in [("a1", MiB), ("b1", MiB), ("a2", 4), ("b2", 4)]:
+        b.add_op(name, 10, [out])
+    b.add_edge("a1", "a2")
+    b.add_edge("b1", "b2")
+    return b.build()
+
+
+def test_a_placement_that_fits_only_because_ops_wait_for_memory_is_warned_of(caplog):
+    """On one device of 1.5 MiB the simulator runs a1, then holds b1 back until a2 has freed
+    a1's MiB: a peak of 1 MiB and 8 bytes, within the device. TensorFlow does not hold ops back:
+    run as soon as they are ready (a1, b1, a2, b2), they peak at 2 MiB and 4 bytes, above it.
+    The result keeps that peak, and a warning names the device; on a device that holds the
+    whole graph no op can wait, and no second simulation runs."""
+    import logging
+
+    MiB = graphs.MiB
+    from baechi_tf.cluster import Cluster, Device
+
+    graph = _two_chains()
+    tight = Cluster((Device("/device:GPU:0", MiB + MiB // 2),))
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
+        result = place(graph, tight, PlacementOptions(placement_method="single"))
+    assert result.schedule.peak_memory_bytes == (MiB + 8,)
+    assert result.unheld_peak_bytes == (2 * MiB + 4,)
+    warned = [r.getMessage() for r in caplog.records if "holds ops back" in r.getMessage()]
+    assert len(warned) == 1 and "peaks at 2.00 MiB on /device:GPU:0 (of 1.50 MiB)" in warned[0], warned
+    caplog.clear()
+    roomy = Cluster((Device("/device:GPU:0", 8 * MiB),))
+    with caplog.at_level(logging.WARNING, logger="baechi_tf.placer.pipeline"):
+        result = place(graph, roomy, PlacementOptions(placement_method="single"))
+    assert result.unheld_peak_bytes is None
+    assert not [r for r in caplog.records if "holds ops back" in r.getMessage()]

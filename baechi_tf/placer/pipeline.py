@@ -31,7 +31,8 @@ from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.methods import PLACEMENT_METHODS
 from baechi_tf.placer.schedule import Placement, Schedule
-from baechi_tf.placer.simulator import single_device_schedule
+from baechi_tf.placer.scheduler_state import format_bytes
+from baechi_tf.placer.simulator import simulate, single_device_schedule
 
 ENGINES = engine.ENGINES
 
@@ -166,6 +167,9 @@ class PlacementResult:
     candidates: Optional[dict[str, Optional[float]]] = None  # auto: makespan of each placer
     refine_stats: Optional[object] = None  # auto: RefineStats
     memory_fraction: float = 1.0  # of each device's memory the placer could fill
+    # Per device, the simulated peak with no op held back for memory (`memory_as_run`); None
+    # when no op can have been held back (every device could hold the whole graph).
+    unheld_peak_bytes: Optional[tuple[int, ...]] = None
 
     @property
     def makespan_us(self) -> float:
@@ -317,6 +321,8 @@ def _place(
             placement.method, times, schedule.makespan_us / 1e3, baseline.makespan_us / 1e3,
         )
     seen, on = (graph, cluster) if host is None else (host.graph, host.cluster)
+    checked_on = placer_cluster if judge is None else judge.cluster
+    unheld = step("memory", lambda: memory_as_run(seen, checked_on, placement))
     bound = lower_bound_us(seen, on, groups=groups if options.grouper == "tf" else make_groups(seen, "tf"))
     return PlacementResult(
         graph=seen,
@@ -332,4 +338,37 @@ def _place(
         candidates=auto.candidates if auto else None,
         refine_stats=auto.refine_stats if auto else None,
         memory_fraction=fraction,
+        unheld_peak_bytes=unheld,
     )
+
+
+def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Optional[tuple[int, ...]]:
+    """Per device, the peak of `placement` simulated with no op held back for memory; None when
+    the simulator can have held none back: every device of `cluster` holds the whole graph (a
+    device never holds more than every tensor once, as its own or a copy, and every op's scratch
+    and persistent bytes).
+
+    The simulator starts an op only once its memory fits, so a placement whose schedule fits
+    `cluster` may fit only because ops waited. TensorFlow's executor does not wait: it runs an op
+    as soon as its inputs are there, and a device that runs out of memory fails the step. Where
+    that peak is above a device's memory, a warning names the devices. Costs one more
+    simulation, only when memory is that tight."""
+    whole = int(graph.output_total_bytes.sum() + graph.temp_bytes.sum() + graph.persistent_bytes.sum())
+    if all(d.memory_bytes >= whole for d in cluster.devices):
+        return None
+    roomy = dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=max(d.memory_bytes, whole)) for d in cluster.devices))
+    peaks = simulate(graph, roomy, placement).peak_memory_bytes
+    over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes]
+    if over:
+        log.warning(
+            "%s's placement fits the devices' memory in the simulation only because it holds ops "
+            "back until their memory is free, which TensorFlow does not: with every op run as soon "
+            "as its inputs are there, it peaks at %s; a device of that size may run out of memory "
+            "(place with more memory per device, or with --placer_memory_fraction below 1 to keep "
+            "room)",
+            placement.method,
+            ", ".join(f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})"
+                      for d, p in over),
+        )
+    return peaks
