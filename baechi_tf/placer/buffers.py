@@ -14,7 +14,7 @@ import numpy as np
 
 from baechi_tf.graph import HELD, VIEW_OP_TYPES, OpGraph
 
-__all__ = ["HELD_VIEW", "OWN", "buffer_tables", "constant_tensors", "free_at_end_bytes", "always_reused_tensors"]
+__all__ = ["HELD_VIEW", "OWN", "always_reused_tensors", "buffer_tables", "constant_tensors", "free_at_end_bytes"]
 
 OWN, HELD_VIEW = -1, -2  # `buffer_tables`' alias of a tensor with a buffer of its own, of a held view
 
@@ -103,8 +103,8 @@ def always_reused_tensors(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
 
     The ancestor search walks predecessors from the writer, never below the lowest topological
     index of the ops it looks for, and gives up (False: the order decides) after
-    `ANCESTOR_SEARCH_LIMIT` ops. O(T + E) to group the buffers, plus at most that many ops per
-    output whose buffer has other readers."""
+    `ANCESTOR_SEARCH_LIMIT` ops. O(T + E) to group the buffers, plus, per output written in
+    place, the tensors of its buffer and at most that many ops."""
     out = np.zeros(graph.num_tensors, dtype=bool)
     reusing = np.flatnonzero(alias >= 0)
     if reusing.size == 0:
