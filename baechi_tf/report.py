@@ -20,7 +20,9 @@ def one_device_label(result) -> str:
 
 
 def summary_table(result) -> str:
-    """A short table: per device ops, compute, peak memory; then makespan against the bounds."""
+    """A short table: per device ops, compute, peak memory (and, where the simulation held ops
+    back for memory, the peak with none held back, `PlacementResult.unheld_peak_bytes`); then
+    makespan against the bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     device_of = result.placement.device_of
     # With --placer_memory_fraction below 1 the placer filled only its share of each device.
@@ -29,6 +31,12 @@ def summary_table(result) -> str:
     rows = [("device", "ops", "compute ms", "peak memory", "capacity")]
     if budgets:
         rows[0] += (f"placer's share ({fraction:.0%})",)
+    # Where ops waited for memory in the simulation: the peak with none held back, as TF runs them.
+    unheld = result.unheld_peak_bytes
+    if unheld is not None and tuple(unheld) == tuple(schedule.peak_memory_bytes):
+        unheld = None
+    if unheld is not None:
+        rows[0] += ("peak, no op held back",)
     for d, dev in enumerate(cluster.devices):
         mask = device_of == d
         rows.append(
@@ -40,6 +48,7 @@ def summary_table(result) -> str:
                 format_bytes(dev.memory_bytes),
             )
             + ((format_bytes(budgets[d].memory_bytes),) if budgets else ())
+            + ((format_bytes(unheld[d]),) if unheld is not None else ())
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
