@@ -349,10 +349,11 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
     and persistent bytes).
 
     The simulator starts an op only once its memory fits, so a placement whose schedule fits
-    `cluster` may fit only because ops waited. TensorFlow's executor does not wait: it runs an op
-    as soon as its inputs are there, and a device that runs out of memory fails the step. Where
-    that peak is above a device's memory, a warning names the devices. Costs one more
-    simulation, only when memory is that tight."""
+    `cluster` may fit only because ops waited. TensorFlow's executor does not order ops by
+    memory: it runs each as soon as its inputs are there, and an allocation that does not fit
+    waits at most a while for other ops to free memory (the GPU allocator's retry; on a CPU
+    device not at all) before it fails the step. Where that peak is above a device's memory, a
+    warning names the devices. Costs one more simulation, only when memory is that tight."""
     whole = int(graph.output_total_bytes.sum() + graph.temp_bytes.sum() + graph.persistent_bytes.sum())
     if all(d.memory_bytes >= whole for d in cluster.devices):
         return None
@@ -363,8 +364,8 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
     if over:
         log.warning(
             "%s's placement fits the devices' memory in the simulation only because it holds ops "
-            "back until their memory is free, which TensorFlow does not: with every op run as soon "
-            "as its inputs are there, it peaks at %s; a device of that size may run out of memory "
+            "back until their memory is free, and TensorFlow runs each op as soon as its inputs are "
+            "there: run so, it peaks at %s; a device of that size may run out of memory "
             "(place with more memory per device, or with --placer_memory_fraction below 1 to keep "
             "room)",
             placement.method,
