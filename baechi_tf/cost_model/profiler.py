@@ -129,11 +129,9 @@ class _Acc:
 
 
 # Op types whose outputs reuse their inputs' buffers (`output_buffers` when a trace has no
-# addresses): output slot i is input i's buffer (input 0's for the one-output views).
-_FORWARDING_TYPES = frozenset({
-    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "PreventGradient",
-    "EnsureShape", "Snapshot", "Bitcast",
-})
+# addresses): output slot i is input i's buffer (input 0's for the one-output views). The views
+# whose output is the whole input, and Snapshot, which forwards its input when it alone holds it.
+_FORWARDING_TYPES = VIEW_OP_TYPES - {"Slice", "Split", "SplitV", "Unpack"} | {"Snapshot"}
 # Op types whose value is a variable's buffer, which persistent bytes count.
 _VARIABLE_VIEW_TYPES = frozenset({"ReadVariableOp", "VariableV2", "Variable"})
 
