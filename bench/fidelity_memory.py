@@ -20,7 +20,9 @@ simulated and measured MiB, and their ratio (simulated / measured; the target is
 measured, both, and the worst under- and over-prediction; the under-predicted devices by cause
 (`under_causes`); and, for placements that ran more than once (two methods or limits gave the
 same one, each run in a session of its own), how far apart their devices' measured peaks were
-(`repeat_spread`). Then the same figures for the same
+(`repeat_spread`); how far apart each device's peaks in the traced steps were (`step_spread`),
+and on how many devices the simulated peak is in [1.0, 1.25] of some traced step's peak, not
+only of the highest (`in_target_of_some_step`). Then the same figures for the same
 schedules with their blocks of memory (`baechi_tf.placer.memory_timeline.memory_blocks`) counted
 otherwise, cumulatively, by what the traced step shows (`VARIANTS`): without the ops the step
 never ran; with an output that is a view of another buffer (a variable's value, an Identity, an
@@ -63,7 +65,10 @@ import flags  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
-__all__ = ["Row", "measure_graph", "repeat_spread", "save_run", "summary", "under_causes"]
+__all__ = [
+    "Row", "in_target_of_some_step", "measure_graph", "repeat_spread", "save_run", "step_spread", "summary",
+    "under_causes",
+]
 
 NUM_DEVICES = 4
 METHODS = ("single", "m_topo", "m_etf", "m_sct", "heft", "expert", "auto")
@@ -110,6 +115,10 @@ class Row:
     # (`PlacementResult.unheld_peak_bytes`; the simulated peak where no op can have waited).
     # None in files written before it.
     sim_unheld_bytes: Optional[int] = None
+    # Each traced step's peak, in the order the steps ran (`measured_bytes` is the highest; 0 for a
+    # step that ran nothing there): how far TF's order moved this device's peak from step to
+    # step. None in files written before it.
+    measured_peaks: Optional[list[int]] = None
 
     @property
     def ratio(self) -> float:
@@ -161,17 +170,19 @@ def _run(case, placed_def, config, warmup: int, traced: int):
 _NOTHING = types.SimpleNamespace(peak_bytes=0, persistent_bytes=0, step_peak_bytes=0, replaced_bytes=0)
 
 
-def _measured(graph_def, stats) -> dict[str, Any]:
-    """Per device ('device:CPU:1'), the `MeasuredDevice` of the traced step with the highest peak."""
+def _measured(graph_def, stats) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """Per device ('device:CPU:1'): the `MeasuredDevice` of the traced step with the highest peak,
+    and each traced step's peak in turn (0 for a step that ran nothing there)."""
     from baechi_tf.cost_model.measured_memory import measured_memory
 
     best: dict[str, Any] = {}
-    for step in stats:
-        for name, m in measured_memory(step, graph_def).items():
-            key = _local(name)
+    per_step = [{_local(name): m for name, m in measured_memory(step, graph_def).items()} for step in stats]
+    for found in per_step:
+        for key, m in found.items():
             if key not in best or m.peak_bytes > best[key].peak_bytes:
                 best[key] = m
-    return best
+    peaks = {key: [found[key].peak_bytes if key in found else 0 for found in per_step] for key in best}
+    return best, peaks
 
 
 def measure_graph(
@@ -249,7 +260,7 @@ def measure_graph(
         for _ in range(sessions):  # TF's order of the step's ops, so the peak, moves between sessions
             ran_def, traced = _run(case, placed_def, run_config, warmup_steps, traced_steps)
             stats += traced
-        measured = _measured(ran_def, stats)
+        measured, step_peaks = _measured(ran_def, stats)
         result = report.result
         device_of = result.placement.device_of
         fingerprint = hashlib.sha1(np.ascontiguousarray(device_of, dtype=np.int32).tobytes()).hexdigest()[:16]
@@ -281,6 +292,7 @@ def measure_graph(
                 placement=fingerprint, reused_once=None if grappler else reuse[d][0],
                 reused_both_ways=None if grappler else reuse[d][1],
                 sim_unheld_bytes=int((result.unheld_peak_bytes or result.schedule.peak_memory_bytes)[d]),
+                measured_peaks=step_peaks.get(key, [0] * len(stats)),
             ))
             print(_line(rows[-1]), file=out, flush=True)
         saved.append({"method": method, "limit": limit, "placement": fingerprint,
@@ -642,6 +654,29 @@ def repeat_spread(rows: Sequence[Row]) -> list[tuple[float, list[Row]]]:
     return sorted(out, key=lambda item: -item[0])
 
 
+def step_spread(rows: Sequence[Row]) -> list[tuple[float, Row]]:
+    """(highest / lowest traced step's peak, row) for each row that has the steps' peaks
+    (`Row.measured_peaks`), the widest first; inf where some step ran nothing on a device that
+    another step used, 1 where no step held anything. One session's steps run the same graph, yet
+    TF's order of their ops, so each device's peak, moves between them; where the steps lie
+    further apart than 1.25, no one simulated figure is within [1, 1.25] of each."""
+    out = []
+    for r in rows:
+        if r.measured_peaks:
+            low, high = min(r.measured_peaks), max(r.measured_peaks)
+            out.append((high / low if low else (1.0 if high == 0 else float("inf")), r))
+    return sorted(out, key=lambda item: -item[0])
+
+
+def in_target_of_some_step(rows: Sequence[Row], field: str = "simulated_bytes") -> tuple[int, int]:
+    """(rows whose simulated peak of `field` is in [1, 1.25] of at least one traced step's peak,
+    rows that have the steps' peaks): the devices where the simulated order's peak is one that TF
+    reached in some step, not only in its highest."""
+    have = [r for r in rows if r.measured_peaks]
+    hit = sum(any(LOW <= _ratio(getattr(r, field), p) <= HIGH for p in r.measured_peaks) for r in have)
+    return hit, len(have)
+
+
 def reuse_summary(rows: Sequence[Row]) -> str:
     """One line: how often TF reused another stand-in's buffer for the outputs the model counts
     once, and for those it counts both ways (`Row.reused_once`, `Row.reused_both_ways`); '' when
@@ -679,6 +714,17 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
         for x, found in spread[:5]:
             print(f"  {x:.3f} {found[0].model} {found[0].device}: " + ", ".join(
                 f"{r.method} {r.limit} {format_bytes(r.measured_bytes)}" for r in found))
+    steps = step_spread(rows)
+    if steps:
+        x, r = steps[0]
+        print(f"devices whose traced steps' peaks lie apart by more than 1%: {sum(x > 1.01 for x, _ in steps)}, "
+              f"more than 5%: {sum(x > 1.05 for x, _ in steps)}, more than 25% (no one figure within [1.0, "
+              f"1.25] of each step): {sum(x > HIGH for x, _ in steps)}, of {len(steps)}; widest {x:.3f} "
+              f"({r.model} {r.method} {r.limit} {r.device}: "
+              + ", ".join(format_bytes(p) for p in r.measured_peaks) + ")")
+        hit, have = in_target_of_some_step(rows)
+        print(f"simulated peak in [1.0, 1.25] of at least one traced step's peak (the target asks it of "
+              f"the highest): {hit}/{have} devices")
     reuse = reuse_summary(rows)
     if reuse:
         print(reuse)

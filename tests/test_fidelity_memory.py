@@ -95,6 +95,37 @@ def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_p
     assert "heft loose 5.00 MiB" not in out
 
 
+def test_how_far_apart_the_traced_steps_peaks_lie(tmp_path):
+    # Each device's peak in each traced step: the summary says how far apart they lie, and on how
+    # many devices the simulated peak is in the target of some step, not only of the highest.
+    def row(device, simulated, peaks):
+        return _row(device, simulated, max(peaks), simulated, simulated) | {"measured_peaks": peaks}
+
+    rows = [
+        row("device:CPU:1", 10 * MiB, [10 * MiB, 10 * MiB]),  # the same: in the target of both
+        row("device:CPU:2", 9 * MiB, [8 * MiB, 12 * MiB]),  # 1.5 apart: under the highest, in [1, 1.25] of the lower
+        row("device:CPU:3", 10 * MiB, [10 * MiB, 10 * MiB + 512 * 1024]),  # 5% apart: 0.95 and 1.0
+        row("device:CPU:4", 512, [0, 4096]),  # a step that held nothing there: inf; in no step's target
+    ]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert ("devices whose traced steps' peaks lie apart by more than 1%: 3, more than 5%: 2, more than 25% (no "
+            "one figure within [1.0, 1.25] of each step): 2, of 4; widest inf (rnn m_etf loose device:CPU:4: "
+            "0 B, 4.00 KiB)") in out, out
+    assert ("simulated peak in [1.0, 1.25] of at least one traced step's peak (the target asks it of the "
+            "highest): 3/4 devices") in out, out
+    assert "both (the target, [1.0, 1.25]):   1/4 devices" in out, out
+
+    for r in rows:  # a file written before the steps' peaks were kept: no such lines
+        del r["measured_peaks"]
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "traced steps' peaks" not in out and "at least one traced step" not in out, out
+
+
 def _bench():
     """bench/fidelity_memory.py as a module; its import sets TF_USE_LEGACY_KERAS, put back here."""
     saved = os.environ.get("TF_USE_LEGACY_KERAS")
@@ -180,10 +211,12 @@ def test_each_placement_runs_in_every_session_and_its_peak_is_their_largest(monk
     monkeypatch.setattr(fm, "_run", run)
     rows = fm.measure_graph("rnn", ["m_topo"], [], warmup_steps=0, traced_steps=1, sessions=2, out=io.StringIO())
     assert len(sessions) == 2 and all(len(stats) == 1 for _, stats in sessions)
-    each = [fm._measured(ran_def, stats) for ran_def, stats in sessions]
+    each = [fm._measured(ran_def, stats)[0] for ran_def, stats in sessions]
     assert rows and {r.device for r in rows} <= set(each[0]) | set(each[1])
     for r in rows:
         assert r.measured_bytes == max(m[r.device].peak_bytes for m in each if r.device in m)
+        # every traced step's own peak, in the order the sessions ran
+        assert r.measured_peaks == [m[r.device].peak_bytes if r.device in m else 0 for m in each], r
 
 
 @pytest.mark.tf
