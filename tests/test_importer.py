@@ -77,6 +77,17 @@ def test_ops_costs_and_estimates(lstm, imported):
     assert imported.host_ops == () and imported.host_device is None and imported.mismatch is None
 
 
+def test_estimated_outputs_count_their_shapes_bytes_but_a_handle_none(lstm):
+    # With no op profiled, every output is estimated from its static shape; a variable's handle
+    # (DT_RESOURCE) is host memory and holds no device bytes.
+    setup = standin_cluster(4, prefix=TASK)
+    graph = import_graph_def(lstm.graph_def, empty_profile(lstm.graph_def), setup.cluster, host_device=setup.host,
+                             device_aliases=setup.aliases).graph
+    assert graph.op_types[graph.op_id("lstm0/kernel")] == "VarHandleOp"
+    assert graph.output_bytes[graph.op_id("lstm0/kernel")] == (0,)
+    assert graph.output_bytes[graph.op_id("lstm0/t1/MatMul")] == (BATCH * 4 * HIDDEN * 4,)
+
+
 def test_edges(lstm, imported):
     graph = imported.graph
     by_pair = {}

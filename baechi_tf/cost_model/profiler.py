@@ -92,6 +92,12 @@ def profiling_config(config: Any = None) -> Any:
     return out
 
 
+# A resource handle (a variable's, a table's) is host memory: its kernels keep it there on every
+# device type, and VarHandleOp makes its one handle when the kernel is built, outside the step's
+# allocations. As an output it holds no device memory.
+_DT_RESOURCE = 20  # types_pb2.DT_RESOURCE
+
+
 def _element_bytes(dtype_enum: int) -> int:
     import tensorflow as tf
 
@@ -291,7 +297,7 @@ def profile_from_step_stats(
                 for out in ns.output:
                     desc = out.tensor_description
                     described = _described_bytes(desc)
-                    nbytes = max(
+                    nbytes = 0 if desc.dtype == _DT_RESOURCE else max(
                         int(desc.allocation_description.allocated_bytes),
                         int(desc.allocation_description.requested_bytes),
                         described,

@@ -143,7 +143,9 @@ def _registry_knows(lookup: KernelLookup, device_type: str) -> bool:
 
 def _static_bytes(tensor) -> int:
     dtype = tensor.dtype.base_dtype
-    size = dtype.size or 8  # string, resource and variant elements: count a pointer
+    if dtype.name == "resource":  # a handle, in host memory (the profiler's `_DT_RESOURCE`)
+        return 0
+    size = dtype.size or 8  # string and variant elements: count a pointer
     shape = tensor.shape
     if shape.rank is None:
         return size
