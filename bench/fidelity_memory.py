@@ -475,7 +475,8 @@ def _variant_blocks(result, step_stats) -> list:
     counted otherwise, by what the traced step shows:
 
     1. the blocks of ops that did not run in the step are left out (a constant TF replicated
-       onto the devices that read it ran as its replicas);
+       onto the devices that read it ran as its replicas), but a variable's persistent block:
+       its buffer is held whether or not the step runs its op;
     2. an output the model still gives a buffer of its own (the profile did not mark it:
        `OpGraph.output_alias`) whose buffer is one of its op's inputs' (the same address in the trace:
        Identity, Reshape, an element-wise op done in place) is no block of its own: the input's
@@ -491,6 +492,7 @@ def _variant_blocks(result, step_stats) -> list:
     """
     from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables, constant_tensors
     from baechi_tf.placer.memory_timeline import KEPT, MemoryBlocks, memory_blocks
+    from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
 
     graph, schedule = result.graph, result.schedule
     traced = _traced_outputs(step_stats)
@@ -516,7 +518,11 @@ def _variant_blocks(result, step_stats) -> list:
     b = memory_blocks(graph, schedule, result.cluster)
     free, free_rank = b.free_us.copy(), b.free_rank.copy()
     alloc, alloc_rank = b.alloc_us.copy(), b.alloc_rank.copy()
-    keep = ~never[b.op]
+    # A variable holds its buffer whether or not the step runs its op (`measured_memory` counts it
+    # on the op's device either way): its persistent block stays.
+    variable = np.array([t in VARIABLE_OP_TYPES for t in graph.op_types], dtype=bool) if graph.op_types else \
+        np.zeros(graph.num_ops, dtype=bool)
+    keep = ~never[b.op] | (variable[b.op] & np.array([k == "persistent" for k in b.kind], dtype=bool))
     variants = []
     home = {(int(o), int(s), int(d)): i for i, (k, o, s, d) in enumerate(zip(b.kind, b.op, b.slot, b.device))
             if k in ("output", "received")}
