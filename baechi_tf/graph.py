@@ -186,6 +186,16 @@ class OpGraph:
         return _frozen(np.fromiter((sum(o) for o in self.output_bytes), np.int64, self.num_ops))
 
     @functools.cached_property
+    def total_bytes(self) -> int:
+        """The ops' output, scratch and persistent bytes, all summed (Python ints: exact). No
+        device of any placement holds more than this."""
+        return (
+            sum(sum(outs) for outs in self.output_bytes)
+            + sum(self.temp_bytes.tolist())
+            + sum(self.persistent_bytes.tolist())
+        )
+
+    @functools.cached_property
     def is_control(self) -> np.ndarray:
         return _frozen(self.edge_src_output == CONTROL)
 
@@ -389,11 +399,7 @@ class OpGraph:
                     f"op {self.names[i]!r} has output_bytes={list(outs)}; sizes must be >= 0"
                 )
         # Sums of many costs must stay exact integers and finite floats (module MAX_TOTAL_BYTES).
-        total_bytes = (
-            sum(sum(outs) for outs in self.output_bytes)
-            + sum(self.temp_bytes.tolist())
-            + sum(self.persistent_bytes.tolist())
-        )
+        total_bytes = self.total_bytes
         if total_bytes >= MAX_TOTAL_BYTES:
             raise InvalidGraphError(
                 f"the ops' outputs, scratch and persistent memory add up to {total_bytes} bytes, "

@@ -520,9 +520,8 @@ def _variant_blocks(result, step_stats) -> list:
     alloc, alloc_rank = b.alloc_us.copy(), b.alloc_rank.copy()
     # A variable holds its buffer whether or not the step runs its op (`measured_memory` counts it
     # on the op's device either way): its persistent block stays.
-    variable = np.array([t in VARIABLE_OP_TYPES for t in graph.op_types], dtype=bool) if graph.op_types else \
-        np.zeros(graph.num_ops, dtype=bool)
-    keep = ~never[b.op] | (variable[b.op] & np.array([k == "persistent" for k in b.kind], dtype=bool))
+    variable = np.array([t in VARIABLE_OP_TYPES for t in graph.op_types or [""] * graph.num_ops], dtype=bool)
+    keep = ~never[b.op] | (variable[b.op] & (np.asarray(b.kind) == "persistent"))
     variants = []
     home = {(int(o), int(s), int(d)): i for i, (k, o, s, d) in enumerate(zip(b.kind, b.op, b.slot, b.device))
             if k in ("output", "received")}

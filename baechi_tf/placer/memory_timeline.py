@@ -47,7 +47,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import OWN, buffer_tables, constant_tensors, always_reused_tensors
+from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]

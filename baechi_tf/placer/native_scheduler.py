@@ -19,9 +19,8 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
-from baechi_tf.placer.buffers import buffer_tables, constant_tensors, always_reused_tensors
+from baechi_tf.placer.buffers import always_reused_tensors, buffer_tables, constant_tensors, free_at_end_bytes
 from baechi_tf.placer.grouping import Groups
-from baechi_tf.placer.buffers import free_at_end_bytes
 from baechi_tf.placer.list_scheduler import ListScheduler
 from baechi_tf.placer.pins import place_pinned
 from baechi_tf.placer.policies import EarliestStartPolicy, FixedPolicy, Policy, ScheduleCutOff

@@ -354,7 +354,7 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
     waits at most a while for other ops to free memory (the GPU allocator's retry; on a CPU
     device not at all) before it fails the step. Where that peak is above a device's memory, a
     warning names the devices. Costs one more simulation, only when memory is that tight."""
-    whole = int(graph.output_total_bytes.sum() + graph.temp_bytes.sum() + graph.persistent_bytes.sum())
+    whole = graph.total_bytes
     if all(d.memory_bytes >= whole for d in cluster.devices):
         return None
     roomy = dataclasses.replace(cluster, devices=tuple(

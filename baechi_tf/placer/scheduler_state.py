@@ -20,7 +20,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import (
-    HELD_VIEW, OWN, buffer_tables, constant_tensors, free_at_end_bytes, always_reused_tensors,
+    HELD_VIEW, OWN, always_reused_tensors, buffer_tables, constant_tensors, free_at_end_bytes,
 )
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
