@@ -20,15 +20,22 @@ def one_device_label(result) -> str:
 
 
 def summary_table(result) -> str:
-    """A short table: per device ops, compute, peak memory (and, where the simulation held ops
-    back for memory, the peak with none held back, `PlacementResult.unheld_peak_bytes`); then
-    makespan against the bounds."""
+    """A short table: per device ops, compute, peak memory (and, where it differs, the peak with
+    each device's ops up to `ORDER_WINDOW` places out of the simulated order,
+    `PlacementResult.reordered_peak_bytes`; where the simulation held ops back for memory, the
+    peak with none held back, `PlacementResult.unheld_peak_bytes`); then makespan against the
+    bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     device_of = result.placement.device_of
     # With --placer_memory_fraction below 1 the placer filled only its share of each device.
     fraction = result.memory_fraction
     budgets = cluster.with_memory_fraction(fraction).devices if fraction < 1 else ()
-    rows = [("device", "ops", "compute ms", "peak memory", "capacity")]
+    # The peak where TF runs ops out of the simulated order, where that moves it.
+    reordered = result.reordered_peak_bytes
+    if reordered is not None and tuple(reordered) == tuple(schedule.peak_memory_bytes):
+        reordered = None
+    rows = [("device", "ops", "compute ms", "peak memory") + (("peak, reordered",) if reordered else ())
+            + ("capacity",)]
     if budgets:
         rows[0] += (f"placer's share ({fraction:.0%})",)
     # Where ops waited for memory in the simulation: the peak with none held back, as TF runs them.
@@ -45,8 +52,9 @@ def summary_table(result) -> str:
                 str(int(mask.sum())),
                 f"{graph.compute_us[mask].sum() / 1e3:.3f}",
                 format_bytes(schedule.peak_memory_bytes[d]),
-                format_bytes(dev.memory_bytes),
             )
+            + ((format_bytes(reordered[d]),) if reordered else ())
+            + (format_bytes(dev.memory_bytes),)
             + ((format_bytes(budgets[d].memory_bytes),) if budgets else ())
             + ((format_bytes(unheld[d]),) if unheld is not None else ())
         )

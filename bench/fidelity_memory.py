@@ -12,7 +12,9 @@ initialized, ``--warmup_steps`` untraced steps, then ``--traced_steps`` steps wi
 ``FULL_TRACE``, in each of ``--sessions`` sessions (1). A device's measured peak is
 the largest over the traced steps of the memory rebuilt from the step's allocation records plus
 the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
-peak is the placement report's (`Schedule.peak_memory_bytes`).
+peak is the placement report's (`PlacementResult.reordered_peak_bytes`: the schedule's memory held
+as long as TF may hold it running each device's ops up to `ORDER_WINDOW` places out of the
+simulated order).
 
 It prints one line per placement and device (the host too when the placement put ops there):
 simulated and measured MiB, and their ratio (simulated / measured; the target is every device in
@@ -22,13 +24,15 @@ measured, both, and the worst under- and over-prediction; the under-predicted de
 same one, each run in a session of its own), how far apart their devices' measured peaks were
 (`repeat_spread`); how far apart each device's peaks in the traced steps were (`step_spread`),
 and on how many devices the simulated peak is in [1.0, 1.25] of some traced step's peak, not
-only of the highest (`in_target_of_some_step`). Then the same figures for the same
+only of the highest (`in_target_of_some_step`). Then the same figures for the simulated order alone (the schedule's
+own peak, `Schedule.peak_memory_bytes`), and for the same
 schedules with their blocks of memory (`baechi_tf.placer.memory_timeline.memory_blocks`) counted
 otherwise, cumulatively, by what the traced step shows (`VARIANTS`): without the ops the step
 never ran; with an output that is a view of another buffer (a variable's value, an Identity, an
 op done in place) held as part of that buffer; with a tensor read on another stand-in held by its
-sender (stand-ins pass buffers, a GPU copies them); and those rules replayed at each op's measured
-start and end, which leaves out the simulated timing. ``--explain`` adds, per placement, what the
+sender (stand-ins pass buffers, a GPU copies them), each held as out of order as the simulated
+peak; and those rules replayed at each op's measured start and end, in the measured order, which
+leaves out the simulated timing. ``--explain`` adds, per placement, what the
 simulator holds at its peak by kind and what the device held at its measured peak by type of
 node. ``--json`` writes every row for plots and for bench/fidelity.py; ``--save DIR`` keeps the
 graphs, profiles, placements and measured peaks, so that bench/fidelity_memory_resim.py can
@@ -62,6 +66,8 @@ sys.path.insert(0, BENCH)
 
 import fidelity_graphs  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 import flags  # noqa: E402
+
+from baechi_tf.placer.memory_timeline import ORDER_WINDOW  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
@@ -119,6 +125,10 @@ class Row:
     # step that ran nothing there): how far TF's order moved this device's peak from step to
     # step. None in files written before it.
     measured_peaks: Optional[list[int]] = None
+    # The schedule's own peak, each op at its simulated place in the order
+    # (`Schedule.peak_memory_bytes`; `simulated_bytes` lets ops move `ORDER_WINDOW` places). None
+    # in files written before it, where `simulated_bytes` is this.
+    sim_schedule_bytes: Optional[int] = None
 
     @property
     def ratio(self) -> float:
@@ -269,7 +279,8 @@ def measure_graph(
         else:
             # Per device the largest over the traced steps, as the measured peak is: whether an op
             # works in place of its input depends on the order of the step.
-            per_step = [_variants(result, step) + _variants(_replayed(result, step), step)[-1:] for step in stats]
+            per_step = [_variants(result, step, ORDER_WINDOW) + _variants(_replayed(result, step), step, 0)[-1:]
+                        for step in stats]
             variants = [[max(p) for p in zip(*(v[k] for v in per_step))] for k in range(4)]
             replay = variants.pop()
             reuse, missed = reuse_check(result, stats)
@@ -285,7 +296,7 @@ def measure_graph(
             rows.append(Row(
                 model=name, method=method, chosen=result.placement.method, limit=limit,
                 capacity_bytes=dev.memory_bytes if key != "device:CPU:0" else 0, device=key, ops=ops,
-                simulated_bytes=int(result.schedule.peak_memory_bytes[d]), measured_bytes=m.peak_bytes,
+                simulated_bytes=int(result.reordered_peak_bytes[d]), measured_bytes=m.peak_bytes,
                 measured_persistent_bytes=m.persistent_bytes, measured_step_bytes=m.step_peak_bytes,
                 replaced_bytes=m.replaced_bytes, sim_ran_bytes=variants[0][d],
                 sim_alias_bytes=variants[1][d], sim_standin_bytes=variants[2][d], replay_bytes=replay[d],
@@ -293,6 +304,7 @@ def measure_graph(
                 reused_both_ways=None if grappler else reuse[d][1],
                 sim_unheld_bytes=int((result.unheld_peak_bytes or result.schedule.peak_memory_bytes)[d]),
                 measured_peaks=step_peaks.get(key, [0] * len(stats)),
+                sim_schedule_bytes=int(result.schedule.peak_memory_bytes[d]),
             ))
             print(_line(rows[-1]), file=out, flush=True)
         saved.append({"method": method, "limit": limit, "placement": fingerprint,
@@ -462,12 +474,14 @@ def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
     return out
 
 
-def _variants(result, step_stats) -> list[list[int]]:
-    """Per variant of `VARIANTS`, per device of `result.cluster`, the peak of `_variant_blocks`."""
-    from baechi_tf.placer.memory_timeline import blocks_timeline
+def _variants(result, step_stats, window: int) -> list[list[int]]:
+    """Per variant of `VARIANTS`, per device of `result.cluster`, the peak of `_variant_blocks`,
+    each op up to `window` places out of its schedule's order (`reordered_blocks`)."""
+    from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks
 
     nd = result.cluster.num_devices
-    return [[t.peak_bytes for t in blocks_timeline(b, nd)] for b in _variant_blocks(result, step_stats)]
+    return [[t.peak_bytes for t in blocks_timeline(reordered_blocks(result.graph, result.schedule, b, window), nd)]
+            for b in _variant_blocks(result, step_stats)]
 
 
 def _variant_blocks(result, step_stats) -> list:
@@ -733,6 +747,10 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     reuse = reuse_summary(rows)
     if reuse:
         print(reuse)
+    if all(r.sim_schedule_bytes is not None for r in rows):
+        print(f"\nthe simulated order alone (each op at its simulated place; the peak above lets each move "
+              f"{ORDER_WINDOW} places of its device's order):")
+        print("\n".join("  " + line for line in summary(rows, "sim_schedule_bytes")[1:]))
     if all(r.sim_unheld_bytes is not None for r in rows):
         print("\nthe same placements simulated with no op held back for memory (TF runs an op as soon as "
               "its inputs are there):")

@@ -63,16 +63,17 @@ def resimulate(path: str) -> list[tuple]:
         options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
         _, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
                                     device_aliases=setup.aliases)
-        schedule = report.result.schedule
-        peaks[(p["method"], p["limit"])] = {_local(d.name): int(schedule.peak_memory_bytes[i])
-                                            for i, d in enumerate(report.result.cluster.devices)}
+        result = report.result
+        peaks[(p["method"], p["limit"])] = {
+            _local(d.name): (int(result.reordered_peak_bytes[i]), int(result.schedule.peak_memory_bytes[i]))
+            for i, d in enumerate(result.cluster.devices)}
     out = []
     for saved in doc["rows"]:
         row = Row(**saved)
         new = peaks[(row.method, row.limit)].get(row.device)
         if new is None:
             raise SystemExit(f"{path}: the placement {row.method} {row.limit} has no device {row.device}")
-        out.append((row, dataclasses.replace(row, simulated_bytes=new)))
+        out.append((row, dataclasses.replace(row, simulated_bytes=new[0], sim_schedule_bytes=new[1])))
     return out
 
 

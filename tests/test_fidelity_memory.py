@@ -74,6 +74,17 @@ def test_a_device_that_measured_no_bytes_is_named_in_bytes(tmp_path):
                          capture_output=True, text=True, timeout=120, check=True).stdout
     held_back = out.split("no op held back for memory")[1]
     assert "both (the target, [1.0, 1.25]):   3/3 devices" in held_back, out
+    assert "the simulated order alone" not in out  # rows written before that peak was kept
+
+    # With the schedule's own peak (no op out of its simulated order) on every row, its figures.
+    for r, own in zip(rows, (9 * MiB, 312, 0)):
+        r["sim_schedule_bytes"] = own
+    path.write_text(json.dumps(rows))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    alone = out.split("the simulated order alone")[1].split("no op held back")[0]
+    assert "simulated >= measured:            2/3 devices" in alone, out
+    assert "worst under-prediction: 0.900 (rnn m_etf loose device:CPU:1" in alone, out
 
 
 def test_placements_run_more_than_once_show_how_far_apart_their_peaks_were(tmp_path):

@@ -469,8 +469,14 @@ def test_any_spelling_of_the_host_pins_to_the_host(pin, method):
     b.add_edge("h", "a")
     host = Device("/device:CPU:0", 1 << 30, "CPU")
     options = PlacementOptions(method, refine_seconds=0)
-    result = place_with_host(b.build(), Cluster.homogeneous(2, 1 << 30), host, options)
+    graph = b.build()
+    result = place_with_host(graph, Cluster.homogeneous(2, 1 << 30), host, options)
     assert result.op_to_device()["h"] == "/device:CPU:0"
+    # The peak out of the simulated order, of the placement with the host's op on the host.
+    from baechi_tf.placer.memory_timeline import reordered_peaks
+
+    assert result.reordered_peak_bytes == reordered_peaks(graph, result.cluster, result.schedule)
+    assert len(result.reordered_peak_bytes) == 3
 
 
 @pytest.mark.parametrize("method", ["m_etf", "single", "auto"])

@@ -74,6 +74,8 @@ def test_place_json_writes_output(tmp_path, capsys):
     assert doc["placement"]["c"] == "/device:GPU:1"
     assert doc["makespan_us"] >= doc["lower_bound_us"]
     assert set(doc["peak_memory_bytes"]) == {"/device:GPU:0", "/device:GPU:1"}
+    assert set(doc["reordered_peak_bytes"]) == {"/device:GPU:0", "/device:GPU:1"}
+    assert all(doc["reordered_peak_bytes"][d] >= p for d, p in doc["peak_memory_bytes"].items())
 
 
 

@@ -21,7 +21,9 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.json_io import load_graph_json
 from baechi_tf.placer import Placement, simulate
-from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, memory_timeline
+from baechi_tf.placer.memory_timeline import (
+    KEPT, ORDER_WINDOW, blocks_timeline, memory_blocks, memory_timeline, reordered_blocks, reordered_peaks,
+)
 from baechi_tf.placer.pipeline import PlacementOptions, place
 from baechi_tf.reports import write_reports
 from graphs import GiB, MiB, chain, cluster, diamond, fork_join, random_dag, too_big_for_one
@@ -219,6 +221,106 @@ def test_timeline_peak_is_the_schedule_peak_with_equal_times():
     assert checked >= 150
 
 
+# ---------------------------------------------------------------- ops out of the simulated order
+
+
+def _two_ops(edge: bool) -> OpGraph:
+    """a (100 us) and b (100 us) on one device, each with 1 MiB of scratch and 1 KiB of weights;
+    b after a (a control edge) when `edge`."""
+    b = OpGraphBuilder()
+    for name in ("a", "b"):
+        b.add_op(name, 100, [], temp_bytes=MiB, persistent_bytes=1024)
+    if edge:
+        b.add_control_edge("a", "b")
+    return b.build()
+
+
+def test_an_op_may_run_a_place_away_from_the_simulated_order():
+    g, c = _two_ops(edge=False), cluster(1)
+    s = simulate(g, c, Placement(np.zeros(2, np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 100.0] and s.peak_memory_bytes == (2048 + MiB,)
+    # With a window of 1, either op may run first: each one's scratch is held from the first start
+    # to the last end; the weights stay as they were.
+    blocks = reordered_blocks(g, s, memory_blocks(g, s), 1)
+    kinds = {(k, int(o)): (a, f) for k, o, a, f in zip(blocks.kind, blocks.op, blocks.alloc_us, blocks.free_us)}
+    assert kinds == {("persistent", 0): (0.0, KEPT), ("persistent", 1): (0.0, KEPT), ("temp", 0): (0.0, 200.0),
+                     ("temp", 1): (0.0, 200.0)}
+    assert reordered_peaks(g, c, s, 1) == (2048 + 2 * MiB,)
+    # A window of 0 is the schedule itself; the default window at least the schedule's peak.
+    assert reordered_blocks(g, s, memory_blocks(g, s), 0).alloc_us.tolist() == memory_blocks(g, s).alloc_us.tolist()
+    assert reordered_peaks(g, c, s, 0) == s.peak_memory_bytes
+    assert ORDER_WINDOW >= 1 and reordered_peaks(g, c, s) == (2048 + 2 * MiB,)
+    with pytest.raises(ValueError, match="window must be at least 0, not -1"):
+        reordered_blocks(g, s, memory_blocks(g, s), -1)
+
+
+def test_an_op_never_runs_before_its_input_on_its_device():
+    # b after a on the device: neither may move, whatever the window; a chain neither.
+    g, c = _two_ops(edge=True), cluster(1)
+    s = simulate(g, c, Placement(np.zeros(2, np.int32), "hand"))
+    assert reordered_peaks(g, c, s, 8) == s.peak_memory_bytes == (2048 + MiB,)
+    g = chain(6, compute_us=100.0, nbytes=MiB)
+    s = simulate(g, c, Placement(np.zeros(6, np.int32), "hand"))
+    assert reordered_peaks(g, c, s, 8) == s.peak_memory_bytes == (2 * MiB,)
+
+
+def test_an_input_from_another_device_bounds_nothing():
+    """
+    device 0:  p (100 us, 1 MiB) -> q (100 us, 1 MiB, a sink); r (100 us, 1 MiB, no inputs)
+    device 1:  x (10 us, 1 MiB) -> y on device 0 (100 us, 1 MiB, a sink)
+    With a free link, device 0 runs p, q, r, y in turn (y is ready at 10 us, but has the highest
+    topological index). y may start two places early, at p's end: its input came from device 1.
+    q may not: it reads p. y's output, a sink's, is kept from its start on.
+    """
+    b = OpGraphBuilder()
+    for name in ("p", "q", "r", "x", "y"):
+        b.add_op(name, 10 if name == "x" else 100, [MiB])
+    b.add_edge("p", "q")
+    b.add_edge("x", "y")
+    g = b.build()
+    c = cluster(2, GiB, CommCost(0.0, 0.0))
+    s = simulate(g, c, Placement(np.array([0, 0, 0, 1, 0], np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 100.0, 200.0, 0.0, 300.0]
+    blocks = reordered_blocks(g, s, memory_blocks(g, s, c), 2)
+    held = {(k, g.names[o], int(d)): (a, f)
+            for k, o, d, a, f in zip(blocks.kind, blocks.op, blocks.device, blocks.alloc_us, blocks.free_us)}
+    assert held[("output", "y", 0)] == (100.0, KEPT)  # two places early: q's start
+    assert held[("output", "q", 0)] == (100.0, KEPT)  # after p, its input
+    assert held[("output", "p", 0)] == (0.0, 400.0)  # freed by q, which may end as late as y
+
+
+def test_the_reordered_peak_grows_with_the_window_from_the_schedule_peak():
+    checked = 0
+    for seed in range(40):
+        g = random_dag(seed, 24, edge_prob=0.15, max_bytes=16 * MiB, persistent_prob=0.1)
+        c = cluster(3, GiB)
+        s = simulate(g, c, Placement(np.random.default_rng(seed).integers(0, 3, g.num_ops), "random"))
+        peaks = [reordered_peaks(g, c, s, w) for w in (0, 1, 2, 4, 8, 64)]
+        assert peaks[0] == s.peak_memory_bytes, seed
+        for lower, higher in zip(peaks, peaks[1:]):
+            assert all(x <= y for x, y in zip(lower, higher)), (seed, peaks)
+        checked += peaks[-1] != peaks[0]
+    assert checked >= 20, checked
+
+
+def test_the_placement_reports_the_reordered_peak_and_warns_above_memory(caplog):
+    # Two independent ops of 1 MiB of scratch fit a device of 1.5 MiB one after the other; in a
+    # window of the other order they hold 2 MiB: the result says so, and a warning names the device.
+    g = _two_ops(edge=False)
+    c = cluster(1, MiB + MiB // 2)
+    with caplog.at_level("WARNING", logger="baechi_tf"):
+        result = place(g, c, PlacementOptions(placement_method="m_etf"))
+    assert result.schedule.peak_memory_bytes == (2048 + MiB,)
+    assert result.reordered_peak_bytes == (2048 + 2 * MiB,)
+    assert "TensorFlow runs a device's ready ops in an order of its own" in caplog.text, caplog.text
+    assert "2.00 MiB on /device:GPU:0 (of 1.50 MiB)" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="baechi_tf"):
+        result = place(g, cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
+    assert result.reordered_peak_bytes == (2048 + 2 * MiB,)
+    assert "order of its own" not in caplog.text
+
+
 # ---------------------------------------------------------------- the files
 
 
@@ -395,6 +497,7 @@ def test_summary_matches_the_result(fork_join_reports):
         assert row["ops"] == int((dev == d).sum())
         assert row["compute_us"] == pytest.approx(graph.compute_us[dev == d].sum())
         assert row["peak_memory_bytes"] == s.peak_memory_bytes[d]
+        assert row["reordered_peak_bytes"] == reordered_peaks(graph, c, s)[d] >= s.peak_memory_bytes[d]
         assert row["capacity_bytes"] == c.devices[d].memory_bytes
     assert summary["num_transfers"] == len(s.transfers)
     assert summary["transfer_bytes"] == sum(int(graph.tensor_bytes[t.tensor]) for t in s.transfers)
@@ -911,3 +1014,17 @@ def test_gantt_of_many_devices_keeps_a_row_per_device_within_its_height(num_devi
         assert int(np.sum(np.diff(grey) == 1) + grey[0]) == num_devices
     else:
         assert grey.mean() > 0.3  # rows of 4 px: smoothed, grey across the chart
+
+
+def test_an_out_of_memory_error_names_the_peak_out_of_the_simulated_order_too():
+    from baechi_tf.rewriter.oom import out_of_memory_error
+
+    text = "OOM when allocating tensor with shape[4] on /device:GPU:0 by allocator GPU_0_bfc"
+    result = place(_two_ops(edge=False), cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
+    message = str(out_of_memory_error(RuntimeError(text), result))
+    assert ("the placer expected a peak of 1.00 MiB (2.00 MiB with its ops out of the simulated order) "
+            "of the 4.00 MiB it assumed there") in message, message
+    # Where the order moves nothing, only the one peak.
+    result = place(_two_ops(edge=True), cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
+    message = str(out_of_memory_error(RuntimeError(text), result))
+    assert "expected a peak of 1.00 MiB of the 4.00 MiB" in message, message

@@ -50,9 +50,18 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors
 from baechi_tf.placer.schedule import Schedule
 
-__all__ = ["DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline"]
+__all__ = [
+    "ORDER_WINDOW", "DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline",
+    "reordered_blocks", "reordered_peaks",
+]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
+
+ORDER_WINDOW = 8
+"""How many places of its device's order an op may run away from its simulated place in the order
+TensorFlow's executor takes (`reordered_blocks`). The executor runs a device's ready ops in an
+order of its own, which no rule of the simulator has matched; this window was chosen on the
+measured peaks of `bench/fidelity_memory.py` (docs/fidelity.md, "Ops out of order")."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -208,6 +217,77 @@ def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemor
     """Per device ``0..num_devices-1``, memory in use over the step of any set of blocks (those of
     `memory_blocks`, or others of the same form), events of one instant in commit order."""
     return tuple(_sweep(blocks, d) for d in range(num_devices))
+
+
+def reordered_blocks(
+    graph: OpGraph, schedule: Schedule, blocks: MemoryBlocks, window: int = ORDER_WINDOW
+) -> MemoryBlocks:
+    """`blocks` of `schedule` (`memory_blocks`) held as long as an executor that runs each device's
+    ops in another order, within `window` places of the simulated one, may hold them.
+
+    A device's ops are in places 0, 1, ... by start time (commit order within an instant). The op
+    at place p may start as early as the start of the op at place ``max(p - window, q + 1)`` and
+    end as late as the end of the op at place ``min(p + window, r - 1)``, where q is the place of
+    its last predecessor on the device and r of its first successor there (data or control
+    edges): it never runs before an op of its device whose output it reads, nor after one that
+    reads its own. Predecessors on other devices bound nothing: their times are no more certain
+    than the op's. A block allocated by an op (its temporary bytes and outputs; a received copy by
+    its first reader there) is allocated that much earlier; a block freed by an op (`free_rank`:
+    the op itself, or a tensor's last reader) is freed that much later. Persistent blocks and
+    blocks kept past the step do not move. With `window` 0, the blocks as given.
+
+    Time O(V + E + k) for V ops, E edges and k blocks.
+    """
+    if window < 0:
+        raise ValueError(f"window must be at least 0, not {window}")
+    if window == 0 or not blocks.device.size:
+        return blocks
+    n = graph.num_ops
+    device_of = schedule.placement.device_of
+    start, end = schedule.start_us, schedule.end_us
+    rank = np.empty(n, dtype=np.int64)
+    rank[schedule.order] = np.arange(n, dtype=np.int64)
+    # Places by (device, start, commit rank); `first[d]` is the index into `by_place` of place 0.
+    by_place = np.lexsort((rank, start, device_of))
+    first = np.searchsorted(device_of[by_place], np.arange(device_of.max() + 2 if n else 1))
+    place = np.empty(n, dtype=np.int64)
+    place[by_place] = np.arange(n, dtype=np.int64) - first[device_of[by_place]]
+    count = (first[1:] - first[:-1])[device_of]  # ops on each op's device
+    # The last predecessor and the first successor on the op's device, by place.
+    same = device_of[graph.edge_src] == device_of[graph.edge_dst]
+    src, dst = graph.edge_src[same], graph.edge_dst[same]
+    last_pred = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last_pred, dst, place[src])
+    first_succ = count.copy()
+    np.minimum.at(first_succ, src, place[dst])
+    lo = np.minimum(np.maximum(place - window, last_pred + 1), place)
+    hi = np.maximum(np.minimum(place + window, first_succ - 1), place)
+    base = first[device_of]
+    earliest_op = by_place[base + lo]
+    latest_op = by_place[base + hi]
+    early = start - start[earliest_op]
+    late = np.maximum(end[latest_op] - end, 0.0)
+
+    step = blocks.alloc_rank >= 0
+    order = schedule.order
+    alloc_op = order[np.where(step, blocks.alloc_rank, 0)]
+    alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
+    alloc_rank = np.where(step & (early[alloc_op] > 0), rank[earliest_op[alloc_op]], blocks.alloc_rank)
+    freed = step & np.isfinite(blocks.free_us)
+    free_op = order[np.where(freed, blocks.free_rank, 0)]
+    free_us = np.where(freed, blocks.free_us + late[free_op], blocks.free_us)
+    free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], blocks.free_rank)
+    return dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
+                               free_rank=free_rank)
+
+
+def reordered_peaks(
+    graph: OpGraph, cluster: Cluster, schedule: Schedule, window: int = ORDER_WINDOW
+) -> tuple[int, ...]:
+    """Per device of `cluster`, the peak of `schedule`'s memory held as `reordered_blocks` holds
+    it: at least `Schedule.peak_memory_bytes`, equal with `window` 0."""
+    blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), window)
+    return tuple(t.peak_bytes for t in blocks_timeline(blocks, cluster.num_devices))
 
 
 def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:

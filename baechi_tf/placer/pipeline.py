@@ -13,7 +13,7 @@ import logging
 import math
 import numbers
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from baechi_tf.placer.bounds import lower_bound_us
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
+from baechi_tf.placer.memory_timeline import ORDER_WINDOW, reordered_peaks
 from baechi_tf.placer.methods import PLACEMENT_METHODS
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.scheduler_state import format_bytes
@@ -170,6 +171,10 @@ class PlacementResult:
     # Per device, the simulated peak with no op held back for memory (`memory_as_run`); None
     # when no op can have been held back (every device could hold the whole graph).
     unheld_peak_bytes: Optional[tuple[int, ...]] = None
+    # Per device, the peak of `schedule` where TF runs each device's ops up to ORDER_WINDOW places
+    # out of the simulated order (`memory_reordered`): the peak the model expects TF to reach.
+    # None where not computed (a result made by hand).
+    reordered_peak_bytes: Optional[tuple[int, ...]] = None
 
     @property
     def makespan_us(self) -> float:
@@ -323,6 +328,8 @@ def _place(
     seen, on = (graph, cluster) if host is None else (host.graph, host.cluster)
     checked_on = placer_cluster if judge is None else judge.cluster
     unheld = step("memory", lambda: memory_as_run(seen, checked_on, placement))
+    warned = {d for d, p in enumerate(unheld or ()) if p > checked_on.devices[d].memory_bytes}
+    reordered = step("memory", lambda: memory_reordered(seen, checked_on, schedule, warned))
     bound = lower_bound_us(seen, on, groups=groups if options.grouper == "tf" else make_groups(seen, "tf"))
     return PlacementResult(
         graph=seen,
@@ -339,6 +346,7 @@ def _place(
         refine_stats=auto.refine_stats if auto else None,
         memory_fraction=fraction,
         unheld_peak_bytes=unheld,
+        reordered_peak_bytes=reordered,
     )
 
 
@@ -369,6 +377,31 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
             "(place with more memory per device, or with --placer_memory_fraction below 1 to keep "
             "room)",
             placement.method,
+            ", ".join(f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})"
+                      for d, p in over),
+        )
+    return peaks
+
+
+def memory_reordered(
+    graph: OpGraph, cluster: Cluster, schedule: Schedule, warned: Collection[int] = ()
+) -> tuple[int, ...]:
+    """Per device, the peak of `schedule` held as an executor that runs each device's ops up to
+    `ORDER_WINDOW` places out of the simulated order may hold it (`reordered_peaks`).
+
+    TensorFlow's executor runs a device's ready ops in an order of its own, so the step's peak
+    lies around the simulated one, above it as often as below. Where this peak is above a
+    device's memory (but on the devices in `warned`, named already), a warning names the
+    devices. One more pass over the schedule's memory: O(V + E) for V ops and E edges."""
+    peaks = reordered_peaks(graph, cluster, schedule)
+    over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
+    if over:
+        log.warning(
+            "%s's placement fits the devices' memory in the simulated order of its ops, but "
+            "TensorFlow runs a device's ready ops in an order of its own: with each op up to %d "
+            "places away from its simulated place, it peaks at %s; a device of that size may run "
+            "out of memory (place with --placer_memory_fraction below 1 to keep room)",
+            schedule.placement.method, ORDER_WINDOW,
             ", ".join(f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})"
                       for d, p in over),
         )

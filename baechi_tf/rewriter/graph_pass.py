@@ -36,7 +36,7 @@ from baechi_tf.placer.auto import HostView
 from baechi_tf.placer.bounds import lower_bound_us
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.grouping import colocation_groups, make_groups
-from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, place
+from baechi_tf.placer.pipeline import PlacementOptions, PlacementResult, memory_reordered, place
 from baechi_tf.placer.schedule import Placement
 from baechi_tf.placer.simulator import simulate, single_device_placements
 from baechi_tf.rewriter.apply import apply_placement
@@ -195,6 +195,10 @@ def _place_with_host(
         bound = inner.lower_bound_us
     else:
         bound = lower_bound_us(graph, full, groups=tf_groups)
+    if inner is not None and schedule is inner.schedule:  # auto's, judged with the host already
+        reordered = inner.reordered_peak_bytes
+    else:
+        reordered = memory_reordered(graph, checked, schedule)
     seconds = dict(inner.step_seconds) if inner is not None else {}
     seconds["host"] = time.perf_counter() - t0 - sum(seconds.values())  # all but place()'s steps
     return PlacementResult(
@@ -211,6 +215,7 @@ def _place_with_host(
         candidates=inner.candidates if inner is not None else None,
         refine_stats=inner.refine_stats if inner is not None else None,
         memory_fraction=options.memory_fraction,
+        reordered_peak_bytes=reordered,
     )
 
 

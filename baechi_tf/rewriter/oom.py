@@ -36,9 +36,15 @@ def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str =
     if result is not None and device is not None:
         d = result.cluster.find(device)
         if d is not None:
+            reordered = result.reordered_peak_bytes
+            out_of_order = (
+                f" ({format_bytes(reordered[d])} with its ops out of the simulated order)"
+                if reordered is not None and reordered[d] != result.schedule.peak_memory_bytes[d] else ""
+            )
             expected = (
-                f"; the placer expected a peak of {format_bytes(result.schedule.peak_memory_bytes[d])} "
-                f"of the {format_bytes(result.cluster.devices[d].memory_bytes)} it assumed there"
+                f"; the placer expected a peak of {format_bytes(result.schedule.peak_memory_bytes[d])}"
+                f"{out_of_order} of the {format_bytes(result.cluster.devices[d].memory_bytes)} it "
+                "assumed there"
             )
     return InfeasiblePlacementError(
         f"the graph ran out of memory{where}{when} ({quoted[:200]}){expected}: give the placer less "
