@@ -299,8 +299,7 @@ def result_to_json(result) -> dict:
         "single_device_makespan_us": result.single_device_makespan_us,
         "lower_bound_us": result.lower_bound_us,
         "peak_memory_bytes": dict(zip(names, result.schedule.peak_memory_bytes)),
-        "reordered_peak_bytes": (None if result.reordered_peak_bytes is None
-                                 else dict(zip(names, result.reordered_peak_bytes))),
+        "reordered_peak_bytes": dict(zip(names, result.reordered_peak_bytes)),
         "placement_seconds": result.placement_seconds,
     }
 

@@ -32,7 +32,7 @@ def summary_table(result) -> str:
     budgets = cluster.with_memory_fraction(fraction).devices if fraction < 1 else ()
     # The peak where TF runs ops out of the simulated order, where that moves it.
     reordered = result.reordered_peak_bytes
-    if reordered is not None and tuple(reordered) == tuple(schedule.peak_memory_bytes):
+    if tuple(reordered) == tuple(schedule.peak_memory_bytes):
         reordered = None
     rows = [("device", "ops", "compute ms", "peak memory") + (("peak, reordered",) if reordered else ())
             + ("capacity",)]

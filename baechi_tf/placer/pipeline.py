@@ -9,6 +9,7 @@ the fallback ladder (`ladder`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
@@ -171,14 +172,22 @@ class PlacementResult:
     # Per device, the simulated peak with no op held back for memory (`memory_as_run`); None
     # when no op can have been held back (every device could hold the whole graph).
     unheld_peak_bytes: Optional[tuple[int, ...]] = None
-    # Per device, the peak of `schedule` where TF runs each device's ops up to ORDER_WINDOW places
-    # out of the simulated order (`memory_reordered`): the peak the model expects TF to reach.
-    # None where not computed (a result made by hand).
-    reordered_peak_bytes: Optional[tuple[int, ...]] = None
+    # `reordered_peak_bytes` where placing computed it already (memory was tight enough for its
+    # warning, `memory_reordered`); None: computed on first use.
+    reordered_peaks_known: Optional[tuple[int, ...]] = dataclasses.field(default=None, repr=False)
 
     @property
     def makespan_us(self) -> float:
         return self.schedule.makespan_us
+
+    @functools.cached_property
+    def reordered_peak_bytes(self) -> tuple[int, ...]:
+        """Per device, the peak of `schedule` where TF runs each device's ops up to `ORDER_WINDOW`
+        places out of the simulated order (`memory_timeline.reordered_peaks`): the peak the model
+        expects TF to reach. O(V + E) on first use, where placing did not need it."""
+        if self.reordered_peaks_known is not None:
+            return self.reordered_peaks_known
+        return reordered_peaks(self.graph, self.cluster, self.schedule)
 
     def op_to_device(self) -> dict[str, str]:
         return self.placement.op_to_device(self.graph, self.cluster)
@@ -329,7 +338,9 @@ def _place(
     checked_on = placer_cluster if judge is None else judge.cluster
     unheld = step("memory", lambda: memory_as_run(seen, checked_on, placement))
     warned = {d for d, p in enumerate(unheld or ()) if p > checked_on.devices[d].memory_bytes}
-    reordered = step("memory", lambda: memory_reordered(seen, checked_on, schedule, warned))
+    # A device that holds the whole graph cannot run out in any order (`memory_as_run`).
+    reordered = None if unheld is None else step(
+        "memory", lambda: memory_reordered(seen, checked_on, schedule, warned))
     bound = lower_bound_us(seen, on, groups=groups if options.grouper == "tf" else make_groups(seen, "tf"))
     return PlacementResult(
         graph=seen,
@@ -346,7 +357,7 @@ def _place(
         refine_stats=auto.refine_stats if auto else None,
         memory_fraction=fraction,
         unheld_peak_bytes=unheld,
-        reordered_peak_bytes=reordered,
+        reordered_peaks_known=reordered,
     )
 
 
@@ -392,7 +403,9 @@ def memory_reordered(
     TensorFlow's executor runs a device's ready ops in an order of its own, so the step's peak
     lies around the simulated one, above it as often as below. Where this peak is above a
     device's memory (but on the devices in `warned`, named already), a warning names the
-    devices. One more pass over the schedule's memory: O(V + E) for V ops and E edges."""
+    devices; none can be where the device holds the whole graph (`OpGraph.total_bytes`: a
+    device never holds more than every tensor once and every op's scratch and persistent bytes,
+    in any order). One more pass over the schedule's memory: O(V + E) for V ops and E edges."""
     peaks = reordered_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:

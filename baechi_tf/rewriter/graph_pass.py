@@ -196,9 +196,11 @@ def _place_with_host(
     else:
         bound = lower_bound_us(graph, full, groups=tf_groups)
     if inner is not None and schedule is inner.schedule:  # auto's, judged with the host already
-        reordered = inner.reordered_peak_bytes
-    else:
+        reordered = inner.reordered_peaks_known
+    elif any(d.memory_bytes < graph.total_bytes for d in checked.devices):  # else: on first use
         reordered = memory_reordered(graph, checked, schedule)
+    else:
+        reordered = None
     seconds = dict(inner.step_seconds) if inner is not None else {}
     seconds["host"] = time.perf_counter() - t0 - sum(seconds.values())  # all but place()'s steps
     return PlacementResult(
@@ -215,7 +217,7 @@ def _place_with_host(
         candidates=inner.candidates if inner is not None else None,
         refine_stats=inner.refine_stats if inner is not None else None,
         memory_fraction=options.memory_fraction,
-        reordered_peak_bytes=reordered,
+        reordered_peaks_known=reordered,
     )
 
 

@@ -39,7 +39,7 @@ def out_of_memory_error(error: Any, result: Optional[Any] = None, *, when: str =
             reordered = result.reordered_peak_bytes
             out_of_order = (
                 f" ({format_bytes(reordered[d])} with its ops out of the simulated order)"
-                if reordered is not None and reordered[d] != result.schedule.peak_memory_bytes[d] else ""
+                if reordered[d] != result.schedule.peak_memory_bytes[d] else ""
             )
             expected = (
                 f"; the placer expected a peak of {format_bytes(result.schedule.peak_memory_bytes[d])}"
