@@ -37,7 +37,7 @@ import numpy as np
 
 from baechi_tf.errors import InvalidGraphError
 
-__all__ = ["CONTROL", "HELD", "OpGraph", "VIEW_OP_TYPES", "csr"]
+__all__ = ["CONTROL", "HELD", "OpGraph", "VARIABLE_OP_TYPES", "VIEW_OP_TYPES", "csr"]
 
 CONTROL = -1
 """`src_output` of a control edge."""
@@ -53,6 +53,12 @@ VIEW_OP_TYPES = frozenset({
 """TF op types (`OpGraph.op_types`) whose outputs that reuse an input's buffer (`output_alias`)
 are views of it: TF shares the buffer with them whatever else holds it, where an element-wise op
 writes in place only into a buffer nothing else holds."""
+
+VARIABLE_OP_TYPES = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
+"""TF op types that make a variable: its buffer is persistent memory of the op's device, held
+whether or not a step runs the op (the importer's estimate, the measured memory and the bench
+count it so). TF 2.21 registers no ``AutoReloadVariable``; a GraphDef of older contrib code may
+name it."""
 
 MAX_TOTAL_BYTES = 1 << 62
 """Most bytes a graph may hold in all (outputs, scratch and persistent memory of every op), 4 EiB.

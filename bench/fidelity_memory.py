@@ -506,7 +506,7 @@ def _variant_blocks(result, step_stats) -> list:
     """
     from baechi_tf.placer.buffers import HELD_VIEW, buffer_tables, constant_tensors
     from baechi_tf.placer.memory_timeline import KEPT, MemoryBlocks, memory_blocks
-    from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
+    from baechi_tf.graph import VARIABLE_OP_TYPES
 
     graph, schedule = result.graph, result.schedule
     traced = _traced_outputs(step_stats)

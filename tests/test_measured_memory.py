@@ -106,3 +106,9 @@ def test_variable_bytes():
     assert variable_bytes(nodes["r"]) == 3 * 5 * 8
     assert variable_bytes(nodes["ref"]) == 7 * 4
     assert variable_bytes(nodes["c"]) == 0
+    # The op types of a variable are the importer's: a GraphDef of older contrib code may hold an
+    # AutoReloadVariable (with the attributes of a VariableV2), which the importer counts as one.
+    old = tf1.NodeDef()
+    old.CopyFrom(nodes["ref"])
+    old.op = "AutoReloadVariable"
+    assert variable_bytes(old) == 7 * 4

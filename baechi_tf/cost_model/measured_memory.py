@@ -39,10 +39,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from baechi_tf.graph import VARIABLE_OP_TYPES
+
 __all__ = ["MeasuredDevice", "measured_memory", "variable_bytes"]
 
 _EXECUTOR = re.compile(r"^device:[A-Za-z_]+:\d+$")
-_VARIABLES = frozenset({"VarHandleOp", "VariableV2", "Variable"})
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -62,11 +63,11 @@ class MeasuredDevice:
 
 
 def variable_bytes(node: Any) -> int:
-    """Bytes of the variable a ``VarHandleOp`` or ``VariableV2`` NodeDef makes (0 for another op,
-    or a shape with unknown dimensions)."""
+    """Bytes of the variable a NodeDef of `VARIABLE_OP_TYPES` makes (0 for another op, or a shape
+    with unknown dimensions)."""
     from baechi_tf.cost_model.profiler import _element_bytes
 
-    if node.op not in _VARIABLES or "shape" not in node.attr or "dtype" not in node.attr:
+    if node.op not in VARIABLE_OP_TYPES or "shape" not in node.attr or "dtype" not in node.attr:
         return 0
     shape = node.attr["shape"].shape
     if shape.unknown_rank or any(d.size < 0 for d in shape.dim):
@@ -112,7 +113,7 @@ def measured_memory(step_stats: Any, graph_def: Any) -> dict[str, MeasuredDevice
         stats = sorted(dev.node_stats, key=lambda ns: ns.all_start_micros)  # stable
         for ns in stats:
             node = nodes.get(ns.node_name)
-            if node is not None and node.op in _VARIABLES:
+            if node is not None and node.op in VARIABLE_OP_TYPES:
                 if ns.node_name not in ran_variables:
                     ran_variables.add(ns.node_name)
                     variables[name] += variable_bytes(node)
@@ -129,7 +130,7 @@ def measured_memory(step_stats: Any, graph_def: Any) -> dict[str, MeasuredDevice
                 events[name].append((end, -net, ns.node_name))
                 replaced[name] += net
     for node in graph_def.node:
-        if node.op in _VARIABLES and node.name not in ran_variables:
+        if node.op in VARIABLE_OP_TYPES and node.name not in ran_variables:
             device = by_local.get(_local(node.device))
             if device is not None:
                 variables[device] += variable_bytes(node)

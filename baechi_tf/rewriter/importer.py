@@ -73,7 +73,7 @@ from baechi_tf.cost_model.profile import (
     unrun_ops,
 )
 from baechi_tf.errors import InvalidGraphError, ProfileError
-from baechi_tf.graph import HELD, OpGraph
+from baechi_tf.graph import HELD, VARIABLE_OP_TYPES, OpGraph
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.rewriter.colocation import (
     _FROM_STRING_HANDLE,
@@ -90,16 +90,12 @@ from baechi_tf.rewriter.pins import _DeviceResolver, _resolve_function_devices
 
 __all__ = [
     "ImportResult",
-    "VARIABLE_OP_TYPES",
     "has_registered_kernel",
     "import_graph_def",
 ]
 
 log = logging.getLogger(__name__)
 
-"""Compute time of an unprofiled op when no op of its type was profiled (reported)."""
-
-VARIABLE_OP_TYPES = frozenset({"VariableV2", "Variable", "VarHandleOp", "AutoReloadVariable"})
 _BACK_EDGE_SRC = frozenset({"NextIteration", "RefNextIteration"})
 _BACK_EDGE_DST = frozenset({"Merge", "RefMerge"})
 

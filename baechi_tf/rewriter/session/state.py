@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from baechi_tf.cost_model.profile import READ_TABLES_SCOPE
 from baechi_tf.errors import first_line
-from baechi_tf.rewriter.importer import VARIABLE_OP_TYPES
+from baechi_tf.graph import VARIABLE_OP_TYPES
 
 __all__ = ["CannotCarry", "IteratorState", "TableIO", "UserState", "VariableIO", "ITERATOR_TYPES", "TABLE_OP_TYPES"]
 
