@@ -41,6 +41,7 @@ Time O((V + E) log(V + E)) for V ops and E edges; memory O(V + E).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Optional
 
 import numpy as np
@@ -99,112 +100,153 @@ class MemoryBlocks:
 def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster] = None) -> MemoryBlocks:
     """The blocks of memory the model holds on `cluster`'s devices, by the rules in the module
     docstring (no device shares memory with another when it is None)."""
-    dev = schedule.placement.device_of.tolist()
-    start = schedule.start_us.tolist()
-    end = schedule.end_us.tolist()
-    rank = [0] * graph.num_ops
-    for i, op in enumerate(schedule.order.tolist()):
-        rank[op] = i
-    rows: list[tuple[int, int, float, float, int, int, str, int, int]] = []
+    n = graph.num_ops
+    dev = schedule.placement.device_of.astype(np.int64)
+    start, end = schedule.start_us, schedule.end_us
+    rank = np.empty(n, dtype=np.int64)
+    rank[schedule.order] = np.arange(n, dtype=np.int64)
+    parts: list[tuple] = []  # column tuples: device, bytes, alloc, free, alloc rank, free rank, kind, op, slot
 
-    def add(d: int, b: int, a: float, f: float, ra: int, rf: int, kind: str, op: int, slot: int = -1) -> None:
-        if b > 0:
-            rows.append((d, b, a, f, ra, rf, kind, op, slot))
+    def part(d, b, a, f, ra, rf, kind, op, slot) -> None:  # `kind`: one for all, or one each
+        keep = np.asarray(b) > 0
+        if keep.any():
+            cols = [np.broadcast_to(np.asarray(x), keep.shape)[keep] for x in (d, b, a, f, ra, rf, op, slot)]
+            kinds = (kind,) * int(keep.sum()) if isinstance(kind, str) else tuple(
+                k for k, x in zip(kind, keep.tolist()) if x)
+            parts.append((*cols[:6], kinds, *cols[6:]))
 
-    persistent = graph.persistent_bytes.tolist()
-    temp = graph.temp_bytes.tolist()
-    for op in range(graph.num_ops):
-        add(dev[op], persistent[op], 0.0, KEPT, -1, -1, "persistent", op)
-        add(dev[op], temp[op], start[op], end[op], rank[op], rank[op], "temp", op)
+    ops = np.arange(n)
+    part(dev, graph.persistent_bytes, 0.0, KEPT, -1, -1, "persistent", ops, -1)
+    part(dev, graph.temp_bytes, start, end, rank, rank, "temp", ops, -1)
 
-    # Distinct consumers of each tensor that data edges carry.
-    consumers: dict[int, set[int]] = {}
-    for t, c, slot in zip(
-        graph.edge_tensor.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()
-    ):
-        if slot >= 0:
-            consumers.setdefault(t, set()).add(c)
-    tensor_of_slot = {
-        (s, o): t
-        for t, (s, o) in enumerate(zip(graph.tensor_src.tolist(), graph.tensor_src_output.tolist()))
-        if o >= 0
-    }
-    last_send: dict[int, float] = {}
-    for tr in schedule.transfers:
-        if tr.end_us > last_send.get(tr.tensor, -1.0):
-            last_send[tr.tensor] = tr.end_us
+    # Data edges, one per (tensor, reader).
+    data = graph.edge_src_output >= 0
+    pair = np.unique(graph.edge_tensor[data].astype(np.int64) * max(n, 1) + graph.edge_dst[data])
+    t_of, reader = pair // max(n, 1), pair % max(n, 1)
+    read = np.zeros(graph.num_tensors, dtype=bool)
+    read[t_of] = True
+    src = graph.tensor_src.astype(np.int64)
+    slot_of = graph.tensor_src_output.astype(np.int64)
 
-    succ = graph.successors
+    # Outputs no data edge reads: held while their op runs, kept when it is a sink. Output slots
+    # are numbered op by op (`first_slot[op] + slot`).
     _, alias, reused = buffer_tables(graph)
-    constant = constant_tensors(graph, alias).tolist()
-    always_reused = always_reused_tensors(graph, alias).tolist()
-    tensor_src = graph.tensor_src.tolist()
-    shares = cluster.shares_memory() if cluster is not None else None
+    counts = np.fromiter((len(outs) for outs in graph.output_bytes), dtype=np.int64, count=n)
+    first_slot = np.concatenate(([0], np.cumsum(counts)[:-1])) if n else np.zeros(0, np.int64)
+    slot_bytes = np.fromiter(itertools.chain.from_iterable(graph.output_bytes), dtype=np.int64, count=int(counts.sum()))
+    slot_op = np.repeat(np.arange(n, dtype=np.int64), counts)
+    unread = slot_bytes > 0
+    unread[first_slot[src[read]] + slot_of[read]] = False
+    unread[[first_slot[op] + slot for op, slot in reused]] = False
+    u = np.flatnonzero(unread)
+    op_u = slot_op[u]
+    sink = np.bincount(graph.edge_src, minlength=n)[op_u] == 0
+    part(dev[op_u], slot_bytes[u], start[op_u], np.where(sink, KEPT, end[op_u]), rank[op_u], rank[op_u], "output",
+         op_u, u - first_slot[op_u])
+    if not t_of.size:
+        return _stacked(parts)
 
-    def holder(t: int, d: int) -> int:  # the device holding tensor t as read on d
-        home = dev[tensor_src[t]]
-        return home if shares is not None and shares[home][d] else d
+    nbytes = graph.tensor_bytes
+    home = dev[src]
+    shares = np.asarray(cluster.shares_memory(), dtype=bool) if cluster is not None else None
+    reader_dev = dev[reader]
+    holder = reader_dev.copy() if shares is None else np.where(shares[home[t_of], reader_dev], home[t_of], reader_dev)
 
-    def cut(t: int) -> bool:  # an output reusing an input that another device of its memory holds
-        if alias[t] < 0 or shares is None or always_reused[t]:
-            return False
-        home, source_home = dev[tensor_src[t]], dev[tensor_src[int(alias[t])]]
-        return source_home != home and shares[source_home][home]
+    # The last reader of each tensor, by commit rank: its commit frees the tensor.
+    last = np.full(graph.num_tensors, -1, dtype=np.int64)
+    by_rank = np.lexsort((rank[reader], t_of))
+    ends_of = np.flatnonzero(np.append(t_of[by_rank][1:] != t_of[by_rank][:-1], True))
+    last[t_of[by_rank][ends_of]] = reader[by_rank][ends_of]
+    last_start = np.where(last >= 0, start[np.maximum(last, 0)], 0.0)
+    last_rank = np.where(last >= 0, rank[np.maximum(last, 0)], 0)
+    # Held on the producer's device until its readers there and its copies out are done.
+    held = np.full(graph.num_tensors, -1.0)
+    for tr in schedule.transfers:
+        if tr.end_us > held[tr.tensor]:
+            held[tr.tensor] = tr.end_us
+    at_home = holder == home[t_of]
+    np.maximum.at(held, t_of[at_home], end[reader[at_home]])
+    home_free = np.maximum(held, last_start)
 
-    # Buffers of read tensors by (tensor, device): [bytes, alloc, free, alloc rank, free rank,
-    # kind, op, slot]. An output reusing a buffer adds its would-be free to `extend`.
-    buffers: dict[tuple[int, int], list] = {}
-    reusing: list[tuple[int, int, int, float, int]] = []  # (tensor, source, device, free, free rank)
-    for op in range(graph.num_ops):
-        home = dev[op]
-        for slot, b in enumerate(graph.output_bytes[op]):
-            t = tensor_of_slot.get((op, slot))
-            readers = consumers.get(t) if t is not None else None
-            if not readers:
-                if (op, slot) not in reused:
-                    add(home, b, start[op], end[op] if succ[op] else KEPT, rank[op], rank[op], "output", op, slot)
-                continue
-            last = max(readers, key=rank.__getitem__)  # the commit that frees the tensor
-            by_device: dict[int, list[int]] = {}
-            for c in sorted(readers):
-                by_device.setdefault(holder(t, dev[c]), []).append(c)
-            held = max([end[c] for c in by_device.get(home, ())] + [last_send.get(t, -1.0)])
-            if alias[t] == OWN or cut(t):
-                buffers[(t, home)] = [b, start[op], max(held, start[last]), rank[op], rank[last], "output", op, slot]
-            if alias[t] >= 0:
-                reusing.append((t, int(alias[t]), home, max(held, start[last]), rank[last]))
-            if constant[t]:
-                for d in sorted({dev[c] for c in readers} - {home}):
-                    if holder(t, d) == home:  # a replica
-                        add(d, b, 0.0, KEPT, -1, -1, "persistent", op, slot)
-            for d, ops in sorted(by_device.items()):
-                if d != home:
-                    first = min(ops, key=rank.__getitem__)  # its commit books the transfer
-                    free = max(max(end[c] for c in ops), start[last])
-                    buffers[(t, d)] = [b, start[first], free, rank[first], rank[last], "received", op, slot]
-    # Latest producers first, so that a buffer reused by a reusing output is extended by both.
+    always_reused = always_reused_tensors(graph, alias)
+    alias_home = np.where(alias >= 0, home[np.maximum(alias, 0)], -1)
+    cut = (alias >= 0) & ~always_reused & (alias_home != home)
+    if shares is not None:
+        cut &= shares[np.maximum(alias_home, 0), home]
+    else:
+        cut[:] = False
+    own = read & ((alias == OWN) | cut)
+
+    # Buffers by (tensor, device): the producer's own, then copies received elsewhere.
+    keys: dict[tuple[int, int], int] = {}
+    cols: list[list] = [[] for _ in range(8)]  # device, bytes, alloc, free, alloc rank, free rank, op, slot
+    kinds: list[str] = []
+
+    def buffer(t, d, alloc, free, ra, rf, kind: str) -> None:
+        for k, key in enumerate(zip(t.tolist(), d.tolist()), start=len(kinds)):
+            keys[key] = k
+        for c, x in zip(cols, (d, nbytes[t], alloc, free, ra, rf, src[t], slot_of[t])):
+            c.extend(np.asarray(x).tolist())
+        kinds.extend([kind] * len(t))
+
+    t_own = np.flatnonzero(own)
+    buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output")
+    away = ~at_home
+    if away.any():
+        t_a, h_a, r_a = t_of[away], holder[away], reader[away]
+        order = np.lexsort((rank[r_a], h_a, t_a))
+        t_a, h_a, r_a = t_a[order], h_a[order], r_a[order]
+        firsts = np.flatnonzero(np.append(True, (t_a[1:] != t_a[:-1]) | (h_a[1:] != h_a[:-1])))
+        latest_end = np.maximum.reduceat(end[r_a], firsts)
+        t_g, h_g, first = t_a[firsts], h_a[firsts], r_a[firsts]
+        buffer(t_g, h_g, start[first], np.maximum(latest_end, last_start[t_g]), rank[first], last_rank[t_g],
+               "received")
+    # A constant's value read on a device of its producer's memory: a replica there, all step.
+    constant = constant_tensors(graph, alias)
+    if shares is not None:
+        rep = constant[t_of] & (reader_dev != home[t_of]) & shares[home[t_of], reader_dev]
+        if rep.any():
+            t_r, d_r = np.unique(np.stack([t_of[rep], reader_dev[rep]]), axis=1)
+            part(d_r, nbytes[t_r], 0.0, KEPT, -1, -1, "persistent", src[t_r], slot_of[t_r])
+
+    # An output reusing a buffer holds it until its own readers are done: latest producers first,
+    # so that a buffer reused by a reusing output is extended by both.
+    reusing = np.flatnonzero(read & (alias >= 0))
     extend: dict[tuple[int, int], tuple[float, int]] = {}
-    for t, source, d, free, free_rank in sorted(reusing, key=lambda r: -rank[tensor_src[r[0]]]):
-        f, r = extend.get((t, d), (free, free_rank))
-        f, r = max(f, free), max(r, free_rank)
-        key = (source, holder(source, d))
+    h_list, f_list, r_list, a_list = home.tolist(), home_free.tolist(), last_rank.tolist(), alias.tolist()
+    for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
+        d = h_list[t]
+        f, r = extend.get((t, d), (f_list[t], r_list[t]))
+        f, r = max(f, f_list[t]), max(r, r_list[t])
+        source = a_list[t]
+        source_home = h_list[source]
+        key = (source, source_home if shares is not None and shares[source_home, d] else d)
         g, q = extend.get(key, (f, r))
         extend[key] = (max(f, g), max(r, q))
-    for key, (b, a, f, ra, rf, kind, op, slot) in buffers.items():
-        if key in extend:
-            f, rf = max(f, extend[key][0]), max(rf, extend[key][1])
-        add(key[1], b, a, f, ra, rf, kind, op, slot)
-    cols = list(zip(*rows)) if rows else [()] * 9
+    for key, (f, r) in extend.items():
+        k = keys.get(key)
+        if k is not None:
+            cols[3][k] = max(cols[3][k], f)
+            cols[5][k] = max(cols[5][k], r)
+    part(*(np.asarray(c) for c in cols[:6]), kinds, np.asarray(cols[6]), np.asarray(cols[7]))
+    return _stacked(parts)
+
+
+def _stacked(parts: list[tuple]) -> MemoryBlocks:
+    """The blocks of `parts` (column tuples) as one `MemoryBlocks`."""
+    def col(i: int, dtype) -> np.ndarray:
+        return np.concatenate([np.asarray(p[i], dtype=dtype) for p in parts]) if parts else np.zeros(0, dtype)
+
     return MemoryBlocks(
-        device=np.asarray(cols[0], dtype=np.int32),
-        nbytes=np.asarray(cols[1], dtype=np.int64),
-        alloc_us=np.asarray(cols[2], dtype=np.float64),
-        free_us=np.asarray(cols[3], dtype=np.float64),
-        alloc_rank=np.asarray(cols[4], dtype=np.int64),
-        free_rank=np.asarray(cols[5], dtype=np.int64),
-        kind=tuple(cols[6]),
-        op=np.asarray(cols[7], dtype=np.int32),
-        slot=np.asarray(cols[8], dtype=np.int32),
+        device=col(0, np.int32),
+        nbytes=col(1, np.int64),
+        alloc_us=col(2, np.float64),
+        free_us=col(3, np.float64),
+        alloc_rank=col(4, np.int64),
+        free_rank=col(5, np.int64),
+        kind=tuple(k for p in parts for k in p[6]),
+        op=col(7, np.int32),
+        slot=col(8, np.int32),
     )
 
 
