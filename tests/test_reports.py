@@ -289,6 +289,28 @@ def test_an_input_from_another_device_bounds_nothing():
     assert held[("output", "p", 0)] == (0.0, 400.0)  # freed by q, which may end as late as y
 
 
+def test_an_op_is_not_held_back_past_an_idle_gap_of_its_device():
+    """
+    device 0:  a (100 us, 1 MiB scratch), idle, b (100 us, 1 MiB scratch, reads x)
+    device 1:  x (300 us) -> b
+    a ends before the device stands idle: nothing else was there to run, so it is not held back
+    past the gap. b may still start a place early: its input came from device 1.
+    """
+    b = OpGraphBuilder()
+    b.add_op("a", 100, [], temp_bytes=MiB)
+    b.add_op("x", 300, [4])
+    b.add_op("b", 100, [], temp_bytes=MiB)
+    b.add_edge("x", "b")
+    g = b.build()
+    c = cluster(2, GiB, CommCost(0.0, 0.0))
+    s = simulate(g, c, Placement(np.array([0, 1, 0], np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 0.0, 300.0]
+    blocks = reordered_blocks(g, s, memory_blocks(g, s, c), 4)
+    held = {(k, g.names[o]): (a, f) for k, o, a, f in zip(blocks.kind, blocks.op, blocks.alloc_us, blocks.free_us)}
+    assert held[("temp", "a")] == (0.0, 100.0)
+    assert held[("temp", "b")] == (0.0, 400.0)
+
+
 def test_the_reordered_peak_grows_with_the_window_from_the_schedule_peak():
     checked = 0
     for seed in range(40):

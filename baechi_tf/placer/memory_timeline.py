@@ -58,7 +58,7 @@ __all__ = [
 
 KEPT = float("inf")  # free time of memory held past the end of the step
 
-ORDER_WINDOW = 8
+ORDER_WINDOW = 16
 """How many places of its device's order an op may run away from its simulated place in the order
 TensorFlow's executor takes (`reordered_blocks`). The executor runs a device's ready ops in an
 order of its own, which no rule of the simulator has matched; this window was chosen on the
@@ -269,11 +269,13 @@ def reordered_blocks(
 
     A device's ops are in places 0, 1, ... by start time (commit order within an instant). The op
     at place p may start as early as the start of the op at place ``max(p - window, q + 1)`` and
-    end as late as the end of the op at place ``min(p + window, r - 1)``, where q is the place of
-    its last predecessor on the device and r of its first successor there (data or control
-    edges): it never runs before an op of its device whose output it reads, nor after one that
-    reads its own. Predecessors on other devices bound nothing: their times are no more certain
-    than the op's. A block allocated by an op (its temporary bytes and outputs; a received copy by
+    end as late as the end of the op at place ``min(p + window, r - 1, z)``, where q is the place
+    of its last predecessor on the device and r of its first successor there (data or control
+    edges), and z the last place before the device next stands idle: it never runs before an op
+    of its device whose output it reads, nor after one that reads its own, nor is it held back
+    while its device has nothing else to run (an executor runs a ready op on an idle device).
+    Predecessors on other devices bound nothing, nor does an idle gap before the op: their times
+    are no more certain than the op's. A block allocated by an op (its temporary bytes and outputs; a received copy by
     its first reader there) is allocated that much earlier; a block freed by an op (`free_rank`:
     the op itself, or a tensor's last reader) is freed that much later. Persistent blocks and
     blocks kept past the step do not move. With `window` 0, the blocks as given.
@@ -302,8 +304,19 @@ def reordered_blocks(
     np.maximum.at(last_pred, dst, place[src])
     first_succ = count.copy()
     np.minimum.at(first_succ, src, place[dst])
+    # Busy periods: a device's places from one idle gap to the next, where an op starts after
+    # every op before it on the device has ended.
+    latest = np.empty(n)
+    for a, b in zip(first[:-1].tolist(), first[1:].tolist()):
+        latest[a:b] = np.maximum.accumulate(end[by_place[a:b]])
+    gap = np.ones(n, dtype=bool)
+    gap[1:] = (device_of[by_place][1:] != device_of[by_place][:-1]) | (start[by_place][1:] > latest[:-1])
+    period_starts = np.flatnonzero(gap)
+    period_last = np.append(period_starts[1:] - 1, n - 1)[np.cumsum(gap) - 1]  # by index into by_place
+    busy_until = np.empty(n, dtype=np.int64)
+    busy_until[by_place] = period_last - first[device_of[by_place]]  # the period's last place
     lo = np.minimum(np.maximum(place - window, last_pred + 1), place)
-    hi = np.maximum(np.minimum(place + window, first_succ - 1), place)
+    hi = np.maximum(np.minimum(np.minimum(place + window, first_succ - 1), busy_until), place)
     base = first[device_of]
     earliest_op = by_place[base + lo]
     latest_op = by_place[base + hi]
