@@ -133,7 +133,8 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     _, alias, reused = buffer_tables(graph)
     counts = np.fromiter((len(outs) for outs in graph.output_bytes), dtype=np.int64, count=n)
     first_slot = np.concatenate(([0], np.cumsum(counts)[:-1])) if n else np.zeros(0, np.int64)
-    slot_bytes = np.fromiter(itertools.chain.from_iterable(graph.output_bytes), dtype=np.int64, count=int(counts.sum()))
+    slot_bytes = np.fromiter(
+        itertools.chain.from_iterable(graph.output_bytes), dtype=np.int64, count=int(counts.sum()))
     slot_op = np.repeat(np.arange(n, dtype=np.int64), counts)
     unread = slot_bytes > 0
     unread[first_slot[src[read]] + slot_of[read]] = False
@@ -150,7 +151,8 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     home = dev[src]
     shares = np.asarray(cluster.shares_memory(), dtype=bool) if cluster is not None else None
     reader_dev = dev[reader]
-    holder = reader_dev.copy() if shares is None else np.where(shares[home[t_of], reader_dev], home[t_of], reader_dev)
+    holder = (reader_dev.copy() if shares is None
+              else np.where(shares[home[t_of], reader_dev], home[t_of], reader_dev))
 
     # The last reader of each tensor, by commit rank: its commit frees the tensor.
     last = np.full(graph.num_tensors, -1, dtype=np.int64)
@@ -275,12 +277,13 @@ def reordered_blocks(
     of its device whose output it reads, nor after one that reads its own, nor is it held back
     while its device has nothing else to run (an executor runs a ready op on an idle device).
     Predecessors on other devices bound nothing, nor does an idle gap before the op: their times
-    are no more certain than the op's. A block allocated by an op (its temporary bytes and outputs; a received copy by
-    its first reader there) is allocated that much earlier; a block freed by an op (`free_rank`:
-    the op itself, or a tensor's last reader) is freed that much later. Persistent blocks and
-    blocks kept past the step do not move. With `window` 0, the blocks as given.
+    are no more certain than the op's. A block allocated by an op (its temporary bytes and
+    outputs; a received copy by its first reader there) is allocated that much earlier; a block
+    freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
+    later. Persistent blocks and blocks kept past the step do not move. With `window` 0, the
+    blocks as given.
 
-    Time O(V + E + k) for V ops, E edges and k blocks.
+    Time O(V log V + E + k + D) for V ops, E edges, k blocks and D devices.
     """
     if window < 0:
         raise ValueError(f"window must be at least 0, not {window}")
