@@ -346,6 +346,9 @@ def test_the_placement_reports_the_reordered_peak_and_warns_above_memory(caplog)
     assert result.reordered_peaks_known is None
     tight = place(g, c, PlacementOptions(placement_method="m_etf"))
     assert tight.reordered_peaks_known == tight.reordered_peak_bytes == (2048 + 2 * MiB,)
+    # Its time is a step of its own, beside the peak with no op held back.
+    assert {"memory", "memory out of order"} <= set(tight.step_seconds)
+    assert "memory out of order" not in result.step_seconds
 
 
 # ---------------------------------------------------------------- the files

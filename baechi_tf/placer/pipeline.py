@@ -340,7 +340,7 @@ def _place(
     warned = {d for d, p in enumerate(unheld or ()) if p > checked_on.devices[d].memory_bytes}
     # A device that holds the whole graph cannot run out in any order (`memory_as_run`).
     reordered = None if unheld is None else step(
-        "memory", lambda: memory_reordered(seen, checked_on, schedule, warned))
+        "memory out of order", lambda: memory_reordered(seen, checked_on, schedule, warned))
     bound = lower_bound_us(seen, on, groups=groups if options.grouper == "tf" else make_groups(seen, "tf"))
     return PlacementResult(
         graph=seen,
@@ -405,7 +405,7 @@ def memory_reordered(
     device's memory (but on the devices in `warned`, named already), a warning names the
     devices; none can be where the device holds the whole graph (`OpGraph.total_bytes`: a
     device never holds more than every tensor once and every op's scratch and persistent bytes,
-    in any order). One more pass over the schedule's memory: O(V + E) for V ops and E edges."""
+    in any order). One more pass over the schedule's memory (`reordered_peaks`)."""
     peaks = reordered_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
