@@ -387,9 +387,7 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
             "there: run so, it peaks at %s; a device of that size may run out of memory "
             "(place with more memory per device, or with --placer_memory_fraction below 1 to keep "
             "room)",
-            placement.method,
-            ", ".join(f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})"
-                      for d, p in over),
+            placement.method, _peaks_over(cluster, over),
         )
     return peaks
 
@@ -414,8 +412,13 @@ def memory_reordered(
             "TensorFlow runs a device's ready ops in an order of its own: with each op up to %d "
             "places away from its simulated place, it peaks at %s; a device of that size may run "
             "out of memory (place with --placer_memory_fraction below 1 to keep room)",
-            schedule.placement.method, ORDER_WINDOW,
-            ", ".join(f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})"
-                      for d, p in over),
+            schedule.placement.method, ORDER_WINDOW, _peaks_over(cluster, over),
         )
     return peaks
+
+
+def _peaks_over(cluster: Cluster, over: list[tuple[int, int]]) -> str:
+    """'X on D (of M), ...' for the (device, peak) pairs `over` of the memory warnings."""
+    return ", ".join(
+        f"{format_bytes(p)} on {cluster.names[d]} (of {format_bytes(cluster.devices[d].memory_bytes)})" for d, p in over
+    )
