@@ -89,6 +89,25 @@ def test_topo_order_breaks_ties_by_id():
     assert g.topo_index.tolist() == [0, 1, 2, 3, 4]
 
 
+def test_topo_order_puts_an_op_with_control_inputs_alone_first_of_the_ready_ops():
+    # a -> b -> d, a -> c (data); k, the last op, has a control input from a alone: it is ready
+    # with b and c and comes before them, as TF runs a constant once its control inputs are done.
+    # s, with no inputs at all, keeps its place by id.
+    b = OpGraphBuilder()
+    for name in "abcdks":
+        b.add_op(name, 1, [4])
+    b.add_edge("a", "b")
+    b.add_edge("a", "c")
+    b.add_edge("b", "d")
+    b.add_control_edge("a", "k")
+    g = b.build()
+    assert [g.names[i] for i in g.topo_order] == ["a", "k", "b", "c", "d", "s"]
+    # Reading a tensor puts it back among the others, by id.
+    b.add_edge("c", "k")
+    g = b.build()
+    assert [g.names[i] for i in g.topo_order] == ["a", "b", "c", "d", "k", "s"]
+
+
 def test_cycle_names_its_ops():
     b = OpGraphBuilder()
     for n in "xabc":

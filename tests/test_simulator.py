@@ -21,7 +21,7 @@ from baechi_tf.placer import (
     simulate,
     single_device_schedule,
 )
-from baechi_tf.placer import bounds, energetic
+from baechi_tf.placer import bounds, energetic, engine
 from baechi_tf.placer.bounds import critical_path_us
 from baechi_tf.placer.pipeline import PlacementOptions
 from baechi_tf.placer.pipeline import place as run_pipeline
@@ -51,6 +51,32 @@ def test_chain_on_one_device_is_the_sum():
     assert s.makespan_us == 400
     assert s.transfers == ()
     assert_valid_schedule(g, c, Groups.singletons(g), s)
+
+
+def test_a_constant_runs_once_its_control_input_is_done_not_behind_its_devices_work():
+    """
+    device 0:  x (10 us) -> h1 -> h2 -> h3 (100 us each); k (1 us, a constant) after x (a control
+               edge), read by u on device 1
+    k and h1 are ready together at 10 us: k first, so u need not wait for the chain. (Ties by op
+    id alone ran k after h3, at 310 us.)
+    """
+    b = OpGraphBuilder()
+    b.add_op("x", 10, [4])
+    for name in ("h1", "h2", "h3"):
+        b.add_op(name, 100, [4])
+    b.add_op("k", 1, [4])
+    b.add_op("u", 10, [4])
+    b.add_edge("x", "h1")
+    b.add_edge("h1", "h2")
+    b.add_edge("h2", "h3")
+    b.add_control_edge("x", "k")
+    b.add_edge("k", "u")
+    g = b.build()
+    c = graphs.cluster(2, comm=CommCost(0.0, 0.0))
+    for name in ["python"] + (["native"] if engine.native_available() else []):
+        with engine.selected(name):
+            s = simulate(g, c, Placement(np.array([0, 0, 0, 0, 0, 1], np.int32), "given"))
+        assert s.start_us.tolist() == [0.0, 11.0, 111.0, 211.0, 10.0, 11.0], name
 
 
 def test_a_cutoff_stops_a_simulation_only_once_an_op_would_start_after_it():
