@@ -476,11 +476,12 @@ def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
 
 def _variants(result, step_stats, window: int) -> list[list[int]]:
     """Per variant of `VARIANTS`, per device of `result.cluster`, the peak of `_variant_blocks`,
-    each op up to `window` places out of its schedule's order (`reordered_blocks`)."""
-    from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks
+    each op up to `window` places out of its schedule's order (`reordered_blocks`, with the
+    cluster's `thread_pools`)."""
+    from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks, thread_pools
 
-    nd = result.cluster.num_devices
-    return [[t.peak_bytes for t in blocks_timeline(reordered_blocks(result.graph, result.schedule, b, window), nd)]
+    nd, pools = result.cluster.num_devices, thread_pools(result.cluster)
+    return [[t.peak_bytes for t in blocks_timeline(reordered_blocks(result.graph, result.schedule, b, window, pools), nd)]
             for b in _variant_blocks(result, step_stats)]
 
 

@@ -293,3 +293,43 @@ def test_stand_ins_write_in_place_into_a_handed_over_buffer_they_alone_hold(late
     allocated = [sum(r.alloc_bytes for m in ns.memory for r in m.allocation_records if r.alloc_bytes > 0)
                  for dev in metadata.step_stats.dev_stats for ns in dev.node_stats if ns.node_name == "b"]
     assert allocated == [256 * 256 * 4 if later_reader else 0]
+
+
+def test_a_handed_over_tensor_waits_for_its_reader_in_the_order_of_the_process():
+    """
+    device 0:  g (100 us, 1 MiB) -> u on device 1; then h1, h2, h3 (100 us each, 1 KiB, no inputs)
+    device 1:  u (10 us, 4 B, a sink), idle before and after it
+
+    A link of 50 us: u runs from 150 to 160 us. On its own device u is never held back, the device
+    having nothing else to run, so g's buffer is freed at u's end. But stand-ins of one process
+    take turns on its threads: in the order of both (g, h1, u, h2, h3 by start), u may end as late
+    as the op `window` places on, and g's buffer is held until then. Devices of their own (no
+    shared memory) run on pools of their own.
+    """
+    from baechi_tf.placer.memory_timeline import reordered_blocks, reordered_peaks, thread_pools
+
+    b = OpGraphBuilder()
+    b.add_op("g", 100, [MiB])
+    b.add_op("u", 10, [4])
+    for name in ("h1", "h2", "h3"):
+        b.add_op(name, 100, [1024])
+    b.add_edge("g", "u")
+    g = b.build()
+    c = dataclasses.replace(_cluster(2, shared=True), comm=CommCost(0.0, 50.0))
+    s = simulate(g, c, Placement(np.array([0, 1, 0, 0, 0], np.int32), "given"))
+    assert s.start_us.tolist() == [0.0, 150.0, 100.0, 200.0, 300.0]
+    assert thread_pools(c) == (0, 0)
+
+    def freed(window, pools):
+        blocks = reordered_blocks(g, s, memory_blocks(g, s, c), window, pools)
+        return {float(f) for k, o, d, f in zip(blocks.kind, blocks.op, blocks.device, blocks.free_us)
+                if k == "output" and g.names[o] == "g" and d == 0}
+
+    assert freed(0, (0, 0)) == freed(2, None) == {160.0}
+    assert freed(1, (0, 0)) == {300.0}  # h2's end
+    assert freed(2, (0, 0)) == {400.0}  # h3's end
+    peaks = reordered_peaks(g, c, s, 2)
+    assert peaks[0] == MiB + 3 * 1024 > s.peak_memory_bytes[0]
+    # Three stand-ins in two processes, and devices of their own.
+    assert thread_pools(_cluster(3, shared=True, tasks=2)) == (0, 1, 0)
+    assert thread_pools(_cluster(3, shared=False)) == (0, 1, 2)

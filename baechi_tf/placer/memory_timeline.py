@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
     "ORDER_WINDOW", "DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline",
-    "reordered_blocks", "reordered_peaks",
+    "reordered_blocks", "reordered_peaks", "thread_pools",
 ]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
@@ -264,7 +264,11 @@ def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemor
 
 
 def reordered_blocks(
-    graph: OpGraph, schedule: Schedule, blocks: MemoryBlocks, window: int = ORDER_WINDOW
+    graph: OpGraph,
+    schedule: Schedule,
+    blocks: MemoryBlocks,
+    window: int = ORDER_WINDOW,
+    pools: Optional[Sequence[int]] = None,
 ) -> MemoryBlocks:
     """`blocks` of `schedule` (`memory_blocks`) held as long as an executor that runs each device's
     ops in another order, within `window` places of the simulated one, may hold them.
@@ -283,46 +287,24 @@ def reordered_blocks(
     later. Persistent blocks and blocks kept past the step do not move. With `window` 0, the
     blocks as given.
 
+    `pools`, per device, names the pool of threads that runs its ops (`thread_pools`: the CPU
+    devices of one process share one); None, each device its own. Devices of one pool take turns
+    on its threads, so a block one of them holds for a reader on another of the pool is held as
+    late as that reader may end in one order of all the pool's ops, by the same rule (places by
+    start over the pool, bounds by the pool's edges and its idle times), when that is later than
+    in its own device's order.
+
     Time O(V log V + E + k + D) for V ops, E edges, k blocks and D devices.
     """
     if window < 0:
         raise ValueError(f"window must be at least 0, not {window}")
     if window == 0 or not blocks.device.size:
         return blocks
-    n = graph.num_ops
     device_of = schedule.placement.device_of
+    rank = np.empty(graph.num_ops, dtype=np.int64)
+    rank[schedule.order] = np.arange(graph.num_ops, dtype=np.int64)
     start, end = schedule.start_us, schedule.end_us
-    rank = np.empty(n, dtype=np.int64)
-    rank[schedule.order] = np.arange(n, dtype=np.int64)
-    # Places by (device, start, commit rank); `first[d]` is the index into `by_place` of place 0.
-    by_place = np.lexsort((rank, start, device_of))
-    first = np.searchsorted(device_of[by_place], np.arange(device_of.max() + 2 if n else 1))
-    place = np.empty(n, dtype=np.int64)
-    place[by_place] = np.arange(n, dtype=np.int64) - first[device_of[by_place]]
-    count = (first[1:] - first[:-1])[device_of]  # ops on each op's device
-    # The last predecessor and the first successor on the op's device, by place.
-    same = device_of[graph.edge_src] == device_of[graph.edge_dst]
-    src, dst = graph.edge_src[same], graph.edge_dst[same]
-    last_pred = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last_pred, dst, place[src])
-    first_succ = count.copy()
-    np.minimum.at(first_succ, src, place[dst])
-    # Busy periods: a device's places from one idle gap to the next, where an op starts after
-    # every op before it on the device has ended.
-    latest = np.empty(n)
-    for a, b in zip(first[:-1].tolist(), first[1:].tolist()):
-        latest[a:b] = np.maximum.accumulate(end[by_place[a:b]])
-    gap = np.ones(n, dtype=bool)
-    gap[1:] = (device_of[by_place][1:] != device_of[by_place][:-1]) | (start[by_place][1:] > latest[:-1])
-    period_starts = np.flatnonzero(gap)
-    period_last = np.append(period_starts[1:] - 1, n - 1)[np.cumsum(gap) - 1]  # by index into by_place
-    busy_until = np.empty(n, dtype=np.int64)
-    busy_until[by_place] = period_last - first[device_of[by_place]]  # the period's last place
-    lo = np.minimum(np.maximum(place - window, last_pred + 1), place)
-    hi = np.maximum(np.minimum(np.minimum(place + window, first_succ - 1), busy_until), place)
-    base = first[device_of]
-    earliest_op = by_place[base + lo]
-    latest_op = by_place[base + hi]
+    earliest_op, latest_op = _order_bounds(graph, device_of, start, end, rank, window)
     early = start - start[earliest_op]
     late = np.maximum(end[latest_op] - end, 0.0)
 
@@ -335,16 +317,71 @@ def reordered_blocks(
     free_op = order[np.where(freed, blocks.free_rank, 0)]
     free_us = np.where(freed, blocks.free_us + late[free_op], blocks.free_us)
     free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], blocks.free_rank)
+    pool = None if pools is None else np.asarray(pools, dtype=np.int64)
+    if pool is not None and pool.size and np.unique(pool).size < pool.size:
+        pool_latest = _order_bounds(graph, pool[device_of], start, end, rank, window)[1]
+        pool_late = np.maximum(end[pool_latest] - end, 0.0)
+        handed = freed & (device_of[free_op] != blocks.device) & (pool[device_of[free_op]] == pool[blocks.device])
+        later = handed & (blocks.free_us + pool_late[free_op] > free_us)
+        free_us = np.where(later, blocks.free_us + pool_late[free_op], free_us)
+        free_rank = np.where(later, rank[pool_latest[free_op]], free_rank)
     return dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
                                free_rank=free_rank)
+
+
+def _order_bounds(
+    graph: OpGraph, group_of: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, window: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the op whose start is its earliest and the op whose end is its latest within
+    `window` places of its group's order (`reordered_blocks`'s rule, a group standing for a
+    device or a pool of devices). O(V log V + E)."""
+    n = graph.num_ops
+    # Places by (group, start, commit rank); `first[g]` is the index into `by_place` of place 0.
+    by_place = np.lexsort((rank, start, group_of))
+    first = np.searchsorted(group_of[by_place], np.arange(group_of.max() + 2 if n else 1))
+    place = np.empty(n, dtype=np.int64)
+    place[by_place] = np.arange(n, dtype=np.int64) - first[group_of[by_place]]
+    count = (first[1:] - first[:-1])[group_of]  # ops in each op's group
+    # The last predecessor and the first successor in the op's group, by place.
+    same = group_of[graph.edge_src] == group_of[graph.edge_dst]
+    src, dst = graph.edge_src[same], graph.edge_dst[same]
+    last_pred = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last_pred, dst, place[src])
+    first_succ = count.copy()
+    np.minimum.at(first_succ, src, place[dst])
+    # Busy periods: a group's places from one idle gap to the next, where an op starts after
+    # every op before it in the group has ended.
+    latest = np.empty(n)
+    for a, b in zip(first[:-1].tolist(), first[1:].tolist()):
+        latest[a:b] = np.maximum.accumulate(end[by_place[a:b]])
+    gap = np.ones(n, dtype=bool)
+    gap[1:] = (group_of[by_place][1:] != group_of[by_place][:-1]) | (start[by_place][1:] > latest[:-1])
+    period_starts = np.flatnonzero(gap)
+    period_last = np.append(period_starts[1:] - 1, n - 1)[np.cumsum(gap) - 1]  # by index into by_place
+    busy_until = np.empty(n, dtype=np.int64)
+    busy_until[by_place] = period_last - first[group_of[by_place]]  # the period's last place
+    lo = np.minimum(np.maximum(place - window, last_pred + 1), place)
+    hi = np.maximum(np.minimum(np.minimum(place + window, first_succ - 1), busy_until), place)
+    base = first[group_of]
+    return by_place[base + lo], by_place[base + hi]
+
+
+def thread_pools(cluster: Cluster) -> tuple[int, ...]:
+    """Per device of `cluster`, the pool of threads that runs its ops: devices that share memory
+    (`Cluster.shares_memory`: CPU devices of one process) share their process's inter-op pool;
+    every other device runs its own. Pools are numbered by their first device. O(D^2)."""
+    shares = cluster.shares_memory()
+    return tuple(next(a for a in range(d + 1) if a == d or shares[a][d]) for d in range(cluster.num_devices))
 
 
 def reordered_peaks(
     graph: OpGraph, cluster: Cluster, schedule: Schedule, window: int = ORDER_WINDOW
 ) -> tuple[int, ...]:
     """Per device of `cluster`, the peak of `schedule`'s memory held as `reordered_blocks` holds
-    it: at least `Schedule.peak_memory_bytes`, equal with `window` 0."""
-    blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), window)
+    it, with the cluster's `thread_pools`: at least `Schedule.peak_memory_bytes`, equal with
+    `window` 0."""
+    blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), window,
+                              thread_pools(cluster))
     return tuple(t.peak_bytes for t in blocks_timeline(blocks, cluster.num_devices))
 
 
