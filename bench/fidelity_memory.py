@@ -14,7 +14,8 @@ the largest over the traced steps of the memory rebuilt from the step's allocati
 the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
 peak is the placement report's (`PlacementResult.reordered_peak_bytes`: the schedule's memory held
 as long as TF may hold it running each device's ops up to `ORDER_WINDOW` places out of the
-simulated order).
+simulated order, and a tensor handed to another stand-in as late as its reader may run in the
+order of all the stand-ins, which take turns on the process's threads).
 
 It prints one line per placement and device (the host too when the placement put ops there):
 simulated and measured MiB, and their ratio (simulated / measured; the target is every device in
