@@ -563,7 +563,9 @@ def _neighbours(frm: np.ndarray, to: np.ndarray, n: int) -> tuple[tuple[int, ...
     return tuple(tuple(sorted(s)) for s in out)
 
 
-def _kahn(succ: Sequence[Sequence[int]], pred: Sequence[Sequence[int]], n: int, later: Sequence[bool]) -> list[int]:
+def _kahn(
+    succ: Sequence[Sequence[int]], pred: Sequence[Sequence[int]], n: int, later: Sequence[bool]
+) -> list[int]:
     """Kahn's order; of the ready ops, those not `later` first, then the lower id."""
     indeg = [len(p) for p in pred]
     key = [i + n * int(x) for i, x in enumerate(later)]  # sorts as (later, id)

@@ -481,8 +481,9 @@ def _variants(result, step_stats, window: int) -> list[list[int]]:
     cluster's `thread_pools`)."""
     from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks, thread_pools
 
-    nd, pools = result.cluster.num_devices, thread_pools(result.cluster)
-    return [[t.peak_bytes for t in blocks_timeline(reordered_blocks(result.graph, result.schedule, b, window, pools), nd)]
+    graph, schedule, pools = result.graph, result.schedule, thread_pools(result.cluster)
+    return [[t.peak_bytes for t in blocks_timeline(reordered_blocks(graph, schedule, b, window, pools),
+                                                   result.cluster.num_devices)]
             for b in _variant_blocks(result, step_stats)]
 
 
