@@ -318,7 +318,7 @@ def reordered_blocks(
     free_us = np.where(freed, blocks.free_us + late[free_op], blocks.free_us)
     free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], blocks.free_rank)
     pool = None if pools is None else np.asarray(pools, dtype=np.int64)
-    if pool is not None and pool.size and np.unique(pool).size < pool.size:
+    if pool is not None and np.unique(pool).size < pool.size:  # some pool runs two devices
         pool_latest = _order_bounds(graph, pool[device_of], start, end, rank, window)[1]
         pool_late = np.maximum(end[pool_latest] - end, 0.0)
         handed = freed & (device_of[free_op] != blocks.device) & (pool[device_of[free_op]] == pool[blocks.device])
