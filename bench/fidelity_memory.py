@@ -56,6 +56,7 @@ import logging
 import os
 import statistics
 import sys
+import textwrap
 import time
 import types
 from typing import Any, Mapping, Optional, Sequence
@@ -406,6 +407,53 @@ VARIANTS = (
     ("replay_bytes", "those rules with each op at the start and end it had in the traced step (the "
      "memory model without the simulated timing)"),
 )
+
+
+def plot(rows: Sequence[Row], path: str, title: str = "") -> None:
+    """Writes an SVG (or any format matplotlib knows from `path`'s suffix) of `rows`, one point
+    per device of a placement, a colour per graph: simulated against measured peak (log axes,
+    the target band between measured = simulated and 1.25 x measured shaded), and beside it
+    simulated / measured against measured, where points near the band can be told apart.
+    Devices that measured no bytes have no ratio and are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.measured_bytes > 0]
+    if not rows:
+        raise ValueError("no device measured any bytes: nothing to plot")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text: searchable, smaller
+        _draw(plt, rows, path, title)
+
+
+def _draw(plt, rows: Sequence[Row], path: str, title: str) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8))
+    for model in sorted({r.model for r in rows}):
+        own = [r for r in rows if r.model == model]
+        measured = [r.measured_bytes / MiB for r in own]
+        left.scatter(measured, [r.simulated_bytes / MiB for r in own], label=model, s=14)
+        right.scatter(measured, [r.ratio for r in own], label=model, s=14)
+    values = [v for r in rows for v in (r.simulated_bytes / MiB, r.measured_bytes / MiB) if v > 0]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    left.fill_between([lo, hi], [LOW * lo, LOW * hi], [HIGH * lo, HIGH * hi], color="green", alpha=0.15,
+                      linewidth=0, label=f"target: [{LOW}, {HIGH}] x measured")
+    left.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+    left.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured peak (MiB)",
+             ylabel="simulated peak (MiB)")
+    ratios = [r.ratio for r in rows]
+    right.axhspan(LOW, HIGH, color="green", alpha=0.15, linewidth=0)
+    right.axhline(LOW, color="grey", linewidth=0.8)
+    right.set(xscale="log", xlim=(lo, hi), ylim=(min(0.9, min(ratios) - 0.05), max(1.35, max(ratios) + 0.05)),
+              xlabel="measured peak (MiB)", ylabel="simulated / measured")
+    both = sum(LOW <= x <= HIGH for x in ratios)
+    right.set_title(f"{both} of {len(rows)} devices in the target", fontsize=9)
+    left.legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(textwrap.fill(title, 120), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
+    plt.close(fig)
 
 
 def _replayed(result, step_stats):
@@ -797,13 +845,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="sessions each placement runs in, each with its warm-up and traced "
                         "steps; a device's measured peak is the largest over all their traced steps "
                         "(default: %(default)s)")
-    parser.add_argument("--json", help="write every row to this file")
+    parser.add_argument("--json", type=flags.output_file, help="write every row to this file")
     parser.add_argument("--save", metavar="DIR",
                         help="keep each graph, its profile, its placements and their measured peaks "
                         "in DIR, for bench/fidelity_memory_resim.py to simulate again under another "
                         "model")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
+    parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,
+                        help="also draw simulated against measured peak, one point per device of a "
+                        "placement, into FILE (with --summary_of: of that file's rows)")
+    parser.add_argument("--title", default="", help="the plot's title")
     args = parser.parse_args(argv)
     if args.quick:
         names, methods, tight_methods = list(QUICK_MODELS), list(QUICK_METHODS), ["m_etf"]
@@ -824,6 +876,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(args.summary_of) as f:
             rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.load(f)]
         _print_summary(rows, grappler=rows[0].sim_ran_bytes is None if rows else False)
+        _plot_if_asked(rows, args)
         return 0
     import_tensorflow_quietly()
     import tensorflow as tf
@@ -848,7 +901,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], f, indent=1)
+    _plot_if_asked(rows, args)
     return 0
+
+
+def _plot_if_asked(rows: Sequence[Row], args: argparse.Namespace) -> None:
+    if args.plot:
+        plot(rows, args.plot, args.title)
+        print(f"plot written to {args.plot}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ be judged here on the very measurements the saved run took, without the noise of
 placements. Only the saved placements can be judged: a model under which a method would place
 otherwise needs a measured run (`fidelity_memory.py`).
 
-    .venv/bin/python bench/fidelity_memory_resim.py DIR [--graphs rnn,transformer]
+``--plot FILE.svg`` draws the new figures, one point per device (`fidelity_memory.plot`).
+
+    .venv/bin/python bench/fidelity_memory_resim.py DIR [--graphs rnn,transformer] [--plot FILE.svg]
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH))
 sys.path.insert(0, BENCH)
+
+import flags  # noqa: E402
 
 __all__ = ["main", "resimulate"]
 
@@ -83,6 +87,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("dir", help="a folder written by bench/fidelity_memory.py --save")
     parser.add_argument("--graphs", default="",
                         help="comma-separated names of the saved graphs to take (default: all)")
+    parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,
+                        help="also draw the new simulated peaks against the measured ones, one point "
+                        "per device of a placement, into FILE")
+    parser.add_argument("--title", default="", help="the plot's title")
     args = parser.parse_args(argv)
     paths = sorted(glob.glob(os.path.join(args.dir, "*.json")))
     if args.graphs:
@@ -100,7 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import logging
 
     logging.getLogger("baechi_tf").setLevel(logging.ERROR)
-    from fidelity_memory import MiB, summary
+    from fidelity_memory import MiB, plot, summary
 
     pairs = []
     for path in paths:
@@ -118,6 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"\n{title}:")
         for line in summary(rows):
             print(f"  {line}")
+    if args.plot:
+        plot([new for _, new in pairs], args.plot, args.title)
+        print(f"\nplot written to {args.plot}")
     return 0
 
 

@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "(default: the saved run's, 1 when it has none)")
     parser.add_argument("--dispatch_us", type=float, default=0.0,
                         help="microseconds added to every op's profiled time (default: 0)")
-    parser.add_argument("--plot", default=None, metavar="FILE.svg",
+    parser.add_argument("--plot", default=None, metavar="FILE.svg", type=flags.output_file,
                         help="also draw simulated against measured step per placement into FILE")
     parser.add_argument("--title", default="", help="the plot's title")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ from typing import Sequence
 from baechi_tf.errors import ConfigError
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS, PlacementOptions
 
-__all__ = ["add_saved_model_flags", "at_least", "chosen", "copies_in_flight", "methods", "refine_seconds", "saved_models", "sizes"]
+__all__ = ["add_saved_model_flags", "at_least", "chosen", "copies_in_flight", "methods", "output_file", "refine_seconds", "saved_models", "sizes"]
 
 
 def at_least(minimum: int):
@@ -40,6 +40,17 @@ def copies_in_flight(text: str) -> float:
     if not value >= 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number >= 1 or 'unlimited'")
     return value
+
+
+def output_file(text: str) -> str:
+    """An argparse ``type``: a file to write at the end of a run, in a folder that is there now
+    (else argparse's one-line error before any work, not a traceback after it)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not text or os.path.isdir(text) or not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a file name in a folder that exists" + ("" if os.path.isdir(folder) else
+                                                                  f" ({folder} does not)"))
+    return text
 
 
 def chosen(

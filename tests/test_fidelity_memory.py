@@ -310,12 +310,17 @@ def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     assert once[0] > 0 and once[1] >= 0.95 * once[0], once
     assert fm.reuse_summary(rows).startswith(f"outputs reusing another stand-in's buffer, traced runs: counted "
                                              f"once {once[0]}, TF reused the buffer in {once[1]};")
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    plot = tmp_path / "plot" / "resim.svg"
+    plot.parent.mkdir()
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path),
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"{len(rows)} of {len(rows)} devices simulated as saved" in done.stdout, done.stdout
     both = sum(fm.LOW <= r.ratio <= fm.HIGH for r in rows)
     assert done.stdout.count(f"both (the target, [1.0, 1.25]):   {both}/{len(rows)} devices") == 2, done.stdout
+    drawn = [r for r in rows if r.measured_bytes > 0]
+    assert f"{sum(fm.LOW <= r.ratio <= fm.HIGH for r in drawn)} of {len(drawn)} devices in the target" in \
+        plot.read_text()
 
 
 def test_resim_of_a_folder_without_a_saved_run_says_how_to_make_one(tmp_path):
@@ -324,3 +329,32 @@ def test_resim_of_a_folder_without_a_saved_run_says_how_to_make_one(tmp_path):
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
     assert done.stderr.splitlines()[-1] == (f"fidelity_memory_resim.py: error: {tmp_path}: no <graph>.json here; "
                                             "write one with bench/fidelity_memory.py --save DIR"), done.stderr
+
+
+def test_the_plot_has_a_point_per_device_that_measured_bytes(tmp_path):
+    rows = [
+        _row("device:CPU:1", 11 * MiB, 10 * MiB, 11 * MiB, 11 * MiB),  # in the target
+        _row("device:CPU:2", 9 * MiB, 10 * MiB, 9 * MiB, 9 * MiB),  # under
+        _row("device:CPU:3", 16, 1, 16, 16) | {"measured_bytes": 0, "ratio": None},  # no ratio: not drawn
+    ]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    plot = tmp_path / "memory.svg"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--summary_of", str(path),
+                           "--plot", str(plot), "--title", "three devices"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f"plot written to {plot}\n"), done.stdout
+    svg = plot.read_text()
+    assert "1 of 2 devices in the target" in svg and "three devices" in svg, svg[:2000]
+
+
+def test_a_plot_into_a_missing_folder_is_refused_before_any_work(tmp_path):
+    missing = tmp_path / "no" / "memory.svg"
+    for script, args in (("fidelity_memory.py", ["--models", "rnn"]), ("fidelity_memory_resim.py", [str(tmp_path)]),
+                         ("fidelity_resim.py", [str(tmp_path)])):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", script), *args, "--plot", str(missing)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stdout == "", (script, done.stdout, done.stderr)
+        assert done.stderr.splitlines()[-1] == (f"{script}: error: argument --plot: '{missing}': give a file name "
+                                                f"in a folder that exists ({missing.parent} does not)"), done.stderr
+        assert not missing.parent.exists()
