@@ -46,10 +46,10 @@ def output_file(text: str) -> str:
     """An argparse ``type``: a file to write at the end of a run, in a folder that is there now
     (else argparse's one-line error before any work, not a traceback after it)."""
     folder = os.path.dirname(os.path.abspath(text))
-    if not text or os.path.isdir(text) or not os.path.isdir(folder):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give a file name in a folder that exists" + ("" if os.path.isdir(folder) else
-                                                                  f" ({folder} does not)"))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a file name in a folder that exists ({folder} does not)")
+    if not text or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a file name in a folder that exists, not a folder")
     return text
 
 

@@ -348,7 +348,7 @@ def test_the_plot_has_a_point_per_device_that_measured_bytes(tmp_path):
     assert "1 of 2 devices in the target" in svg and "three devices" in svg, svg[:2000]
 
 
-def test_a_plot_into_a_missing_folder_is_refused_before_any_work(tmp_path):
+def test_a_plot_into_a_missing_folder_or_onto_a_folder_is_refused_before_any_work(tmp_path):
     missing = tmp_path / "no" / "memory.svg"
     for script, args in (("fidelity_memory.py", ["--models", "rnn"]), ("fidelity_memory_resim.py", [str(tmp_path)]),
                          ("fidelity_resim.py", [str(tmp_path)])):
@@ -358,3 +358,7 @@ def test_a_plot_into_a_missing_folder_is_refused_before_any_work(tmp_path):
         assert done.stderr.splitlines()[-1] == (f"{script}: error: argument --plot: '{missing}': give a file name "
                                                 f"in a folder that exists ({missing.parent} does not)"), done.stderr
         assert not missing.parent.exists()
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory.py"), "--models", "rnn",
+                           "--plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
+        f"'{tmp_path}': give a file name in a folder that exists, not a folder"), done.stderr
