@@ -74,8 +74,8 @@ from baechi_tf.placer.memory_timeline import ORDER_WINDOW  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
 __all__ = [
-    "Row", "in_target_of_some_step", "measure_graph", "repeat_spread", "save_run", "step_spread", "summary",
-    "under_causes",
+    "Row", "in_target_of_some_step", "measure_graph", "repeat_spread", "run_session_config", "save_run",
+    "step_spread", "summary", "under_causes",
 ]
 
 NUM_DEVICES = 4
@@ -147,6 +147,21 @@ def _ratio(simulated: int, measured: int) -> float:
 
 def _local(name: str) -> str:
     return name.split("/")[-1]
+
+
+def run_session_config(setup, grappler: bool, inter_op_threads: int):
+    """The ConfigProto the placements run with: `session_config` of `setup`, with an inter-op pool
+    of `inter_op_threads` threads of the session's own (``use_per_session_threads``), or TF's
+    process-wide pool for 0. TF sizes that pool once per process, by the first session made (here
+    the profiling one), and ignores the count of every session after it: a count given there
+    would leave the placements running as many ops at once as the machine has cores."""
+    from baechi_tf.rewriter.devices import session_config
+
+    config = session_config(setup, grappler=grappler)
+    if inter_op_threads > 0:
+        config.inter_op_parallelism_threads = inter_op_threads
+        config.use_per_session_threads = True
+    return config
 
 
 def _profile(case, config, traced_steps: int):
@@ -228,8 +243,7 @@ def measure_graph(
     case = fidelity_graphs.build(name)
     loose = standin_cluster(NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=shared_memory)
     config = session_config(loose, grappler=False)  # the profile as the graph is written
-    run_config = session_config(loose, grappler=grappler)
-    run_config.inter_op_parallelism_threads = inter_op_threads  # 0: TF's default, one per core
+    run_config = run_session_config(loose, grappler, inter_op_threads)
     t0 = time.perf_counter()
     profile = _profile(case, config, traced_steps=3)
     print(f"# {name}: {len(case.graph_def.node)} ops, profiled {len(profile.ops)} "
@@ -838,9 +852,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="model the stand-ins as devices of one memory (a reader holds no copy, "
                         "`Device.shared_memory`) instead of GPUs that copy")
     parser.add_argument("--inter_op_threads", type=int, default=0,
-                        help="threads of the placed sessions' inter-op pool, shared by the stand-ins; "
-                        "1 runs one op at a time, as a GPU's one stream does (default: %(default)s, "
-                        "TF's own: one per core)")
+                        help="threads of the placed sessions' inter-op pool (one of each session's "
+                        "own), shared by the stand-ins; 1 runs one op at a time, as a GPU's one stream "
+                        "does (default: %(default)s, TF's own process-wide pool: one per core)")
     parser.add_argument("--sessions", type=flags.at_least(1), default=1,
                         help="sessions each placement runs in, each with its warm-up and traced "
                         "steps; a device's measured peak is the largest over all their traced steps "

@@ -362,3 +362,42 @@ def test_a_plot_into_a_missing_folder_or_onto_a_folder_is_refused_before_any_wor
                            "--plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.splitlines()[-1].endswith(
         f"'{tmp_path}': give a file name in a folder that exists, not a folder"), done.stderr
+
+
+def _most_matmuls_at_once(tf, config) -> int:
+    """The most of 8 independent MatMuls that a traced step of a session with `config` ran at
+    once."""
+    graph = tf.Graph()
+    with graph.as_default():
+        products = [tf.linalg.matmul(x, x) for x in (tf.random.normal([400, 400], seed=i) for i in range(8))]
+        total = tf.math.add_n(products)
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        sess.run(total)
+        sess.run(total, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                 run_metadata=metadata)
+    events = sorted((t, k) for d in metadata.step_stats.dev_stats for ns in d.node_stats if ns.node_name.startswith("MatMul")
+                    for t, k in ((ns.all_start_micros, 1), (ns.all_start_micros + ns.all_end_rel_micros, -1)))
+    running = most = 0
+    for _, k in events:
+        running += k
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.tf
+def test_one_inter_op_thread_runs_one_op_at_a_time_after_other_sessions():
+    """TF sizes its process-wide inter-op pool by the first session made; the placements run
+    after the profiling session, so one thread must be a pool of their session's own."""
+    import tensorflow as tf
+
+    from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
+
+    fm = _bench()
+    setup = standin_cluster(fm.NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=True)
+    _most_matmuls_at_once(tf, session_config(setup, grappler=False))  # the process's pool is made by now
+    config = fm.run_session_config(setup, False, 1)
+    assert config.inter_op_parallelism_threads == 1 and config.use_per_session_threads
+    assert _most_matmuls_at_once(tf, config) == 1
+    default = fm.run_session_config(setup, False, 0)
+    assert default.inter_op_parallelism_threads == 0 and not default.use_per_session_threads
