@@ -14,7 +14,10 @@ import numpy as np
 
 from baechi_tf.graph import HELD, VIEW_OP_TYPES, OpGraph
 
-__all__ = ["HELD_VIEW", "OWN", "always_reused_tensors", "buffer_tables", "constant_tensors", "free_at_end_bytes"]
+__all__ = [
+    "HELD_VIEW", "OWN", "always_reused_tensors", "buffer_tables", "constant_tensors", "fallback_inputs",
+    "free_at_end_bytes",
+]
 
 OWN, HELD_VIEW = -1, -2  # `buffer_tables`' alias of a tensor with a buffer of its own, of a held view
 
@@ -143,6 +146,50 @@ def always_reused_tensors(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
         elif max(topo[h] for h in holders) < topo[writer]:
             out[t] = _all_ancestors(holders, writer, preds, topo)
     return out
+
+
+def fallback_inputs(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
+    """int64 [num_tensors]: per output written in place into an input's buffer (``alias >= 0``,
+    from `buffer_tables`; not a view), the writer's other input that TF writes into when that
+    buffer is not free after all; -1 for every other tensor.
+
+    TF tries an op's candidate inputs in turn (``forward_input_or_allocate_output({0, 1}, ...)``
+    for element-wise ops) and writes into the first whose buffer nothing else holds. A buffer
+    another device of the process handed over can still be held by the sender's executor for a
+    moment when the reader starts; the writer then takes its next candidate, which stays held
+    until the output's readers are done, where it would have been freed at the writer's end.
+    Seen on CPU stand-ins: Inception-v3's ``ReluGrad`` wrote into its ReLU's output instead of
+    the gradient another stand-in had computed in one to three of four traced steps
+    (`bench/fidelity_memory.py`). The candidate is the first other data input of at least the
+    output's bytes that is not a view of persistent memory (a variable's value, which the
+    variable holds). The scheduler holds it so where the written buffer is handed over
+    (`SchedulerState._races`). O(E) for E edges."""
+    out = np.full(graph.num_tensors, -1, dtype=np.int64)
+    reusing = np.flatnonzero(alias >= 0)
+    if reusing.size == 0:
+        return out
+    inputs: dict[int, list[int]] = {}
+    for t, c, slot in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
+        if slot >= 0:
+            inputs.setdefault(c, []).append(t)
+    alias_of = alias.tolist()
+    src = graph.tensor_src.tolist()
+    tbytes = graph.tensor_bytes.tolist()
+    types = graph.op_types
+    for t in reusing.tolist():
+        writer = src[t]
+        if types and types[writer] in VIEW_OP_TYPES:
+            continue
+        out[t] = next((c for c in inputs.get(writer, ()) if c != alias_of[t] and tbytes[c] >= tbytes[t]
+                       and _root(c, alias_of) != HELD_VIEW), -1)
+    return out
+
+
+def _root(t: int, alias_of: list[int]) -> int:
+    """The tensor whose buffer tensor t is in (`HELD_VIEW` for a view of persistent memory)."""
+    while alias_of[t] >= 0:
+        t = alias_of[t]
+    return HELD_VIEW if alias_of[t] == HELD_VIEW else t
 
 
 def _all_ancestors(targets: set[int], op: int, preds, topo: list[int]) -> bool:

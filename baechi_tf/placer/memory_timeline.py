@@ -16,7 +16,9 @@ from an allocation to a free:
   the output's readers are done too; where the input is another device's buffer that the op's
   device reads (`Cluster.shares_memory`) and the op is not that buffer's last holder in every
   order (`buffers.always_reused_tensors`), a buffer of its own as well, as for a tensor that is
-  read above (`SchedulerState._cut`);
+  read above (`SchedulerState._cut`); where it is that buffer's last holder in every order, the
+  op's other input that TF writes into when the sender still holds it (`buffers.fallback_inputs`)
+  is held until the output's readers are done too (`SchedulerState._races`);
 * a received copy on another device: from the start of its first consumer there until
   ``max(end of its last consumer there, start of its last consumer anywhere)``; none on a device
   that shares memory with the producer's (`Cluster.shares_memory`), whose consumers count as
@@ -48,7 +50,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors
+from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
@@ -216,10 +218,24 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     reusing = np.flatnonzero(read & (alias >= 0))
     extend: dict[tuple[int, int], tuple[float, int]] = {}
     h_list, f_list, r_list, a_list = home.tolist(), home_free.tolist(), last_rank.tolist(), alias.tolist()
+    # An output written into a handed-over buffer holds its op's fallback input too
+    # (`SchedulerState._races`), which is then extended by the output's readers as well.
+    fallback = fallback_inputs(graph, alias)
+    races = (fallback >= 0) & always_reused & (alias_home != home)
+    if shares is not None:
+        races &= shares[np.maximum(alias_home, 0), home]
+    else:
+        races[:] = False
+    fb_list, races_list = fallback.tolist(), races.tolist()
     for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
         d = h_list[t]
         f, r = extend.get((t, d), (f_list[t], r_list[t]))
         f, r = max(f, f_list[t]), max(r, r_list[t])
+        if races_list[t]:
+            fb = fb_list[t]
+            key = (fb, h_list[fb] if shares[h_list[fb], d] else d)
+            g, q = extend.get(key, (f, r))
+            extend[key] = (max(f, g), max(r, q))
         source = a_list[t]
         source_home = h_list[source]
         key = (source, source_home if shares is not None and shares[source_home, d] else d)

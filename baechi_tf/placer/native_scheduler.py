@@ -19,7 +19,9 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
-from baechi_tf.placer.buffers import always_reused_tensors, buffer_tables, constant_tensors, free_at_end_bytes
+from baechi_tf.placer.buffers import (
+    always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs, free_at_end_bytes,
+)
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import ListScheduler
 from baechi_tf.placer.pins import place_pinned
@@ -117,7 +119,7 @@ def _native_tables(graph: OpGraph, module) -> tuple:
         rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
         tensor_alias.astype(i64), graph.tensor_src.astype(i64), tensor_bytes, al_ptr,
         reusing.astype(i64), constant_tensors(graph, tensor_alias).astype(i64),
-        always_reused_tensors(graph, tensor_alias).astype(i64),
+        always_reused_tensors(graph, tensor_alias).astype(i64), fallback_inputs(graph, tensor_alias).astype(i64),
     )
     cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
     return cached

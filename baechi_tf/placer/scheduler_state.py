@@ -20,7 +20,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import (
-    HELD_VIEW, OWN, always_reused_tensors, buffer_tables, constant_tensors, free_at_end_bytes,
+    HELD_VIEW, OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs, free_at_end_bytes,
 )
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
@@ -113,6 +113,8 @@ class GraphTables:
         self.constant = tuple(constant_tensors(graph, alias).tolist())  # per tensor: a constant's value
         # per tensor: reuses an input's buffer whose last holder its op is in any order
         self.always_reused = tuple(always_reused_tensors(graph, alias).tolist())
+        # per tensor written in place: the writer's input it writes into instead, or -1
+        self.fallback = tuple(fallback_inputs(graph, alias).tolist())
         # per op, its outputs that are read and reuse an input's buffer (`tensor_alias`)
         aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
         for t in np.flatnonzero(alias >= 0).tolist():
@@ -214,6 +216,7 @@ class SchedulerState:
         self.shares = cluster.shares_memory()
         self.constant = tables.constant
         self.always_reused = tables.always_reused
+        self.fallback = tables.fallback
         self.replicated = 0  # bytes of such replicas the last committing `ready_time` made
         # Of the last committing `ready_time`: the compute time its copies take on the reader's
         # device, and (sender, send start, hold) of each copy out of a device that serves copies
@@ -495,6 +498,16 @@ class SchedulerState:
         home = self.device[self.tensor_src[self.tensor_alias[t]]]
         return home >= 0 and home != dev and self.shares[home][dev]
 
+    def _races(self, t: int, dev: int) -> bool:
+        """Whether output t of an op on `dev`, written in place into a buffer that another device
+        of dev's memory handed over (and not `_cut`: a buffer of its own), holds its op's
+        other input too (`buffers.fallback_inputs`) until its readers are done: TF writes into
+        that input instead when the sender's executor still holds the handed-over buffer."""
+        if self.fallback[t] < 0 or not self.always_reused[t]:
+            return False
+        home = self.device[self.tensor_src[self.tensor_alias[t]]]
+        return home >= 0 and home != dev and self.shares[home][dev]
+
     def _holder(self, t: int, dev: int) -> int:
         """The device whose memory holds tensor t as read on `dev`: its producer's when the
         producer's device shares memory with dev (`shares`), else dev."""
@@ -527,6 +540,9 @@ class SchedulerState:
             if self._cut(t, dev):
                 self._free_later(dev, when, self.tensor_bytes[t])
                 freed.add(dev)
+            elif self._races(t, dev):
+                fallback = self.fallback[t]
+                self._release(fallback, self._holder(fallback, dev), when, freed)
             dev = self._holder(source, dev)
             t = source
 
@@ -578,6 +594,9 @@ class SchedulerState:
             source = self.tensor_alias[t]
             claim = self.claims.setdefault((source, self._holder(source, dev)), [1, -1.0])
             claim[0] += 1
+            if self._races(t, dev):  # and the input written into instead, until t is released
+                fallback = self.fallback[t]
+                self.claims.setdefault((fallback, self._holder(fallback, dev)), [1, -1.0])[0] += 1
         seen: set[int] = set()
         for p, t, nbytes in self.inputs[op]:
             if t in seen:

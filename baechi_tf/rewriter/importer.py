@@ -245,6 +245,12 @@ def import_graph_def(
             f"{tf.__version__}: op costs may have changed"
         )
     lookup = kernel_lookup or has_registered_kernel
+    # On CPU stand-ins of one process (every device of shared memory, one task) the value a step
+    # is fed stays the caller's array, which TF hands the step without a copy (the Placeholder's
+    # kernel never runs): a Placeholder of a traced step holds no device memory there. A GPU, or
+    # another task, receives a copy of its own.
+    caller_feeds = profile.num_traced_steps >= 1 and bool(cluster.devices) and all(
+        d.shared_memory for d in cluster.devices) and len({d.task for d in cluster.devices}) == 1
     resolver = _DeviceResolver(cluster, host_device, device_aliases or {}, ignore_user_devices)
     _resolve_function_devices(graph_def, resolver, write=False)
 
@@ -323,7 +329,10 @@ def import_graph_def(
             host_ops.append(node.name)
         used_host = used_host or on_host
 
-        alias = _output_alias(node, cost, len(out_bytes), node_types, unrun)
+        if caller_feeds and node.op == "Placeholder" and node.name not in unrun:
+            alias = [HELD] * len(out_bytes)  # the step's fed value: the caller's array
+        else:
+            alias = _output_alias(node, cost, len(out_bytes), node_types, unrun)
         until = _held_until(node, cost, unrun, by_name)
         if until is not None:  # one more output, read by the op that frees it (`_held_until`)
             held_edges.append((node.name, len(out_bytes), until))

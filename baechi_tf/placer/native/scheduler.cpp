@@ -91,14 +91,15 @@ struct Tables {
     // GraphTables.tensor_alias (kOwn, kHeldView or a tensor), tensor_src, tensor_bytes, and per op
     // its read outputs that reuse an input's buffer (`aliased`, as al_ptr/al_t); per tensor,
     // whether it is a constant's value (GraphTables.constant) and whether it reuses a buffer
-    // whose last holder its op is in every order (GraphTables.always_reused)
-    std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t, constant, always_reused;
+    // whose last holder its op is in every order (GraphTables.always_reused), and the input its op
+    // writes into instead when that buffer is not free after all, or -1 (GraphTables.fallback)
+    std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t, constant, always_reused, fallback;
 
     Tables(i64 n_, i64 nt, F64Array compute_, I64Array topo_, I64Array topo_order_, I64Array in_ptr_,
            I64Array in_src_, I64Array in_t_, I64Array in_bytes_, I64Array consumers_, I64Array rd_ptr_,
            I64Array rd_op_, I64Array succ_ptr_, I64Array succ_, I64Array num_preds_, I64Array alloc_,
            I64Array free_at_end_, I64Array tensor_alias_, I64Array tensor_src_, I64Array tensor_bytes_,
-           I64Array al_ptr_, I64Array al_t_, I64Array constant_, I64Array always_reused_)
+           I64Array al_ptr_, I64Array al_t_, I64Array constant_, I64Array always_reused_, I64Array fallback_)
         : n(n_), num_tensors(nt), compute(to_vector(compute_)), topo(to_vector(topo_)),
           topo_order(to_vector(topo_order_)), in_ptr(to_vector(in_ptr_)), in_src(to_vector(in_src_)),
           in_t(to_vector(in_t_)), in_bytes(to_vector(in_bytes_)), consumers(to_vector(consumers_)),
@@ -107,7 +108,7 @@ struct Tables {
           free_at_end(to_vector(free_at_end_)), tensor_alias(to_vector(tensor_alias_)),
           tensor_src(to_vector(tensor_src_)), tensor_bytes(to_vector(tensor_bytes_)),
           al_ptr(to_vector(al_ptr_)), al_t(to_vector(al_t_)), constant(to_vector(constant_)),
-          always_reused(to_vector(always_reused_)) {}
+          always_reused(to_vector(always_reused_)), fallback(to_vector(fallback_)) {}
 };
 
 constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
@@ -846,6 +847,13 @@ class Scheduler {
         return home >= 0 && home != dev && links_->shares[(i64)home * nd_ + dev];
     }
 
+    // SchedulerState._races
+    bool races(i64 t, int dev) const {
+        if (T_->fallback[t] < 0 || !T_->always_reused[t]) return false;
+        int home = (int)device_[T_->tensor_src[T_->tensor_alias[t]]];
+        return home >= 0 && home != dev && links_->shares[(i64)home * nd_ + dev];
+    }
+
     // SchedulerState._holder
     int holder(i64 t, int dev) const {
         int home = (int)device_[T_->tensor_src[t]];
@@ -874,6 +882,9 @@ class Scheduler {
             if (cut(t, dev)) {
                 free_later(dev, when, T_->tensor_bytes[t]);
                 freed.push_back(dev);
+            } else if (races(t, dev)) {
+                i64 fb = T_->fallback[t];
+                release(fb, holder(fb, dev), when, freed);
             }
             dev = holder(source, dev);
             t = source;
@@ -915,8 +926,12 @@ class Scheduler {
         std::vector<int> freed{dev};
         free_later(dev, end, T_->free_at_end[op]);
         for (i64 k = T_->al_ptr[op]; k < T_->al_ptr[op + 1]; ++k) {
-            i64 source = T_->tensor_alias[T_->al_t[k]];
+            i64 t = T_->al_t[k], source = T_->tensor_alias[t];
             claim_of(source, holder(source, dev)).holders += 1;
+            if (races(t, dev)) {
+                i64 fb = T_->fallback[t];
+                claim_of(fb, holder(fb, dev)).holders += 1;
+            }
         }
         auto& seen = seen_;
         seen.clear();
@@ -1437,11 +1452,11 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 13;
+    m.attr("INTERFACE") = 14;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
-                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
+                      I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array>());
     py::class_<Links, std::shared_ptr<Links>>(m, "Links")
         .def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
