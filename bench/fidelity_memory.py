@@ -37,7 +37,9 @@ leaves out the simulated timing. ``--explain`` adds, per placement, what the
 simulator holds at its peak by kind and what the device held at its measured peak by type of
 node. ``--json`` writes every row for plots and for bench/fidelity.py; ``--save DIR`` keeps the
 graphs, profiles, placements and measured peaks, so that bench/fidelity_memory_resim.py can
-simulate the same placements again under another model against the same measurements.
+simulate the same placements again under another model against the same measurements, and the
+traced steps of each placement whose measured peak the byte rules miss at the measured times
+(`save_steps`, read with `load_steps`).
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory.py [--models rnn,transformer]
         [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--shared_memory] [--json out.json]
@@ -74,8 +76,8 @@ from baechi_tf.placer.memory_timeline import ORDER_WINDOW  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
 __all__ = [
-    "Row", "in_target_of_some_step", "measure_graph", "repeat_spread", "run_session_config", "save_run",
-    "step_spread", "summary", "under_causes",
+    "Row", "in_target_of_some_step", "load_steps", "measure_graph", "repeat_spread", "run_session_config",
+    "save_run", "save_steps", "step_spread", "summary", "under_causes",
 ]
 
 NUM_DEVICES = 4
@@ -303,6 +305,11 @@ def measure_graph(
             if missed:
                 print(f"#   {method} {limit}: outputs counted once as another stand-in's buffer that a "
                       f"traced run put elsewhere: {', '.join(sorted(set(missed)))}", file=sys.stderr, flush=True)
+            if save and any(
+                replay[d] is not None and replay[d] < SHORT * measured.get(_local(dev.name), _NOTHING).peak_bytes
+                for d, dev in enumerate(result.cluster.devices)
+            ):
+                save_steps(save, case.name, method, limit, ran_def, stats)
         for d, dev in enumerate(result.cluster.devices):
             ops = int((device_of == d).sum())
             key = _local(dev.name)
@@ -351,6 +358,42 @@ def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_mem
     doc = {"graph": name, "shared_memory": shared_memory, "placements": list(placements),
            "rows": [dataclasses.asdict(r) for r in rows]}
     atomic_write(base + ".json", json.dumps(doc, sort_keys=True) + "\n")
+
+
+SHORT = 0.99
+"""`--save` keeps the traced steps of a placement where the byte rules at the measured times
+(`replay_bytes`) give some device less than this share of its measured peak (`save_steps`)."""
+
+
+def save_steps(directory: str, name: str, method: str, limit: str, ran_def: Any, stats: Sequence[Any]) -> str:
+    """Writes the graph that ran and its traced steps' StepStats to ``<name>.<method>.<limit>.steps``
+    in `directory` (made if missing), whole or not at all, and returns its path: a placement whose
+    measured peak the byte rules miss even at the measured times, kept to be examined without
+    running it again (TF's order, which decides such bytes, moves from session to session).
+    Read with `load_steps`."""
+    from baechi_tf._files import atomic_write
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{name}.{method}.{limit}.steps")
+    parts = [ran_def.SerializeToString()] + [step.SerializeToString() for step in stats]
+    atomic_write(path, b"".join(len(b).to_bytes(8, "little") + b for b in parts))
+    return path
+
+
+def load_steps(path: str) -> tuple[Any, list[Any]]:
+    """(GraphDef that ran, [StepStats of each traced step]) of a `save_steps` file."""
+    import tensorflow as tf
+    from tensorflow.core.framework.step_stats_pb2 import StepStats
+
+    with open(path, "rb") as f:
+        data = f.read()
+    parts, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 8], "little")
+        parts.append(data[at + 8:at + 8 + size])
+        at += 8 + size
+    graph_def = tf.compat.v1.GraphDef.FromString(parts[0])
+    return graph_def, [StepStats.FromString(b) for b in parts[1:]]
 
 
 HEADER = (f"{'model':<12} {'method':<7} {'limit':<5} {'chosen':<14} {'device':<12} {'ops':>5} "
@@ -863,7 +906,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--save", metavar="DIR",
                         help="keep each graph, its profile, its placements and their measured peaks "
                         "in DIR, for bench/fidelity_memory_resim.py to simulate again under another "
-                        "model")
+                        "model; and the traced steps of each placement whose measured peak the byte "
+                        "rules miss at the measured times (NAME.METHOD.LIMIT.steps, load_steps)")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
     parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,

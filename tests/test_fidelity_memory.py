@@ -285,6 +285,35 @@ def test_each_placement_runs_in_every_session_and_its_peak_is_their_largest(monk
 
 
 @pytest.mark.tf
+def test_saved_steps_read_back_as_they_ran(tmp_path):
+    """`save_steps` keeps the graph that ran and every traced step; `load_steps` gives them back
+    equal, and the measured peaks rebuilt from them are the run's."""
+    import tensorflow as tf
+
+    from baechi_tf.cost_model.measured_memory import measured_memory
+
+    fm = _bench()
+    tf1 = tf.compat.v1
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.ones([64, 64]) * 2.0
+        y = tf.reduce_sum(tf.matmul(x, x), name="y")
+    stats = []
+    with tf1.Session(graph=g) as sess:
+        for _ in range(2):
+            metadata = tf1.RunMetadata()
+            sess.run(y, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+            stats.append(metadata.step_stats)
+    path = fm.save_steps(str(tmp_path / "new"), "toy", "m_etf", "1.5x", g.as_graph_def(), stats)
+    assert os.path.basename(path) == "toy.m_etf.1.5x.steps"
+    graph_def, steps = fm.load_steps(path)
+    assert graph_def == g.as_graph_def() and steps == stats
+    peaks = [{k: m.peak_bytes for k, m in measured_memory(s, graph_def).items()} for s in steps]
+    assert peaks == [{k: m.peak_bytes for k, m in measured_memory(s, g.as_graph_def()).items()} for s in stats]
+    assert all(p and all(v > 0 for v in p.values()) for p in peaks)
+
+
+@pytest.mark.tf
 def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     """--save keeps graph, profile, placements and measured peaks; bench/fidelity_memory_resim.py
     places the saved layouts again and, with the model unchanged, gets every device's simulated
@@ -297,7 +326,11 @@ def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     # saved peaks: GNMT v2's m_topo at 1.5x in a whole run).
     rows = fm.measure_graph("rnn", ["m_topo", "m_etf"], ["m_etf"], warmup_steps=0, traced_steps=1, shared_memory=True,
                             save=str(tmp_path), out=io.StringIO())
-    assert sorted(os.listdir(tmp_path)) == ["rnn.json", "rnn.pb", "rnn.profile"]
+    names = sorted(os.listdir(tmp_path))
+    assert names[:3] == ["rnn.json", "rnn.pb", "rnn.profile"]
+    # Steps kept: only of placements where the rules at the measured times leave a device short.
+    short = {(r.method, r.limit) for r in rows if r.replay_bytes < fm.SHORT * r.measured_bytes}
+    assert names[3:] == sorted(f"rnn.{m}.{limit}.steps" for m, limit in short)
     doc = json.loads((tmp_path / "rnn.json").read_text())
     assert doc["shared_memory"] is True and [p["method"] for p in doc["placements"]] == ["m_topo", "m_etf", "m_etf"]
     assert doc["placements"][2]["limit"] != "loose"
