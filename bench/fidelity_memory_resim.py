@@ -38,15 +38,17 @@ sys.path.insert(0, BENCH)
 
 import flags  # noqa: E402
 
-__all__ = ["main", "resimulate"]
+__all__ = ["main", "placed_again", "resimulate"]
 
 
-def resimulate(path: str) -> list[tuple]:
-    """Per row of the saved graph ``path`` (its ``.json``): (the saved `fidelity_memory.Row`,
-    the same row with the peak simulated again under the current model)."""
+def placed_again(path: str):
+    """Yields, per saved placement of the graph ``path`` (its ``.json``) in the saved order, (the
+    saved placement's dict: method, limit, fingerprint, op -> device; the `PlacementResult` of
+    that layout placed again under the current model on the run's stand-ins; the placed
+    GraphDef)."""
     import tensorflow as tf
 
-    from fidelity_memory import NUM_DEVICES, Row, _local
+    from fidelity_memory import NUM_DEVICES
 
     from baechi_tf.cost_model.profile import load_profile
     from baechi_tf.placer.pipeline import PlacementOptions
@@ -58,16 +60,26 @@ def resimulate(path: str) -> list[tuple]:
         doc = json.load(f)
     graph_def = tf.compat.v1.GraphDef.FromString(open(base + ".pb", "rb").read())
     profile = load_profile(base + ".profile")
-    peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
     for p in doc["placements"]:
         # The stand-ins' capacity as when placed: the simulator holds an op back until its memory
         # is free, so under a tight limit the schedule depends on it.
         capacity = max(r["capacity_bytes"] for r in doc["rows"] if (r["method"], r["limit"]) == (p["method"], p["limit"]))
         setup = standin_cluster(NUM_DEVICES, capacity, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
         options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
-        _, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
-                                    device_aliases=setup.aliases)
-        result = report.result
+        placed, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
+                                         device_aliases=setup.aliases)
+        yield p, report.result, placed
+
+
+def resimulate(path: str) -> list[tuple]:
+    """Per row of the saved graph ``path`` (its ``.json``): (the saved `fidelity_memory.Row`,
+    the same row with the peak simulated again under the current model)."""
+    from fidelity_memory import Row, _local
+
+    with open(path) as f:
+        doc = json.load(f)
+    peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
+    for p, result, _ in placed_again(path):
         peaks[(p["method"], p["limit"])] = {
             _local(d.name): (int(result.reordered_peak_bytes[i]), int(result.schedule.peak_memory_bytes[i]))
             for i, d in enumerate(result.cluster.devices)}

@@ -314,6 +314,45 @@ def test_saved_steps_read_back_as_they_ran(tmp_path):
 
 
 @pytest.mark.tf
+def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
+    """bench/fidelity_memory_steps.py on a saved run with kept steps: the RNN's m_topo placement,
+    run again and its steps kept (`save_steps`). With every device called short (--below 10),
+    each device that held bytes is reported for the step, its measured peak the one
+    `fidelity_memory._measured` rebuilds; with none short (below 0) nothing is; a folder without
+    kept steps is refused."""
+    import io
+
+    import fidelity_graphs
+    from fidelity_memory_resim import placed_again
+    from fidelity_memory_steps import short_devices
+
+    from baechi_tf.rewriter.devices import LOCAL_TASK, standin_cluster
+
+    fm = _bench()
+    fm.measure_graph("rnn", ["m_topo"], [], warmup_steps=0, traced_steps=1, shared_memory=True,
+                     save=str(tmp_path), out=io.StringIO())
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    if not [n for n in os.listdir(tmp_path) if n.endswith(".steps")]:
+        assert done.returncode == 2 and "no <graph>.<method>.<limit>.steps here" in done.stderr, done.stderr
+    (p, result, placed), = placed_again(str(tmp_path / "rnn.json"))
+    setup = standin_cluster(fm.NUM_DEVICES, prefix=LOCAL_TASK, shared_memory=True)
+    ran_def, stats = fm._run(fidelity_graphs.build("rnn"), placed, fm.run_session_config(setup, False, 0), 0, 1)
+    fm.save_steps(str(tmp_path), "rnn", p["method"], p["limit"], ran_def, stats)
+    measured, _ = fm._measured(ran_def, stats)
+    held = {k: m.peak_bytes for k, m in measured.items() if m.peak_bytes > 0}
+    found = short_devices(result, ran_def, stats, 10.0, 3)
+    assert {(k, device): peak for k, device, peak, _, _ in found} == {(0, device): b for device, b in held.items()}
+    assert all(rules < 10 * peak and len(more) <= 3 for _, _, peak, rules, more in found)
+    assert short_devices(result, ran_def, stats, 0.0, 3) == []
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path),
+                           "--below", "10", "--top", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"rnn m_topo loose: 1 kept steps, {len(held)} short device-steps" in done.stdout, done.stdout
+    assert done.stdout.count("  step 0 device:") == len(held)
+
+
+@pytest.mark.tf
 def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     """--save keeps graph, profile, placements and measured peaks; bench/fidelity_memory_resim.py
     places the saved layouts again and, with the model unchanged, gets every device's simulated

@@ -1,0 +1,120 @@
+"""What the kept steps of a `bench/fidelity_memory.py --save DIR` run held that the model's byte
+rules do not: the buffers behind a device's measured peak that the rules miss even at the
+measured times.
+
+`--save` keeps the graph that ran and every traced step of each placement where the byte rules,
+replayed at each op's measured start and end (`replay_bytes`), give some device less than
+`fidelity_memory.SHORT` of its measured peak (``<graph>.<method>.<limit>.steps``). For each such
+file in DIR this places the saved layout again under the current model (as
+bench/fidelity_memory_resim.py does), replays the rules at the times of each kept step, and for
+each device still short in that step prints its measured peak, the rules' peak, and the nodes
+whose records held more bytes at the measured peak than the rules held for them then (largest
+first). No TensorFlow session runs.
+
+    .venv/bin/python bench/fidelity_memory_steps.py DIR [--top 8] [--below 0.99]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(BENCH))
+sys.path.insert(0, BENCH)
+
+__all__ = ["main", "short_devices"]
+
+
+def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float, top: int) -> list[tuple]:
+    """Per kept step (index k) and device d of `result` whose byte rules at that step's measured
+    times peak below `below` times the device's measured peak: (k, device name, measured peak
+    bytes, the rules' peak bytes, [(bytes more than the rules held, node, its type), at most
+    `top`, largest first]), the nodes compared at the measured peak's time."""
+    import numpy as np
+
+    import fidelity_memory as fm
+
+    from baechi_tf.placer.memory_timeline import blocks_timeline
+
+    types = {n.name: n.op for n in ran_def.node}
+    names = result.graph.names
+    out = []
+    for k, step in enumerate(stats):
+        measured, _ = fm._measured(ran_def, [step])
+        blocks = fm._variant_blocks(fm._replayed(result, step), step)[-1]
+        timelines = blocks_timeline(blocks, result.cluster.num_devices)
+        t0 = min(ns.all_start_micros for dev in step.dev_stats for ns in dev.node_stats)
+        for d, dev in enumerate(result.cluster.devices):
+            m = measured.get(fm._local(dev.name))
+            if m is None or timelines[d].peak_bytes >= below * m.peak_bytes:
+                continue
+            at = m.peak_us - t0
+            live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at)
+            held: collections.Counter = collections.Counter()
+            for i in np.flatnonzero(live).tolist():
+                held[names[blocks.op[i]]] += int(blocks.nbytes[i])
+            more = sorted(((b - held.get(n, 0), n, types.get(n, "")) for n, b in m.live_at_peak.items()
+                           if b > held.get(n, 0)), reverse=True)
+            out.append((k, fm._local(dev.name), m.peak_bytes, timelines[d].peak_bytes, more[:top]))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir", help="a folder written by bench/fidelity_memory.py --save")
+    parser.add_argument("--top", type=int, default=8, help="nodes to show per short device (default 8)")
+    parser.add_argument("--below", type=float, default=None,
+                        help="call a device short below this share of its measured peak (default: "
+                        "fidelity_memory.SHORT, the share --save kept the steps by)")
+    args = parser.parse_args(argv)
+    if args.top < 1:
+        parser.error(f"--top {args.top}: give at least 1")
+    files = sorted(glob.glob(os.path.join(args.dir, "*.steps")))
+    if not files:
+        parser.error(f"{args.dir}: no <graph>.<method>.<limit>.steps here; bench/fidelity_memory.py --save DIR "
+                     "keeps them for placements whose bytes the rules miss at the measured times")
+
+    from baechi_tf._startup import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    import logging
+
+    logging.getLogger("baechi_tf").setLevel(logging.ERROR)
+    import fidelity_memory as fm
+    from fidelity_memory_resim import placed_again
+
+    below = fm.SHORT if args.below is None else args.below
+    wanted: dict[str, dict[tuple[str, str], str]] = {}  # graph -> (method, limit) -> steps file
+    for path in files:
+        graph, method, rest = os.path.basename(path).split(".", 2)
+        wanted.setdefault(graph, {})[(method, rest[: -len(".steps")])] = path
+    for graph, kept in sorted(wanted.items()):
+        json_path = os.path.join(args.dir, graph + ".json")
+        if not os.path.exists(json_path):
+            parser.error(f"{args.dir}: steps of {graph} but no {graph}.json; keep the folder --save wrote whole")
+        for p, result, _ in placed_again(json_path):
+            path = kept.pop((p["method"], p["limit"]), None)
+            if path is None:
+                continue
+            ran_def, stats = fm.load_steps(path)
+            found = short_devices(result, ran_def, stats, below, args.top)
+            print(f"{graph} {p['method']} {p['limit']}: {len(stats)} kept steps, "
+                  f"{len(found)} short device-steps (rules below {below} of the measured peak)")
+            for k, device, measured, rules, more in found:
+                print(f"  step {k} {device}: measured {measured / fm.MiB:.2f} MiB, "
+                      f"rules at the measured times {rules / fm.MiB:.2f} MiB")
+                for nbytes, node, op_type in more:
+                    print(f"    +{nbytes / 1024:9.1f} KiB  {node} ({op_type})")
+        for (method, limit), path in sorted(kept.items()):
+            print(f"{graph} {method} {limit}: {os.path.basename(path)} names no saved placement", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
