@@ -92,8 +92,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     below = fm.SHORT if args.below is None else args.below
     wanted: dict[str, dict[tuple[str, str], str]] = {}  # graph -> (method, limit) -> steps file
     for path in files:
-        graph, method, rest = os.path.basename(path).split(".", 2)
-        wanted.setdefault(graph, {})[(method, rest[: -len(".steps")])] = path
+        parts = os.path.basename(path)[: -len(".steps")].split(".", 2)
+        if len(parts) != 3:
+            parser.error(f"{path}: not a <graph>.<method>.<limit>.steps file of bench/fidelity_memory.py --save")
+        graph, method, limit = parts
+        wanted.setdefault(graph, {})[(method, limit)] = path
     for graph, kept in sorted(wanted.items()):
         json_path = os.path.join(args.dir, graph + ".json")
         if not os.path.exists(json_path):

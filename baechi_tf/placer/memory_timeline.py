@@ -174,11 +174,15 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
 
     always_reused = always_reused_tensors(graph, alias)
     alias_home = np.where(alias >= 0, home[np.maximum(alias, 0)], -1)
-    cut = (alias >= 0) & ~always_reused & (alias_home != home)
+    # Outputs reusing a buffer another device of their device's memory handed over: counted both
+    # ways where the order decides (`SchedulerState._cut`), else holding their op's fallback input
+    # too (`SchedulerState._races`).
+    handed_over = (alias >= 0) & (alias_home != home)
     if shares is not None:
-        cut &= shares[np.maximum(alias_home, 0), home]
+        handed_over &= shares[np.maximum(alias_home, 0), home]
     else:
-        cut[:] = False
+        handed_over[:] = False
+    cut = handed_over & ~always_reused
     own = read & ((alias == OWN) | cut)
 
     # Buffers by (tensor, device): the producer's own, then copies received elsewhere.
@@ -218,14 +222,11 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     reusing = np.flatnonzero(read & (alias >= 0))
     extend: dict[tuple[int, int], tuple[float, int]] = {}
     h_list, f_list, r_list, a_list = home.tolist(), home_free.tolist(), last_rank.tolist(), alias.tolist()
-    # An output written into a handed-over buffer holds its op's fallback input too
-    # (`SchedulerState._races`), which is then extended by the output's readers as well.
-    fallback = fallback_inputs(graph, alias)
-    races = (fallback >= 0) & always_reused & (alias_home != home)
-    if shares is not None:
-        races &= shares[np.maximum(alias_home, 0), home]
-    else:
-        races[:] = False
+    # An output written into a handed-over buffer holds its op's fallback input too, which is
+    # then extended by the output's readers as well.
+    races = handed_over & always_reused
+    fallback = fallback_inputs(graph, alias) if races.any() else np.full(graph.num_tensors, -1, dtype=np.int64)
+    races &= fallback >= 0
     fb_list, races_list = fallback.tolist(), races.tolist()
     for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
         d = h_list[t]

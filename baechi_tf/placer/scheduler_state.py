@@ -493,18 +493,18 @@ class SchedulerState:
         output is counted both ways, each on its device: a buffer of its own on `dev`, and the
         input's buffer held on its sender until the output's readers are done, as if written in
         place. Neither device holds less than either way gives it."""
-        if self.always_reused[t]:
-            return False
-        home = self.device[self.tensor_src[self.tensor_alias[t]]]
-        return home >= 0 and home != dev and self.shares[home][dev]
+        return not self.always_reused[t] and self._handed_over(t, dev)
 
     def _races(self, t: int, dev: int) -> bool:
         """Whether output t of an op on `dev`, written in place into a buffer that another device
         of dev's memory handed over (and not `_cut`: a buffer of its own), holds its op's
         other input too (`buffers.fallback_inputs`) until its readers are done: TF writes into
         that input instead when the sender's executor still holds the handed-over buffer."""
-        if self.fallback[t] < 0 or not self.always_reused[t]:
-            return False
+        return self.fallback[t] >= 0 and self.always_reused[t] and self._handed_over(t, dev)
+
+    def _handed_over(self, t: int, dev: int) -> bool:
+        """Whether output t of an op on `dev` reuses (`tensor_alias`) a buffer that another device
+        of dev's memory (`shares`) holds."""
         home = self.device[self.tensor_src[self.tensor_alias[t]]]
         return home >= 0 and home != dev and self.shares[home][dev]
 

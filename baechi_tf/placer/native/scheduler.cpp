@@ -841,15 +841,15 @@ class Scheduler {
     }
 
     // SchedulerState._cut
-    bool cut(i64 t, int dev) const {
-        if (T_->always_reused[t]) return false;
-        int home = (int)device_[T_->tensor_src[T_->tensor_alias[t]]];
-        return home >= 0 && home != dev && links_->shares[(i64)home * nd_ + dev];
-    }
+    bool cut(i64 t, int dev) const { return !T_->always_reused[t] && handed_over(t, dev); }
 
     // SchedulerState._races
     bool races(i64 t, int dev) const {
-        if (T_->fallback[t] < 0 || !T_->always_reused[t]) return false;
+        return T_->fallback[t] >= 0 && T_->always_reused[t] && handed_over(t, dev);
+    }
+
+    // SchedulerState._handed_over
+    bool handed_over(i64 t, int dev) const {
         int home = (int)device_[T_->tensor_src[T_->tensor_alias[t]]];
         return home >= 0 && home != dev && links_->shares[(i64)home * nd_ + dev];
     }
