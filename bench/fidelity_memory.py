@@ -38,8 +38,8 @@ simulator holds at its peak by kind and what the device held at its measured pea
 node. ``--json`` writes every row for plots and for bench/fidelity.py; ``--save DIR`` keeps the
 graphs, profiles, placements and measured peaks, so that bench/fidelity_memory_resim.py can
 simulate the same placements again under another model against the same measurements, and the
-traced steps of each placement whose measured peak the byte rules miss at the measured times
-(`save_steps`, read with `load_steps`).
+traced steps of each placement whose measured peak the byte rules miss at the measured times, or
+the simulated peak misses (`_keep_steps`; `save_steps`, read with `load_steps`).
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory.py [--models rnn,transformer]
         [--methods m_etf,auto] [--quick] [--explain] [--grappler] [--shared_memory] [--json out.json]
@@ -305,10 +305,9 @@ def measure_graph(
             if missed:
                 print(f"#   {method} {limit}: outputs counted once as another stand-in's buffer that a "
                       f"traced run put elsewhere: {', '.join(sorted(set(missed)))}", file=sys.stderr, flush=True)
-            if save and any(
-                replay[d] is not None and replay[d] < SHORT * measured.get(_local(dev.name), _NOTHING).peak_bytes
-                for d, dev in enumerate(result.cluster.devices)
-            ):
+            if save and any(_keep_steps(replay[d], int(result.reordered_peak_bytes[d]),
+                                        measured.get(_local(dev.name), _NOTHING).peak_bytes)
+                            for d, dev in enumerate(result.cluster.devices)):
                 save_steps(save, case.name, method, limit, ran_def, stats)
         for d, dev in enumerate(result.cluster.devices):
             ops = int((device_of == d).sum())
@@ -365,11 +364,23 @@ SHORT = 0.99
 (`replay_bytes`) give some device less than this share of its measured peak (`save_steps`)."""
 
 
+def _keep_steps(replay: Optional[int], simulated: int, measured: int) -> bool:
+    """Whether `--save` keeps a placement's traced steps for this device of it: the byte rules at
+    the measured times fall short of `SHORT` of its measured peak, or its simulated peak lies
+    outside the target [`LOW`, `HIGH`] of it (bench/fidelity_memory_steps.py --peaks sets the two
+    peaks' contents side by side)."""
+    if not measured:
+        return False
+    short = replay is not None and replay < SHORT * measured
+    return short or not LOW * measured <= simulated <= HIGH * measured
+
+
 def save_steps(directory: str, name: str, method: str, limit: str, ran_def: Any, stats: Sequence[Any]) -> str:
     """Writes the graph that ran and its traced steps' StepStats to ``<name>.<method>.<limit>.steps``
     in `directory` (made if missing), whole or not at all, and returns its path: a placement whose
-    measured peak the byte rules miss even at the measured times, kept to be examined without
-    running it again (TF's order, which decides such bytes, moves from session to session).
+    measured peak the byte rules miss even at the measured times, or the simulated peak misses
+    (`_keep_steps`), kept to be examined without running it again (TF's order, which decides such
+    bytes, moves from session to session).
     Read with `load_steps`."""
     from baechi_tf._files import atomic_write
 
@@ -906,8 +917,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--save", metavar="DIR",
                         help="keep each graph, its profile, its placements and their measured peaks "
                         "in DIR, for bench/fidelity_memory_resim.py to simulate again under another "
-                        "model; and the traced steps of each placement whose measured peak the byte "
-                        "rules miss at the measured times (NAME.METHOD.LIMIT.steps, load_steps)")
+                        "model; and the traced steps of each placement where some device's measured "
+                        "peak is missed by the byte rules at the measured times, or whose simulated "
+                        "peak lies outside [1.0, 1.25] times the measured one (NAME.METHOD.LIMIT.steps, "
+                        "load_steps)")
     parser.add_argument("--summary_of", metavar="FILE",
                         help="print the summary figures of the rows a --json run wrote, and run nothing")
     parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,

@@ -322,13 +322,13 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
     kept steps is refused."""
     import io
 
+    fm = _bench()  # its import puts bench/ on the path, for the imports below
     import fidelity_graphs
     from fidelity_memory_resim import placed_again
-    from fidelity_memory_steps import short_devices
+    from fidelity_memory_steps import peak_contents, short_devices
 
     from baechi_tf.rewriter.devices import LOCAL_TASK, standin_cluster
 
-    fm = _bench()
     fm.measure_graph("rnn", ["m_topo"], [], warmup_steps=0, traced_steps=1, shared_memory=True,
                      save=str(tmp_path), out=io.StringIO())
     done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path)],
@@ -350,6 +350,23 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"rnn m_topo loose: 1 kept steps, {len(held)} short device-steps" in done.stdout, done.stdout
     assert done.stdout.count("  step 0 device:") == len(held)
+    # --peaks: with a band no device is in, every device that held bytes, at its measured peak
+    # and the placement's simulated one; with the target band, exactly the devices outside it.
+    every = peak_contents(result, ran_def, stats, 10.0, 10.0)
+    assert {device: (sim, meas) for device, sim, meas, _, _ in every} == {
+        device: (int(result.reordered_peak_bytes[d]), held[device])
+        for d, device in enumerate(fm._local(dev.name) for dev in result.cluster.devices) if device in held}
+    for device, sim, meas, k, rows in every:
+        assert k == 0 and rows and sum(r[0] for r in rows) <= sim
+        assert sum(r[1] for r in rows) == sum(measured[device].live_at_peak.values()) > 0
+        assert [abs(a - b) for a, b, _ in rows] == sorted((abs(a - b) for a, b, _ in rows), reverse=True)
+    outside = [device for device, sim, meas, _, _ in every if not meas <= sim <= 1.25 * meas]
+    assert [found[0] for found in peak_contents(result, ran_def, stats)] == outside
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path),
+                           "--peaks"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"rnn m_topo loose: {len(outside)} devices outside [1.0, 1.25] of the kept steps' peak" in done.stdout
+    assert done.stdout.count("step memory at each peak") == len(outside), done.stdout
 
 
 @pytest.mark.tf
@@ -366,10 +383,13 @@ def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     rows = fm.measure_graph("rnn", ["m_topo", "m_etf"], ["m_etf"], warmup_steps=0, traced_steps=1, shared_memory=True,
                             save=str(tmp_path), out=io.StringIO())
     names = sorted(os.listdir(tmp_path))
-    assert names[:3] == ["rnn.json", "rnn.pb", "rnn.profile"]
-    # Steps kept: only of placements where the rules at the measured times leave a device short.
-    short = {(r.method, r.limit) for r in rows if r.replay_bytes < fm.SHORT * r.measured_bytes}
-    assert names[3:] == sorted(f"rnn.{m}.{limit}.steps" for m, limit in short)
+    assert [n for n in names if not n.endswith(".steps")] == ["rnn.json", "rnn.pb", "rnn.profile"]
+    # Steps kept: only of placements where the rules at the measured times leave a device short,
+    # or the simulated peak is outside the target.
+    kept = {(r.method, r.limit) for r in rows if r.measured_bytes and (
+        r.replay_bytes < fm.SHORT * r.measured_bytes
+        or not r.measured_bytes <= r.simulated_bytes <= 1.25 * r.measured_bytes)}
+    assert [n for n in names if n.endswith(".steps")] == sorted(f"rnn.{m}.{limit}.steps" for m, limit in kept)
     doc = json.loads((tmp_path / "rnn.json").read_text())
     assert doc["shared_memory"] is True and [p["method"] for p in doc["placements"]] == ["m_topo", "m_etf", "m_etf"]
     assert doc["placements"][2]["limit"] != "loose"
