@@ -75,11 +75,13 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
     """Per device of `result` whose simulated peak (`PlacementResult.reordered_peak_bytes`) lies
     outside [`low`, `high`] times its measured peak (the highest of the kept steps): (device name,
     simulated peak bytes, measured peak bytes, index of the step that measured it, [(simulated
-    bytes, measured bytes, op type), largest difference first]). Both sides count step memory by
-    the type of the op that allocated it: on the simulated side the blocks held at the simulated
-    peak (outputs, temporaries, received copies; the ops out of order as the peak has them), on
-    the measured side the bytes of each node's allocation records held at the measured peak.
-    Variables' and constants' bytes are left out of both (they are the same on both sides)."""
+    bytes, measured bytes, op type), largest difference first, then most bytes]).
+
+    Both sides count step memory by the type of the op that allocated it: on the simulated side
+    the blocks held at the simulated peak (outputs, temporaries, received copies; the ops out of
+    order as the peak has them), on the measured side the bytes of each node's allocation records
+    held at the measured peak. Variables' and constants' bytes are left out of both (they are the
+    same on both sides). One pass over the schedule's blocks and over each kept step's records."""
     import numpy as np
 
     import fidelity_memory as fm
@@ -115,7 +117,7 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
         for node, nbytes in per_step[k][key].live_at_peak.items():
             meas[types.get(node, "")] += nbytes
         rows = sorted(((sim[t], meas[t], t) for t in set(sim) | set(meas)),
-                      key=lambda r: (-abs(r[0] - r[1]), r[2]))
+                      key=lambda r: (-abs(r[0] - r[1]), -max(r[0], r[1]), r[2]))
         out.append((key, simulated, measured_bytes, k, rows))
     return out
 
@@ -190,9 +192,9 @@ def _print_peaks(graph: str, p: dict, found: list[tuple], top: int) -> None:
         ratio = simulated / measured if measured else float("inf")
         print(f"  {device}: simulated {simulated / fm.MiB:.2f} MiB, measured {measured / fm.MiB:.2f} MiB "
               f"(step {k}), {ratio:.3f}; step memory at each peak, MiB, by op type:")
-        print(f"    {'simulated':>10} {'measured':>10}  op type")
+        print(f"    {'simulated':>10} {'measured':>10} {'sim - meas (KiB)':>17}  op type")
         for sim, meas, op_type in rows[:top]:
-            print(f"    {sim / fm.MiB:10.2f} {meas / fm.MiB:10.2f}  {op_type or '?'}")
+            print(f"    {sim / fm.MiB:10.2f} {meas / fm.MiB:10.2f} {(sim - meas) / 1024:17.1f}  {op_type or '?'}")
 
 
 if __name__ == "__main__":
