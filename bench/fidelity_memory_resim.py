@@ -29,7 +29,7 @@ import glob
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -41,11 +41,11 @@ import flags  # noqa: E402
 __all__ = ["main", "placed_again", "resimulate"]
 
 
-def placed_again(path: str):
+def placed_again(path: str, only: Optional[Collection[tuple[str, str]]] = None):
     """Yields, per saved placement of the graph ``path`` (its ``.json``) in the saved order, (the
     saved placement's dict: method, limit, fingerprint, op -> device; the `PlacementResult` of
     that layout placed again under the current model on the run's stand-ins; the placed
-    GraphDef)."""
+    GraphDef). With `only`, just the placements whose (method, limit) it holds."""
     import tensorflow as tf
 
     from fidelity_memory import NUM_DEVICES
@@ -61,6 +61,8 @@ def placed_again(path: str):
     graph_def = tf.compat.v1.GraphDef.FromString(open(base + ".pb", "rb").read())
     profile = load_profile(base + ".profile")
     for p in doc["placements"]:
+        if only is not None and (p["method"], p["limit"]) not in only:
+            continue
         # The stand-ins' capacity as when placed: the simulator holds an op back until its memory
         # is free, so under a tight limit the schedule depends on it.
         capacity = max(r["capacity_bytes"] for r in doc["rows"] if (r["method"], r["limit"]) == (p["method"], p["limit"]))

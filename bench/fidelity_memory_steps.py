@@ -96,6 +96,7 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
     timelines = blocks_timeline(blocks, cluster.num_devices)
     per_step = [fm._measured(ran_def, [step])[0] for step in stats]
     types = {n.name: n.op for n in ran_def.node}
+    step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
     out = []
     for d, dev in enumerate(cluster.devices):
         key = fm._local(dev.name)
@@ -108,8 +109,7 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
             continue
         tl = timelines[d]
         at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
-        live = ((blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at)
-                & np.asarray([kind != "persistent" for kind in blocks.kind]))
+        live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at) & step_memory
         sim: collections.Counter = collections.Counter()
         for i in np.flatnonzero(live).tolist():
             sim[graph.op_types[blocks.op[i]] if graph.op_types else ""] += int(blocks.nbytes[i])
@@ -163,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         json_path = os.path.join(args.dir, graph + ".json")
         if not os.path.exists(json_path):
             parser.error(f"{args.dir}: steps of {graph} but no {graph}.json; keep the folder --save wrote whole")
-        for p, result, _ in placed_again(json_path):
+        for p, result, _ in placed_again(json_path, only=set(kept)):
             path = kept.pop((p["method"], p["limit"]), None)
             if path is None:
                 continue

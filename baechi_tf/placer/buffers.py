@@ -163,15 +163,11 @@ def fallback_inputs(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
     (`bench/fidelity_memory.py`). The candidate is the first other data input of at least the
     output's bytes that is not a view of persistent memory (a variable's value, which the
     variable holds). The scheduler holds it so where the written buffer is handed over
-    (`SchedulerState._races`). O(E) for E edges."""
+    (`SchedulerState._races`). O(V + E) for V ops and E edges, once for the graph's edge index."""
     out = np.full(graph.num_tensors, -1, dtype=np.int64)
     reusing = np.flatnonzero(alias >= 0)
     if reusing.size == 0:
         return out
-    inputs: dict[int, list[int]] = {}
-    for t, c, slot in zip(graph.edge_tensor.tolist(), graph.edge_dst.tolist(), graph.edge_src_output.tolist()):
-        if slot >= 0:
-            inputs.setdefault(c, []).append(t)
     alias_of = alias.tolist()
     src = graph.tensor_src.tolist()
     tbytes = graph.tensor_bytes.tolist()
@@ -180,7 +176,9 @@ def fallback_inputs(graph: OpGraph, alias: np.ndarray) -> np.ndarray:
         writer = src[t]
         if types and types[writer] in VIEW_OP_TYPES:
             continue
-        out[t] = next((c for c in inputs.get(writer, ()) if c != alias_of[t] and tbytes[c] >= tbytes[t]
+        edges = graph.in_edges(writer)  # in input order
+        inputs = graph.edge_tensor[edges[graph.edge_src_output[edges] >= 0]].tolist()
+        out[t] = next((c for c in inputs if c != alias_of[t] and tbytes[c] >= tbytes[t]
                        and _root(c, alias_of) != HELD_VIEW), -1)
     return out
 
