@@ -64,7 +64,7 @@ ORDER_WINDOW = 16
 """How many places of its device's order an op may run away from its simulated place in the order
 TensorFlow's executor takes (`reordered_blocks`). The executor runs a device's ready ops in an
 order of its own, which no rule of the simulator has matched; this window was chosen on the
-measured peaks of `bench/fidelity_memory.py` (docs/fidelity.md, "Ops out of order")."""
+measured peaks of `bench/fidelity_memory.py` (docs/fidelity_record.md, "Ops out of order")."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
