@@ -16,8 +16,12 @@ target [1.0, 1.25] of its measured one. ``--peaks`` prints, instead, for each de
 placement outside the target, the step memory held at the simulated peak and at the measured one
 (the kept step that measured the highest), side by side by type of the allocating op, largest
 difference first: what the simulated order holds that TF's did not, or the other way round.
+``--held`` prints, for the same devices, the ops whose blocks the simulated peak holds beyond what
+TF's records held of them at the measured peak, and why the simulation holds each then: the
+allowance for ops out of order, or the op that frees it waiting for its device, for a copy on a
+busy channel, or for a late input; with that op's start in TF's step.
 
-    .venv/bin/python bench/fidelity_memory_steps.py DIR [--top 8] [--below 0.99] [--peaks]
+    .venv/bin/python bench/fidelity_memory_steps.py DIR [--top 8] [--below 0.99] [--peaks | --held]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(BENCH))
 sys.path.insert(0, BENCH)
 
-__all__ = ["main", "peak_contents", "short_devices"]
+__all__ = ["held_longer", "main", "peak_contents", "short_devices"]
 
 
 def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float, top: int) -> list[tuple]:
@@ -71,6 +75,42 @@ def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float,
     return out
 
 
+def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: float):
+    """The devices `peak_contents` and `held_longer` report, each as (device index, device name,
+    simulated peak bytes, measured peak bytes, index of the step that measured it, that step's
+    `MeasuredDevice`, mask of the step-memory blocks held at the simulated peak), after the
+    schedule's blocks as the simulated peak holds them and as the simulated order does."""
+    import numpy as np
+
+    import fidelity_memory as fm
+
+    from baechi_tf.placer.memory_timeline import (
+        ORDER_WINDOW, blocks_timeline, memory_blocks, reordered_blocks, thread_pools,
+    )
+
+    graph, schedule, cluster = result.graph, result.schedule, result.cluster
+    in_order = memory_blocks(graph, schedule, cluster)
+    blocks = reordered_blocks(graph, schedule, in_order, ORDER_WINDOW, thread_pools(cluster))
+    timelines = blocks_timeline(blocks, cluster.num_devices)
+    per_step = [fm._measured(ran_def, [step])[0] for step in stats]
+    step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
+    found = []
+    for d, dev in enumerate(cluster.devices):
+        key = fm._local(dev.name)
+        steps = [(found_[key].peak_bytes, k) for k, found_ in enumerate(per_step) if key in found_]
+        if not steps:
+            continue
+        measured_bytes, k = max(steps)
+        simulated = int(result.reordered_peak_bytes[d])
+        if measured_bytes and low * measured_bytes <= simulated <= high * measured_bytes:
+            continue
+        tl = timelines[d]
+        at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
+        live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at) & step_memory
+        found.append((d, key, simulated, measured_bytes, k, per_step[k][key], live, at))
+    return blocks, in_order, found
+
+
 def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25) -> list[tuple]:
     """Per device of `result` whose simulated peak (`PlacementResult.reordered_peak_bytes`) lies
     outside [`low`, `high`] times its measured peak (the highest of the kept steps): (device name,
@@ -84,42 +124,116 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
     same on both sides). One pass over the schedule's blocks and over each kept step's records."""
     import numpy as np
 
-    import fidelity_memory as fm
-
-    from baechi_tf.placer.memory_timeline import (
-        ORDER_WINDOW, blocks_timeline, memory_blocks, reordered_blocks, thread_pools,
-    )
-
-    graph, schedule, cluster = result.graph, result.schedule, result.cluster
-    blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), ORDER_WINDOW,
-                              thread_pools(cluster))
-    timelines = blocks_timeline(blocks, cluster.num_devices)
-    per_step = [fm._measured(ran_def, [step])[0] for step in stats]
+    graph = result.graph
+    blocks, _, found = _outside(result, ran_def, stats, low, high)
     types = {n.name: n.op for n in ran_def.node}
-    step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
     out = []
-    for d, dev in enumerate(cluster.devices):
-        key = fm._local(dev.name)
-        steps = [(found[key].peak_bytes, k) for k, found in enumerate(per_step) if key in found]
-        if not steps:
-            continue
-        measured_bytes, k = max(steps)
-        simulated = int(result.reordered_peak_bytes[d])
-        if measured_bytes and low * measured_bytes <= simulated <= high * measured_bytes:
-            continue
-        tl = timelines[d]
-        at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
-        live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at) & step_memory
+    for _, key, simulated, measured_bytes, k, measured, live, _ in found:
         sim: collections.Counter = collections.Counter()
         for i in np.flatnonzero(live).tolist():
             sim[graph.op_types[blocks.op[i]] if graph.op_types else ""] += int(blocks.nbytes[i])
         meas: collections.Counter = collections.Counter()
-        for node, nbytes in per_step[k][key].live_at_peak.items():
+        for node, nbytes in measured.live_at_peak.items():
             meas[types.get(node, "")] += nbytes
         rows = sorted(((sim[t], meas[t], t) for t in set(sim) | set(meas)),
                       key=lambda r: (-abs(r[0] - r[1]), -max(r[0], r[1]), r[2]))
         out.append((key, simulated, measured_bytes, k, rows))
     return out
+
+
+def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25) -> list[tuple]:
+    """Per device `peak_contents` reports: (device name, simulated peak bytes, measured peak bytes,
+    index of the step that measured it, time of the simulated peak in us, rows), a row per op
+    whose blocks the simulated peak holds
+    beyond what that op's allocation records held at the measured peak, most bytes first:
+    (bytes beyond, op name, the op whose end frees the largest such block or "", why the
+    simulation holds that block then).
+
+    Why, from the simulated schedule: the allowance for ops out of order (the simulated order
+    had not allocated it yet, or had freed it); else the freeing op waits for its device (its
+    inputs all there well before it starts), for a copy of an input (the copy booked on the
+    channel later than the tensor was done), or for an input done late. With TF's start of the
+    freeing op in that step, from the step's start, where it ran. One pass over the blocks, the
+    schedule's copies and the step's nodes."""
+    import numpy as np
+
+    graph, schedule, cluster = result.graph, result.schedule, result.cluster
+    blocks, in_order, found = _outside(result, ran_def, stats, low, high)
+    device_of = schedule.placement.device_of
+    copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
+    latency = cluster.channel_tables()[2]
+    out = []
+    for d, key, simulated, measured_bytes, k, measured, live, at in found:
+        tf_start = _step_starts(stats[k])
+        held: dict[int, list[int]] = {}  # op -> its blocks held at the simulated peak
+        for i in np.flatnonzero(live).tolist():
+            held.setdefault(int(blocks.op[i]), []).append(i)
+        rows = []
+        for op, idx in held.items():
+            name = graph.names[op]
+            beyond = sum(int(blocks.nbytes[i]) for i in idx) - measured.live_at_peak.get(name, 0)
+            if beyond <= 0:
+                continue
+            i = max(idx, key=lambda j: (int(blocks.nbytes[j]), -j))
+            rows.append((beyond, name, *_why(graph, schedule, in_order, i, at, copies, latency, device_of,
+                                              cluster, tf_start)))
+        rows.sort(key=lambda r: (-r[0], r[1]))
+        out.append((key, simulated, measured_bytes, k, float(at), rows))
+    return out
+
+
+def _step_starts(step: Any) -> dict[str, float]:
+    """Each node's start in a traced step, us from the step's first start."""
+    starts = {ns.node_name: float(ns.all_start_micros) for dev in step.dev_stats for ns in dev.node_stats}
+    first = min(starts.values(), default=0.0)
+    return {name: t - first for name, t in starts.items()}
+
+
+def _why(graph, schedule, in_order, i, at, copies, latency, device_of, cluster, tf_start) -> tuple[str, str]:
+    """(the op whose end frees block `i` in the simulated order, with its device, or "" where none
+    does; why the block is held at time `at`): `held_longer`'s rule."""
+    import numpy as np
+
+    import fidelity_memory as fm
+
+    if in_order.alloc_us[i] > at:
+        return "", "allocated early by the allowance for ops out of order"
+    reader = int(schedule.order[in_order.free_rank[i]]) if in_order.free_rank[i] >= 0 else -1
+    if reader < 0 or not np.isfinite(in_order.free_us[i]):
+        return "", "held past the step"
+    name = graph.names[reader]
+    where = fm._local(cluster.devices[device_of[reader]].name)
+    if reader == int(in_order.op[i]):
+        return f"{name} ({where})", "its own op runs then"
+    if in_order.free_us[i] <= at:
+        return f"{name} ({where})", (f"freed late by the allowance for ops out of order (freed at "
+                                     f"{in_order.free_us[i] / 1e3:.2f} ms in the simulated order)")
+    there, last, copy_wait = 0.0, "", (0.0, 0.0, 0.0)
+    for e in graph.in_edges(reader).tolist():
+        src = int(graph.edge_src[e])
+        done = float(schedule.end_us[src])
+        arrives = done
+        if device_of[src] != device_of[reader]:
+            copy = copies.get((int(graph.edge_tensor[e]), int(device_of[reader])))
+            if copy is not None:
+                arrives = copy.end_us + latency[copy.src_device][copy.dst_device]
+                if copy.start_us - done > copy_wait[0]:
+                    copy_wait = (copy.start_us - done, done, copy.start_us)
+        if arrives >= there:
+            there, last = arrives, graph.names[src]
+    starts = float(schedule.start_us[reader])
+    if starts - there >= copy_wait[0] and starts - there > 0:
+        why = (f"its reader waits {(starts - there) / 1e3:.2f} ms for its device (inputs there at "
+               f"{there / 1e3:.2f} ms)")
+    elif copy_wait[0] > 0:
+        why = (f"the copies into its reader wait up to {copy_wait[0] / 1e3:.2f} ms for the channel (that one "
+               f"done at {copy_wait[1] / 1e3:.2f} ms, sent at {copy_wait[2] / 1e3:.2f} ms)")
+    else:
+        why = f"its reader waits for {last} (there at {there / 1e3:.2f} ms)"
+    ran = tf_start.get(name)
+    why += f"; the reader starts at {starts / 1e3:.2f} ms" + (
+        f", in TF's step at {ran / 1e3:.2f} ms" if ran is not None else ", and did not run in TF's step")
+    return f"{name} ({where})", why
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -134,7 +248,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="instead, per device whose simulated peak is outside [1.0, 1.25] of the kept "
                         "steps' measured peak: step memory by op type at the simulated peak and at the "
                         "measured one, side by side")
+    parser.add_argument("--held", action="store_true",
+                        help="instead, per device whose simulated peak is outside [1.0, 1.25] of the kept "
+                        "steps' measured peak: the ops whose blocks the simulated peak holds beyond what TF "
+                        "held of them at its own, and why the simulation holds them then")
     args = parser.parse_args(argv)
+    if args.peaks and args.held:
+        parser.error("--peaks and --held print different tables; give one of them")
     if args.top < 1:
         parser.error(f"--top {args.top}: give at least 1")
     files = sorted(glob.glob(os.path.join(args.dir, "*.steps")))
@@ -171,6 +291,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.peaks:
                 _print_peaks(graph, p, peak_contents(result, ran_def, stats), args.top)
                 continue
+            if args.held:
+                _print_held(graph, p, held_longer(result, ran_def, stats), args.top)
+                continue
             found = short_devices(result, ran_def, stats, below, args.top)
             print(f"{graph} {p['method']} {p['limit']}: {len(stats)} kept steps, "
                   f"{len(found)} short device-steps (rules below {below} of the measured peak)")
@@ -195,6 +318,19 @@ def _print_peaks(graph: str, p: dict, found: list[tuple], top: int) -> None:
         print(f"    {'simulated':>10} {'measured':>10} {'sim - meas (KiB)':>17}  op type")
         for sim, meas, op_type in rows[:top]:
             print(f"    {sim / fm.MiB:10.2f} {meas / fm.MiB:10.2f} {(sim - meas) / 1024:17.1f}  {op_type or '?'}")
+
+
+def _print_held(graph: str, p: dict, found: list[tuple], top: int) -> None:
+    import fidelity_memory as fm
+
+    print(f"{graph} {p['method']} {p['limit']}: {len(found)} devices outside [1.0, 1.25] of the kept steps' peak")
+    for device, simulated, measured, k, at, rows in found:
+        ratio = simulated / measured if measured else float("inf")
+        print(f"  {device}: simulated {simulated / fm.MiB:.2f} MiB at {at / 1e3:.2f} ms, measured "
+              f"{measured / fm.MiB:.2f} MiB (step {k}), {ratio:.3f}; held at the simulated peak beyond TF's at "
+              "its own, most first:")
+        for beyond, name, reader, why in rows[:top]:
+            print(f"    +{beyond / 1024:9.1f} KiB  {name}" + (f", freed by {reader}" if reader else "") + f": {why}")
 
 
 if __name__ == "__main__":

@@ -325,8 +325,9 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
     fm = _bench()  # its import puts bench/ on the path, for the imports below
     import fidelity_graphs
     from fidelity_memory_resim import placed_again
-    from fidelity_memory_steps import peak_contents, short_devices
+    from fidelity_memory_steps import held_longer, peak_contents, short_devices
 
+    from baechi_tf.placer.memory_timeline import memory_blocks
     from baechi_tf.rewriter.devices import LOCAL_TASK, standin_cluster
 
     fm.measure_graph("rnn", ["m_topo"], [], warmup_steps=0, traced_steps=1, shared_memory=True,
@@ -367,6 +368,39 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"rnn m_topo loose: {len(outside)} devices outside [1.0, 1.25] of the kept steps' peak" in done.stdout
     assert done.stdout.count("step memory at each peak") == len(outside), done.stdout
+    # --held: the same devices; each row an op the simulated peak holds more of than TF's records
+    # held at the measured peak, most first, with the op that frees it and why it is held then.
+    beyond = held_longer(result, ran_def, stats, 10.0, 10.0)
+    assert [(device, sim, meas, k) for device, sim, meas, k, _, _ in beyond] == [
+        (device, sim, meas, k) for device, sim, meas, k, _ in every]
+    reasons = ("allocated early by the allowance", "freed late by the allowance", "its own op runs then",
+               "for its device (inputs there at", "for the channel (that one done at", "its reader waits for ",
+               "held past the step")
+    names = set(result.graph.names)
+    # Each reason as the simulated order holds the op's blocks at the peak's time: not yet
+    # allocated, already freed, or held.
+    in_order = memory_blocks(result.graph, result.schedule, result.cluster)
+    local = [fm._local(dev.name) for dev in result.cluster.devices]
+    for device, sim, meas, k, at, rows in beyond:
+        assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True)
+        assert all(r[0] > 0 and r[1] in names for r in rows) and sum(r[0] for r in rows) <= sim
+        assert all(any(reason in r[3] for reason in reasons) for r in rows), rows
+        assert all(r[2].split(" (")[0] in names for r in rows if r[2])
+        for _, name, _, why in rows:
+            mine = (in_order.op == result.graph.index[name]) & (in_order.device == local.index(device))
+            if "allocated early" in why:
+                assert (in_order.alloc_us[mine] > at).any(), (name, why)
+            elif "freed late" in why:
+                assert (in_order.free_us[mine] <= at).any(), (name, why)
+            else:
+                assert ((in_order.alloc_us[mine] <= at) & (in_order.free_us[mine] > at)).any(), (name, why)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path),
+                           "--held", "--top", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("held at the simulated peak beyond TF's") == len(outside), done.stdout
+    both = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_steps.py"), str(tmp_path),
+                           "--held", "--peaks"], capture_output=True, text=True, timeout=300)
+    assert both.returncode == 2 and "give one of them" in both.stderr, both.stderr
 
 
 @pytest.mark.tf
