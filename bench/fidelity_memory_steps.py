@@ -161,7 +161,6 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
     blocks, in_order, found = _outside(result, ran_def, stats, low, high)
     device_of = schedule.placement.device_of
     copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
-    latency = cluster.channel_tables()[2]
     out = []
     for d, key, simulated, measured_bytes, k, measured, live, at in found:
         tf_start = _step_starts(stats[k])
@@ -175,8 +174,7 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
             if beyond <= 0:
                 continue
             i = max(idx, key=lambda j: (int(blocks.nbytes[j]), -j))
-            rows.append((beyond, name, *_why(graph, schedule, in_order, i, at, copies, latency, device_of,
-                                              cluster, tf_start)))
+            rows.append((beyond, name, *_why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start)))
         rows.sort(key=lambda r: (-r[0], r[1]))
         out.append((key, simulated, measured_bytes, k, float(at), rows))
     return out
@@ -189,7 +187,7 @@ def _step_starts(step: Any) -> dict[str, float]:
     return {name: t - first for name, t in starts.items()}
 
 
-def _why(graph, schedule, in_order, i, at, copies, latency, device_of, cluster, tf_start) -> tuple[str, str]:
+def _why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start) -> tuple[str, str]:
     """(the op whose end frees block `i` in the simulated order, with its device, or "" where none
     does; why the block is held at time `at`): `held_longer`'s rule."""
     import numpy as np
@@ -216,7 +214,7 @@ def _why(graph, schedule, in_order, i, at, copies, latency, device_of, cluster, 
         if device_of[src] != device_of[reader]:
             copy = copies.get((int(graph.edge_tensor[e]), int(device_of[reader])))
             if copy is not None:
-                arrives = copy.end_us + latency[copy.src_device][copy.dst_device]
+                arrives = copy.end_us  # a Transfer ends when the copy arrives
                 if copy.start_us - done > copy_wait[0]:
                     copy_wait = (copy.start_us - done, done, copy.start_us)
         if arrives >= there:
