@@ -97,7 +97,7 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
     found = []
     for d, dev in enumerate(cluster.devices):
         key = fm._local(dev.name)
-        steps = [(found_[key].peak_bytes, k) for k, found_ in enumerate(per_step) if key in found_]
+        steps = [(step[key].peak_bytes, k) for k, step in enumerate(per_step) if key in step]
         if not steps:
             continue
         measured_bytes, k = max(steps)
@@ -144,17 +144,16 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
 def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25) -> list[tuple]:
     """Per device `peak_contents` reports: (device name, simulated peak bytes, measured peak bytes,
     index of the step that measured it, time of the simulated peak in us, rows), a row per op
-    whose blocks the simulated peak holds
-    beyond what that op's allocation records held at the measured peak, most bytes first:
-    (bytes beyond, op name, the op whose end frees the largest such block or "", why the
-    simulation holds that block then).
+    whose blocks the simulated peak holds beyond what that op's allocation records held at the
+    measured peak, most bytes first: (bytes beyond, op name, the op whose end frees the largest
+    such block, with its device, or "", why the simulation holds that block then).
 
-    Why, from the simulated schedule: the allowance for ops out of order (the simulated order
-    had not allocated it yet, or had freed it); else the freeing op waits for its device (its
-    inputs all there well before it starts), for a copy of an input (the copy booked on the
-    channel later than the tensor was done), or for an input done late. With TF's start of the
-    freeing op in that step, from the step's start, where it ran. One pass over the blocks, the
-    schedule's copies and the step's nodes."""
+    Why, from the simulated schedule: the allowance for ops out of order (the simulated order had
+    not allocated the block yet, or had freed it); the block's own op running; or the op that
+    frees it waiting for its device (it starts after its inputs are all there, by more than any
+    copy into it waited), for the channel (a copy into it booked later than its tensor was
+    done), or for its last input. With that op's start in TF's step, from the step's first
+    start, where it ran. One pass over the blocks, the schedule's copies and the step's nodes."""
     import numpy as np
 
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
