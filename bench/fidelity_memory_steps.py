@@ -78,8 +78,9 @@ def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float,
 def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: float):
     """The devices `peak_contents` and `held_longer` report, each as (device index, device name,
     simulated peak bytes, measured peak bytes, index of the step that measured it, that step's
-    `MeasuredDevice`, mask of the step-memory blocks held at the simulated peak), after the
-    schedule's blocks as the simulated peak holds them and as the simulated order does."""
+    `MeasuredDevice`, mask of the step-memory blocks held at the simulated peak, the simulated
+    peak's time in us), after the schedule's blocks as the simulated peak holds them and as the
+    simulated order does."""
     import numpy as np
 
     import fidelity_memory as fm
@@ -161,8 +162,11 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
     device_of = schedule.placement.device_of
     copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
     out = []
+    starts: dict[int, dict[str, float]] = {}  # kept step -> its nodes' starts, read once per step
     for d, key, simulated, measured_bytes, k, measured, live, at in found:
-        tf_start = _step_starts(stats[k])
+        if k not in starts:
+            starts[k] = _step_starts(stats[k])
+        tf_start = starts[k]
         held: dict[int, list[int]] = {}  # op -> its blocks held at the simulated peak
         for i in np.flatnonzero(live).tolist():
             held.setdefault(int(blocks.op[i]), []).append(i)
@@ -237,7 +241,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir", help="a folder written by bench/fidelity_memory.py --save")
     parser.add_argument("--top", type=int, default=8,
-                        help="nodes to show per short device, op types with --peaks (default 8)")
+                        help="nodes to show per short device, op types with --peaks, ops with --held "
+                        "(default 8)")
     parser.add_argument("--below", type=float, default=None,
                         help="call a device short below this share of its measured peak (default: "
                         "fidelity_memory.SHORT, the share --save kept the steps by)")
