@@ -112,3 +112,56 @@ def test_variable_bytes():
     old.CopyFrom(nodes["ref"])
     old.op = "AutoReloadVariable"
     assert variable_bytes(old) == 7 * 4
+
+
+def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reader():
+    """Two worker tasks, each its own process and allocator. ``a`` (256 KiB, task 0) is read on
+    task 1 by ``b = matmul(a, a)`` (256 KiB): gRPC allocates task 1's copy of ``a`` outside any
+    kernel's records, and task 1 holds it and ``b`` together. ``p`` (256 KiB, fed) is read on
+    task 0 by ``c = a + p`` (256 KiB). Each task's allocator samples the bytes it has in use at each
+    node's end (``allocator_bytes_in_use``): a lower bound of the peak that the rebuild must
+    reach."""
+    from baechi_tf.cost_model.profiler import profiling_config
+    from baechi_tf.rewriter.distributed import remote_session_config, start_local_workers
+
+    with start_local_workers(2, 0, inter_op_threads=1, intra_op_threads=1) as workers:
+        d0, d1 = (f"{t.name}/device:CPU:0" for t in workers.spec.tasks)
+        g = tf.Graph()
+        with g.as_default():
+            p = tf1.placeholder(tf.float32, [256, 256], name="p")
+            with tf.device(d0):
+                a = tf.random.uniform([256, 256], name="a")
+                c = tf.add(a, p, name="c")
+            with tf.device(d1):
+                b = tf.matmul(c, c, name="b")
+                s = tf.reduce_sum(b, name="s")
+        feeds = {p: np.ones([256, 256], np.float32)}
+        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
+        with tf1.Session(workers.target, graph=g, config=remote_session_config(profiling_config())) as sess:
+            sess.run(s, feeds)  # warm-up
+            metadata = tf1.RunMetadata()
+            sess.run(s, feeds, options=options, run_metadata=metadata)
+    graph_def = g.as_graph_def()
+    fed = {"p:0": 256 * 256 * 4}
+    measured = measured_memory(metadata.step_stats, graph_def, fed)
+    without_fed = measured_memory(metadata.step_stats, graph_def)
+    sampled: dict[str, int] = {}
+    for dev in metadata.step_stats.dev_stats:
+        for ns in dev.node_stats:
+            for used in ns.memory:
+                sampled[dev.device] = max(sampled.get(dev.device, 0), int(used.allocator_bytes_in_use))
+    task0, task1 = measured[d0], measured[d1]
+    # Task 1: its copy of c, held until b is done, and b.
+    assert task1.step_peak_bytes == 512 * KiB
+    assert task1.live_at_peak == {"c": 256 * KiB, "b": 256 * KiB}
+    assert task1.level_bytes[-1] == 0
+    # Task 0: a (whose buffer c takes over) and the fed p together.
+    # Task 0: a, c (its own buffer: TF did not write it into either input's) and the fed p.
+    assert task0.step_peak_bytes == 768 * KiB
+    assert task0.live_at_peak == {"a/RandomUniform": 256 * KiB, "p": 256 * KiB, "c": 256 * KiB}
+    assert without_fed[d0].step_peak_bytes == 512 * KiB
+    assert without_fed[d1].step_peak_bytes == 512 * KiB  # received tensors need no caller's word
+    for device, m in measured.items():
+        assert m.step_peak_bytes >= sampled.get(device, 0), (device, sampled)
+    # What the kernels' records alone miss: 256 KiB on each task.
+    assert sampled[d0] >= 768 * KiB and sampled[d1] >= 512 * KiB

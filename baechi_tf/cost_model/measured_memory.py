@@ -22,20 +22,32 @@ runtime's nodes included), in time order, and adds what the records cannot see:
   done (the assignment), or at its node's end when none does: counted until then, the old buffer
   being among the persistent bytes (`MeasuredDevice.replaced_bytes` says how much was).
 
+* **tensors that came without a record**, on devices of other tasks (each task its own process,
+  as each GPU has its own memory). A tensor received from another task (a ``RecvTensor`` entry
+  of the step, its ``timeline_label`` naming ``edge_<n>_<op> from <device> to <device>``) is
+  allocated on the receiving device by gRPC, outside any kernel's tracking allocator: it is
+  counted there from the end of its ``RecvTensor`` until the last node on that device that reads
+  an output of the op is done. A value fed to the step (`fed`, by the caller: on another task,
+  or on a GPU, TF copies it in; on CPU stand-ins of one process it stays the caller's array and
+  is not to be given) is counted on the device of the op it is fed to (its ``device`` field; else
+  the one device that sent it on, or that read it), from the device's first node of the step
+  until the last node there that reads it, or that sends it on, is done.
+
 Records of one microsecond keep the order of their nodes' starts and, within a node, their own:
 an op's scratch allocated and freed within a microsecond still counts. A tensor that another CPU
 device reads is not copied (it stays the producer's buffer, held until its last reader anywhere
 is done), where a GPU would receive a copy of its own: on stand-ins the producer's device holds
 it longer and the reader's device never holds it.
 
-Time O(R log R + N + I) for R records, N nodes and I inputs; memory O(R + N + I).
+Time O(R log R + N + I) for R records (received and fed tensors among them), N nodes and I
+inputs; memory O(R + N + I).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
@@ -44,6 +56,8 @@ from baechi_tf.graph import VARIABLE_OP_TYPES
 __all__ = ["MeasuredDevice", "measured_memory", "variable_bytes"]
 
 _EXECUTOR = re.compile(r"^device:[A-Za-z_]+:\d+$")
+_RECEIVED = re.compile(r"\bedge_\d+_(?P<op>\S+) from (?P<sender>\S+) to (?P<receiver>\S+)$")
+_FED = re.compile(r"^_recv_(.+)_\d+$")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -78,31 +92,99 @@ def variable_bytes(node: Any) -> int:
     return count * _element_bytes(node.attr["dtype"].type)
 
 
-def _local(device: str) -> str:
-    """'device:CPU:1' of any spelling of a device name ('' when it names no single device)."""
+def _resolver(names: Any) -> Callable[[str], Optional[str]]:
+    """A function from any spelling of a device name to the one of `names` (full device names of
+    a step) it names, None when it names none or several: '/device:CPU:1' finds
+    '/job:localhost/replica:0/task:0/device:CPU:1' in one process, and a task's device needs its
+    task."""
     import tensorflow as tf
 
-    if not device:
-        return ""
-    spec = tf.DeviceSpec.from_string(device)
-    if spec.device_type is None or spec.device_index is None:
-        return ""
-    return f"device:{spec.device_type.upper()}:{spec.device_index}"
+    specs = [(n, tf.DeviceSpec.from_string(n)) for n in dict.fromkeys(names)]
+    fields = ("job", "replica", "task", "device_type", "device_index")
+
+    def resolve(device: str) -> Optional[str]:
+        if not device:
+            return None
+        want = tf.DeviceSpec.from_string(device)
+        found = [n for n, spec in specs if all(
+            getattr(want, f) is None or str(getattr(want, f)).upper() == str(getattr(spec, f)).upper()
+            for f in fields)]
+        return found[0] if len(found) == 1 else None
+
+    return resolve
 
 
-def measured_memory(step_stats: Any, graph_def: Any) -> dict[str, MeasuredDevice]:
+def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, list[str]],
+              ends: Mapping[str, int], ran_on: Mapping[str, str], fed: Mapping[str, int],
+              resolve: Callable[[str], Optional[str]]) -> list[tuple[str, int, int, str]]:
+    """Two (device, time, bytes, op) events for each tensor that came to a device without an
+    allocation record, a tensor of `op` received from another task or a value fed to `op`
+    (module docstring): its bytes at its arrival, and their negation when its last reader there
+    is done."""
+    out: list[tuple[str, int, int, str]] = []
+    sent: dict[tuple[str, str], int] = {}  # (op, sending device) -> end of its last RecvTensor
+
+    def last_read(op: str, device: str, since: int) -> int:
+        return max([since] + [ends[r] for r in readers.get(op, ()) if ran_on.get(r) == device])
+
+    for dev in executors:
+        for ns in dev.node_stats:
+            if ns.node_name != "RecvTensor":
+                continue
+            label = _RECEIVED.search(ns.timeline_label)
+            if label is None or not ns.output:
+                continue
+            op = label["op"]
+            fed_op = _FED.match(op)
+            if op not in nodes and fed_op is not None and fed_op[1] in nodes:
+                op = fed_op[1]  # a fed value sent on: TF's node that brings it in is '_recv_<op>_<k>'
+            receiver = resolve(label["receiver"]) or dev.device
+            sender = resolve(label["sender"])
+            arrived = int(ns.all_start_micros + ns.all_end_rel_micros)
+            if sender is not None:
+                sent[(op, sender)] = max(sent.get((op, sender), arrived), arrived)
+            described = ns.output[0].tensor_description.allocation_description
+            nbytes = max(int(described.allocated_bytes), int(described.requested_bytes))
+            if nbytes > 0:
+                until = last_read(op, receiver, arrived)
+                out += [(receiver, arrived, nbytes, op), (receiver, until, -nbytes, op)]
+    if fed:
+        starts: dict[str, int] = {}  # device -> its first node's start in the step
+        for d in executors:
+            for ns in d.node_stats:
+                starts[d.device] = min(starts.get(d.device, int(ns.all_start_micros)), int(ns.all_start_micros))
+        for tensor, nbytes in fed.items():
+            op = tensor.split(":")[0]
+            node = nodes.get(op)
+            device = resolve(node.device) if node is not None else None
+            if device is None:  # where TF put it: the task that sent it on, or its readers' one
+                where = {d for o, d in sent if o == op} or {ran_on[r] for r in readers.get(op, ()) if r in ran_on}
+                device = where.pop() if len(where) == 1 else None
+            if device is None or nbytes <= 0:
+                continue
+            since = starts.get(device, 0)
+            until = max(last_read(op, device, since), sent.get((op, device), since))
+            out += [(device, since, int(nbytes), op), (device, until, -int(nbytes), op)]
+    return out
+
+
+def measured_memory(step_stats: Any, graph_def: Any, fed: Mapping[str, int] = {}) -> dict[str, MeasuredDevice]:
     """Per device of the step (keyed by its name in `step_stats`), the memory it held during the
     step traced in `step_stats` (a ``StepStats`` of a ``FULL_TRACE`` run) of `graph_def`, the
-    graph the session ran, by the rules of the module docstring."""
+    graph the session ran, by the rules of the module docstring. `fed` maps each tensor the step
+    was fed that the devices hold a copy of (on worker tasks or GPUs; none on CPU stand-ins of
+    one process) to its bytes."""
     nodes = {n.name: n for n in graph_def.node}
     executors = [d for d in step_stats.dev_stats if _EXECUTOR.match(d.device.split("/")[-1])]
-    ends = {ns.node_name: int(ns.all_start_micros + ns.all_end_rel_micros) for d in executors for ns in d.node_stats}
+    ran = [(d.device, ns) for d in executors for ns in d.node_stats if ns.node_name != "RecvTensor"]
+    ends = {ns.node_name: int(ns.all_start_micros + ns.all_end_rel_micros) for _, ns in ran}
+    ran_on = {ns.node_name: device for device, ns in ran}
     readers: dict[str, list[str]] = {}
     for node in graph_def.node:
         for text in node.input:
             if not text.startswith("^"):
                 readers.setdefault(text.split(":")[0], []).append(node.name)
-    by_local = {_local(d.device): d.device for d in executors}
+    resolve = _resolver(d.device for d in executors)
     persistent: dict[str, int] = {d.device: 0 for d in executors}
     variables: dict[str, int] = {d.device: 0 for d in executors}
     ran_variables: set[str] = set()
@@ -112,6 +194,8 @@ def measured_memory(step_stats: Any, graph_def: Any) -> dict[str, MeasuredDevice
         name = dev.device
         stats = sorted(dev.node_stats, key=lambda ns: ns.all_start_micros)  # stable
         for ns in stats:
+            if ns.node_name == "RecvTensor":  # gRPC's, no kernel: `_arrivals`
+                continue
             node = nodes.get(ns.node_name)
             if node is not None and node.op in VARIABLE_OP_TYPES:
                 if ns.node_name not in ran_variables:
@@ -131,12 +215,13 @@ def measured_memory(step_stats: Any, graph_def: Any) -> dict[str, MeasuredDevice
                 replaced[name] += net
     for node in graph_def.node:
         if node.op in VARIABLE_OP_TYPES and node.name not in ran_variables:
-            device = by_local.get(_local(node.device))
+            device = resolve(node.device)
             if device is not None:
                 variables[device] += variable_bytes(node)
+    for device, t, nbytes, op in _arrivals(executors, nodes, readers, ends, ran_on, fed, resolve):
+        events[device].append((t, nbytes, op))
     out = {}
-    for dev in executors:
-        name = dev.device
+    for name in events:
         evs = events[name]
         times = np.fromiter((t for t, _, _ in evs), np.int64, len(evs))
         deltas = np.fromiter((b for _, b, _ in evs), np.int64, len(evs))
