@@ -178,14 +178,15 @@ def _profile(case, config, traced_steps: int):
                              graph_def=case.graph_def)
 
 
-def _run(case, placed_def, config, warmup: int, traced: int):
-    """(the graph that ran as a GraphDef, step stats of each traced step) of `placed_def`."""
+def _run(case, placed_def, config, warmup: int, traced: int, target: str = ""):
+    """(the graph that ran as a GraphDef, step stats of each traced step) of `placed_def`, in a
+    session of `config` on `target` (this process by default)."""
     import tensorflow as tf
 
     run = fidelity_graphs.runnable(case, placed_def)
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
     stats = []
-    with tf.compat.v1.Session(graph=run.graph, config=config) as sess:
+    with tf.compat.v1.Session(target, graph=run.graph, config=config) as sess:
         sess.run(run.init)
         for _ in range(warmup):
             sess.run(run.target, feed_dict=run.feeds)
@@ -237,7 +238,6 @@ def measure_graph(
     the placements run with Grappler on (the profile is still taken without), and the rows have
     no breakdown (`VARIANTS` fields None). With `save`, a folder, it keeps what re-simulating the
     rows needs there (`save_run`)."""
-    from baechi_tf.errors import BaechiError, InfeasiblePlacementError
     from baechi_tf.placer.pipeline import PlacementOptions
     from baechi_tf.rewriter.devices import LOCAL_TASK, session_config, standin_cluster
     from baechi_tf.rewriter.graph_pass import place_graph_def
@@ -270,16 +270,7 @@ def measure_graph(
     saved: list[dict] = []  # per placement that ran, what `save_run` keeps
     for method, kind in runs:
         t1 = time.perf_counter()
-        placed_def = refusal = None
-        for limit, setup in limits[kind]:
-            try:
-                placed_def, report = place(method, setup)
-                break
-            except InfeasiblePlacementError as e:
-                refusal = e
-            except BaechiError as e:  # not a refusal: a failure, said as such
-                refusal = f"failed: {type(e).__name__}: {e}"
-                break
+        placed_def, report, limit, refusal = first_fit(method, limits[kind], place)
         if placed_def is None:
             print(f"{name:<12} {method:<7} {limit:<5} refused: {refusal}", file=out, flush=True)
             continue
@@ -340,11 +331,32 @@ def measure_graph(
     return rows
 
 
+def first_fit(method: str, limits: Sequence[tuple[str, Any]], place: Any) -> tuple[Any, Any, str, Any]:
+    """(placed GraphDef, report, limit, refusal) of `method` placed by ``place(method, setup)``
+    under the first of `limits` ((limit label, setup) pairs, tightest first) it fits: a refusal
+    for memory (`InfeasiblePlacementError`) tries the next, another `BaechiError` ends the search
+    as a failure, said as such. Placed GraphDef and report are None when no limit placed it, the
+    refusal then the last one (the limit the last tried); else the refusal is None."""
+    from baechi_tf.errors import BaechiError, InfeasiblePlacementError
+
+    refusal: Any = None
+    for limit, setup in limits:
+        try:
+            placed_def, report = place(method, setup)
+            return placed_def, report, limit, None
+        except InfeasiblePlacementError as e:
+            refusal = e
+        except BaechiError as e:  # not a refusal: a failure, said as such
+            return None, None, limit, f"failed: {type(e).__name__}: {e}"
+    return None, None, limit, refusal
+
+
 def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_memory: bool,
-             placements: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> None:
+             placements: Sequence[Mapping[str, Any]], rows: Sequence[Row], tasks: int = 0) -> None:
     """Writes what re-simulating `rows` needs to `directory` (made if missing): ``<name>.pb``
     (the unplaced GraphDef), ``<name>.profile`` (its CostProfile) and ``<name>.json`` (whether
-    the stand-ins were of shared memory; per placement its method, limit, fingerprint and
+    the stand-ins were of shared memory, or, `tasks` > 0, that the devices were that many worker
+    tasks of bench/fidelity_memory_tasks.py; per placement its method, limit, fingerprint and
     op -> device; and every row, measured peaks included). Each file is written whole or not at
     all (`atomic_write`); bench/fidelity_memory_resim.py reads them."""
     from baechi_tf._files import atomic_write
@@ -356,6 +368,8 @@ def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_mem
     save_profile(profile, base + ".profile")
     doc = {"graph": name, "shared_memory": shared_memory, "placements": list(placements),
            "rows": [dataclasses.asdict(r) for r in rows]}
+    if tasks:
+        doc["tasks"] = tasks
     atomic_write(base + ".json", json.dumps(doc, sort_keys=True) + "\n")
 
 
@@ -879,8 +893,10 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
         print("\n".join("  " + line for line in summary(rows, field)[1:]))
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser, devices: str, sessions: int) -> None:
+    """The options this bench shares with bench/fidelity_memory_tasks.py: which graphs and methods,
+    the tight limit (over `devices`, as the help says), the steps and sessions (`sessions` by
+    default), and where the rows go."""
     models = list(fidelity_graphs.FIDELITY_GRAPHS)
     parser.add_argument("--models", default=",".join(models), help="comma-separated, of %(default)s")
     parser.add_argument("--methods", default=",".join(METHODS),
@@ -889,15 +905,57 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tight_methods", default=",".join(TIGHT_METHODS),
                         help="placed again under the tight limit (default: %(default)s; '' for none)")
     parser.add_argument("--tight", type=float, default=1.5,
-                        help="the tight limit per device, times the one-device simulated peak over "
-                        "the devices (default: %(default)s)")
+                        help=f"the tight limit per device, times the one-device simulated peak over "
+                        f"{devices} (default: %(default)s)")
     parser.add_argument("--quick", action="store_true",
                         help=f"only {','.join(QUICK_MODELS)} with {','.join(QUICK_METHODS)}, tight "
                         "with m_etf (overrides --models, --methods, --tight_methods)")
-    parser.add_argument("--warmup_steps", type=int, default=2, help="untraced steps per placement (default: %(default)s)")
-    parser.add_argument("--traced_steps", type=int, default=2,
+    parser.add_argument("--warmup_steps", type=flags.at_least(0), default=2,
+                        help="untraced steps per placement (default: %(default)s)")
+    parser.add_argument("--traced_steps", type=flags.at_least(1), default=2,
                         help="traced steps per placement; a device's measured peak is their largest "
                         "(default: %(default)s)")
+    parser.add_argument("--sessions", type=flags.at_least(1), default=sessions,
+                        help="sessions each placement runs in, each with its warm-up and traced "
+                        "steps; a device's measured peak is the largest over all their traced steps "
+                        "(default: %(default)s)")
+    parser.add_argument("--json", type=flags.output_file, help="write every row to this file")
+    parser.add_argument("--summary_of", metavar="FILE",
+                        help="print the summary figures of the rows a --json run wrote, and run nothing")
+    parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,
+                        help="also draw simulated against measured peak, one point per device of a "
+                        "placement, into FILE (with --summary_of: of that file's rows)")
+    parser.add_argument("--title", default="", help="the plot's title")
+
+
+def chosen_runs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """(graphs, methods, tight methods) that `add_arguments`' options ask for; argparse's one-line
+    error for a name it does not know or a tight limit not above 0."""
+    if not args.tight > 0:
+        parser.error(f"--tight={args.tight}: give a number above 0")
+    if args.quick:
+        return list(QUICK_MODELS), list(QUICK_METHODS), ["m_etf"]
+    names = flags.chosen(parser, args.models, "--models", list(fidelity_graphs.FIDELITY_GRAPHS), "model")
+    methods = flags.methods(parser, args.methods)
+    tight_methods = flags.methods(parser, args.tight_methods, "--tight_methods") if args.tight_methods else []
+    return names, methods, tight_methods
+
+
+def read_rows(path: str) -> list[Row]:
+    """The rows a ``--json`` run wrote to `path`."""
+    with open(path) as f:
+        return [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.load(f)]
+
+
+def write_rows(rows: Sequence[Row], path: str) -> None:
+    """Every row to `path` as JSON, with its ratio, for ``--summary_of`` and bench/fidelity.py."""
+    with open(path, "w") as f:
+        json.dump([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], f, indent=1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, "the devices", sessions=1)
     parser.add_argument("--explain", action="store_true", help="break each device's two peaks down")
     parser.add_argument("--grappler", action="store_true",
                         help="run the placements with Grappler on (profiled without, as BaechiSession "
@@ -909,11 +967,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="threads of the placed sessions' inter-op pool (one of each session's "
                         "own), shared by the stand-ins; 1 runs one op at a time, as a GPU's one stream "
                         "does (default: %(default)s, TF's own process-wide pool: one per core)")
-    parser.add_argument("--sessions", type=flags.at_least(1), default=1,
-                        help="sessions each placement runs in, each with its warm-up and traced "
-                        "steps; a device's measured peak is the largest over all their traced steps "
-                        "(default: %(default)s)")
-    parser.add_argument("--json", type=flags.output_file, help="write every row to this file")
     parser.add_argument("--save", metavar="DIR",
                         help="keep each graph, its profile, its placements and their measured peaks "
                         "in DIR, for bench/fidelity_memory_resim.py to simulate again under another "
@@ -921,31 +974,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "peak is missed by the byte rules at the measured times, or whose simulated "
                         "peak lies outside [1.0, 1.25] times the measured one (NAME.METHOD.LIMIT.steps, "
                         "load_steps)")
-    parser.add_argument("--summary_of", metavar="FILE",
-                        help="print the summary figures of the rows a --json run wrote, and run nothing")
-    parser.add_argument("--plot", metavar="FILE.svg", type=flags.output_file,
-                        help="also draw simulated against measured peak, one point per device of a "
-                        "placement, into FILE (with --summary_of: of that file's rows)")
-    parser.add_argument("--title", default="", help="the plot's title")
     args = parser.parse_args(argv)
-    if args.quick:
-        names, methods, tight_methods = list(QUICK_MODELS), list(QUICK_METHODS), ["m_etf"]
-    else:
-        names = flags.chosen(parser, args.models, "--models", models, "model")
-        methods = flags.methods(parser, args.methods)
-        tight_methods = flags.methods(parser, args.tight_methods, "--tight_methods") if args.tight_methods else []
-    if not args.tight > 0:
-        parser.error(f"--tight={args.tight}: give a number above 0")
-    if args.warmup_steps < 0:
-        parser.error(f"--warmup_steps={args.warmup_steps}: give 0 or more")
-    if args.traced_steps < 1:
-        parser.error(f"--traced_steps={args.traced_steps}: give at least 1")
+    names, methods, tight_methods = chosen_runs(parser, args)
     if args.inter_op_threads < 0:
         parser.error(f"--inter_op_threads={args.inter_op_threads}: give 0 (TF's default) or more")
 
     if args.summary_of:
-        with open(args.summary_of) as f:
-            rows = [Row(**{k: v for k, v in r.items() if k != "ratio"}) for r in json.load(f)]
+        rows = read_rows(args.summary_of)
         _print_summary(rows, grappler=rows[0].sim_ran_bytes is None if rows else False)
         _plot_if_asked(rows, args)
         return 0
@@ -970,8 +1005,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               save=args.save)
     _print_summary(rows, args.grappler)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) | {"ratio": r.ratio} for r in rows], f, indent=1)
+        write_rows(rows, args.json)
     _plot_if_asked(rows, args)
     return 0
 

@@ -1,10 +1,11 @@
-"""Peak memory offline: the placements of a saved `bench/fidelity_memory.py --save DIR` run,
-simulated again under the current model, against the peaks that run measured.
+"""Peak memory offline: the placements of a saved `bench/fidelity_memory.py --save DIR` run (or
+`bench/fidelity_memory_tasks.py --save DIR`), simulated again under the current model, against
+the peaks that run measured.
 
 For each ``<graph>.json`` in DIR, its GraphDef (``.pb``) and profile (``.profile``) are placed
 again with each saved placement as a fixed layout (``expert``, every op where it ran) on the run's
 4 stand-ins (of shared memory when the run's were, and of the capacity the placement was made
-for), and each device's simulated peak is set
+for), or on its worker tasks, and each device's simulated peak is set
 against the peak measured then. It prints one line per device whose figure moved (saved and new
 simulated MiB, measured MiB, the new ratio), then `fidelity_memory.summary` of the saved and of
 the new figures side by side, and how many devices came out as saved (with the model unchanged:
@@ -66,10 +67,16 @@ def placed_again(path: str, only: Optional[Collection[tuple[str, str]]] = None):
         # The stand-ins' capacity as when placed: the simulator holds an op back until its memory
         # is free, so under a tight limit the schedule depends on it.
         capacity = max(r["capacity_bytes"] for r in doc["rows"] if (r["method"], r["limit"]) == (p["method"], p["limit"]))
-        setup = standin_cluster(NUM_DEVICES, capacity, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
         options = PlacementOptions(placement_method="expert", expert=p["op_to_device"])
-        placed, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
-                                         device_aliases=setup.aliases)
+        if doc.get("tasks"):  # bench/fidelity_memory_tasks.py: a device per worker task
+            from fidelity_memory_tasks import TASK_DEVICE, task_cluster
+
+            names = tuple(TASK_DEVICE.format(i) for i in range(doc["tasks"]))
+            placed, report = place_graph_def(graph_def, profile, task_cluster(names, capacity), options)
+        else:
+            setup = standin_cluster(NUM_DEVICES, capacity, prefix=LOCAL_TASK, shared_memory=doc["shared_memory"])
+            placed, report = place_graph_def(graph_def, profile, setup.cluster, options, host_device=setup.host,
+                                             device_aliases=setup.aliases)
         yield p, report.result, placed
 
 
@@ -77,13 +84,15 @@ def resimulate(path: str) -> list[tuple]:
     """Per row of the saved graph ``path`` (its ``.json``): (the saved `fidelity_memory.Row`,
     the same row with the peak simulated again under the current model)."""
     from fidelity_memory import Row, _local
+    from fidelity_memory_tasks import short_name
 
     with open(path) as f:
         doc = json.load(f)
+    key = short_name if doc.get("tasks") else _local  # the rows' device names
     peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
     for p, result, _ in placed_again(path):
         peaks[(p["method"], p["limit"])] = {
-            _local(d.name): (int(result.reordered_peak_bytes[i]), int(result.schedule.peak_memory_bytes[i]))
+            key(d.name): (int(result.reordered_peak_bytes[i]), int(result.schedule.peak_memory_bytes[i]))
             for i, d in enumerate(result.cluster.devices)}
     out = []
     for saved in doc["rows"]:

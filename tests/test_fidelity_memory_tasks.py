@@ -1,0 +1,72 @@
+"""bench/fidelity_memory_tasks.py: placements run on worker tasks, a device each, measured and
+simulated again from a saved run."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench():
+    """bench/fidelity_memory_tasks.py as a module (test_fidelity_memory's `_bench` imports
+    fidelity_memory, which it needs, and puts TF_USE_LEGACY_KERAS back)."""
+    from test_fidelity_memory import _bench as fidelity_memory
+
+    fidelity_memory()
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import fidelity_memory_tasks
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+    return fidelity_memory_tasks
+
+
+@pytest.mark.tf
+def test_a_run_on_two_tasks_measures_each_task_and_is_simulated_again_as_saved(tmp_path):
+    """Each task is a device of its own: a row per task of each placement, named by its task,
+    its measured peak that of its own traced records (what it received and was fed included);
+    --save keeps the run, and bench/fidelity_memory_resim.py places the saved layouts again on
+    the same tasks' cluster and gets every device's simulated peak as the run printed it."""
+    fmt = _bench()
+    tasks = fmt.start_tasks(2)
+    try:
+        assert tasks.devices == (fmt.TASK_DEVICE.format(0), fmt.TASK_DEVICE.format(1))
+        rows = fmt.measure_graph("rnn", tasks, ["m_etf"], ["m_etf"], warmup_steps=0, traced_steps=1,
+                                 save=str(tmp_path), out=io.StringIO())
+    finally:
+        tasks.workers.stop()
+    assert {(r.method, r.limit) for r in rows} == {("m_etf", "loose"), ("m_etf", "1.5x")}
+    assert sorted(r.device for r in rows if r.limit == "loose") == ["task:0", "task:1"]
+    for r in rows:
+        assert r.ops > 0 and r.measured_step_bytes > 0
+        assert r.measured_bytes == r.measured_persistent_bytes + r.measured_step_bytes == max(r.measured_peaks)
+        assert r.simulated_bytes >= r.sim_schedule_bytes > 0
+        assert (r.capacity_bytes == fmt.LOOSE_BYTES) == (r.limit == "loose")
+    doc = json.loads((tmp_path / "rnn.json").read_text())
+    assert doc["tasks"] == 2 and doc["shared_memory"] is False
+    assert {d for p in doc["placements"] for d in p["op_to_device"].values()} == set(tasks.devices)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_resim.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(rows)} of {len(rows)} devices simulated as saved" in done.stdout, done.stdout
+
+
+def test_the_summary_of_a_tasks_run_reads_back(tmp_path):
+    row = {"model": "rnn", "method": "m_etf", "chosen": "m_etf", "limit": "loose", "capacity_bytes": 8 << 30,
+           "device": "task:1", "ops": 10, "simulated_bytes": 11 << 20, "measured_bytes": 10 << 20,
+           "measured_persistent_bytes": 0, "measured_step_bytes": 10 << 20, "replaced_bytes": 0,
+           "sim_ran_bytes": None, "sim_alias_bytes": None, "sim_standin_bytes": None, "replay_bytes": None,
+           "measured_peaks": [10 << 20], "sim_schedule_bytes": 9 << 20}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([row]))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fidelity_memory_tasks.py"), "--summary_of",
+                          str(path)], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "both (the target, [1.0, 1.25]):   1/1 devices" in out
+    assert "worst under-prediction: 1.100 (rnn m_etf loose task:1: simulated 11.00 MiB, measured 10.00 MiB)" in out
+    # the simulated order alone: 9 of 10 MiB
+    assert "  both (the target, [1.0, 1.25]):   0/1 devices" in out
