@@ -124,14 +124,18 @@ def test_ops_that_may_run_in_another_step_are_not_unrun():
         fed = tf.multiply(x, 3.0, name="fed")
         used = tf.add(fed, 1.0, name="used")
         tf.multiply(x, 5.0, name="unused")
+        spare = tf.compat.v1.placeholder(tf.float32, [4], name="spare")  # read by nothing that runs
+        tf.negative(spare, name="unread")
+        tf.compat.v1.placeholder(tf.float32, [4], name="lone")  # read by nothing
     with tf.compat.v1.Session(graph=g, config=profiling_config()) as sess:
         profile = profile_fetch(sess, [out, used], {x: np.ones(4, np.float32), p: True, fed: np.ones(4, np.float32)},
                                 warmup_steps=0, traced_steps=1)
     assert "sq" in profile.ops and "neg" not in profile.ops and "fed" not in profile.ops
     unrun = unrun_ops(profile, g.as_graph_def())
-    # The branch not taken, a fed op (its readers ran) and the placeholders may run in another
-    # step; the ops that nothing the fetch runs reads are part of none (the fed op's input too).
-    assert unrun == {"unused", "unused/y", "fed/y"}
+    # The branch not taken, a fed op (its readers ran) and the placeholders that ran ops read may
+    # run in another step; the ops that nothing the fetch runs reads are part of none (the fed
+    # op's input too), placeholders among them.
+    assert unrun == {"unused", "unused/y", "fed/y", "spare", "unread", "lone"}
 
 
 def test_what_profiling_may_write_over(lstm, tmp_path):

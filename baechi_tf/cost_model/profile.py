@@ -307,10 +307,9 @@ def profile_coverage(profile: CostProfile, graph_def) -> Coverage:
     )
 
 
-# A fed placeholder runs as the session's argument, under another name; ops downstream of these
-# v1 control-flow ops may run in another step though they did not in the traced ones (a branch
-# not taken, a loop body run zero times), and leave no trace when they do not.
-_FED = frozenset({"Placeholder", "PlaceholderV2", "PlaceholderWithDefault"})
+# Ops downstream of these v1 control-flow ops may run in another step though they did not in the
+# traced ones (a branch not taken, a loop body run zero times), and leave no trace when they do
+# not.
 _CONDITIONAL = frozenset({"Switch", "RefSwitch", "_SwitchN", "Enter", "RefEnter"})
 
 
@@ -321,9 +320,11 @@ def unrun_ops(profile: CostProfile, graph_def) -> frozenset[str]:
     and traces each one it runs, so an op that ran in no traced step is not part of any of the
     fetches' steps: an initializer, the construction graph of a Keras functional model, a read
     made when a variable was created and never fetched. Such an op is one that the profiled
-    graph had (same name, type, inputs and attributes), that is not in ``profile.ops``, is not a
-    placeholder, no op that ran reads (a tensor fed in its place is still sent to its readers),
-    and is not reached (through data or control inputs) from a ``Switch`` or ``Enter``. Empty
+    graph had (same name, type, inputs and attributes), that is not in ``profile.ops``, no op that
+    ran reads (a tensor fed in its place is still sent to its readers), and is not reached
+    (through data or control inputs) from a ``Switch`` or ``Enter``. That holds for a
+    placeholder too, which no step traces: TF sends a fed value only to the ops of the step that
+    read it (a value fed and fetched as it is goes back without them). Empty
     when the profile has no traced step (``num_traced_steps == 0``: some fetch was placed
     without one). Time O(nodes + inputs).
     """
@@ -334,7 +335,7 @@ def unrun_ops(profile: CostProfile, graph_def) -> frozenset[str]:
     conditional = conditional_ops(graph_def, readers)
     return frozenset(
         n.name for n in graph_def.node
-        if n.name not in profile.ops and n.op not in _FED and n.name not in conditional
+        if n.name not in profile.ops and n.name not in conditional
         and not any(r in profile.ops for r in readers.get(n.name, ()))
         and digests.get(n.name) == _node_digest(n)
     )
