@@ -32,7 +32,9 @@ which are for stand-ins, are '-'), then `fidelity_memory`'s summary: devices in 
 traced steps and repeated placements lie apart, and the same figures for the simulated order
 alone (`Schedule.peak_memory_bytes`). ``--json`` writes the rows (`fidelity_memory.Row`) for
 ``--summary_of`` and ``--plot``; ``--save DIR`` keeps what bench/fidelity_memory_resim.py needs
-to simulate the same placements again under another model.
+to simulate the same placements again under another model, and the traced steps of each
+placement with a device outside the target (``<graph>.<method>.<limit>.steps``,
+`fidelity_memory.load_steps`).
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python bench/fidelity_memory_tasks.py [--tasks 2]
         [--models rnn,transformer] [--methods m_etf,auto] [--quick] [--json out.json]
@@ -143,7 +145,8 @@ def measure_graph(
     """Builds, profiles, places (each method, loose and tight) and runs graph `name` on `tasks`;
     one `fidelity_memory.Row` per device of each placement that ran (its device 'task:i').
     Placements refused as infeasible are printed, not returned. With `save`, a folder, it keeps
-    what re-simulating the rows needs there (`fidelity_memory.save_run`)."""
+    what re-simulating the rows needs there (`fidelity_memory.save_run`), and the traced steps
+    of each placement with a device outside the target (`fidelity_memory.save_steps`)."""
     from baechi_tf.cost_model.measured_memory import measured_memory
     from baechi_tf.errors import BaechiError
     from baechi_tf.placer.pipeline import PlacementOptions
@@ -211,6 +214,9 @@ def measure_graph(
                 measured_peaks=peaks, sim_schedule_bytes=int(result.schedule.peak_memory_bytes[d]),
             ))
             print(fm._line(rows[-1]), file=out, flush=True)
+        if save and any(not fm.LOW * r.measured_bytes <= r.simulated_bytes <= fm.HIGH * r.measured_bytes
+                        for r in rows if r.method == method and r.limit == limit and r.measured_bytes):
+            fm.save_steps(save, case.name, method, limit, ran_def, stats)  # read with fm.load_steps
         saved.append({"method": method, "limit": limit, "placement": fingerprint,
                       "op_to_device": report.op_to_device})
         print(f"#   {method} {limit}: placed in {t2 - t1:.1f} s, ran in {time.perf_counter() - t2:.1f} s",
@@ -228,7 +234,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fm.add_arguments(parser, "the tasks", sessions=2)
     parser.add_argument("--save", metavar="DIR",
                         help="keep each graph, its profile, its placements and their measured peaks "
-                        "in DIR, for bench/fidelity_memory_resim.py to simulate again under another model")
+                        "in DIR, for bench/fidelity_memory_resim.py to simulate again under another model, "
+                        "and the traced steps of each placement with a device outside [1.0, 1.25] times "
+                        "its measured peak (NAME.METHOD.LIMIT.steps)")
     args = parser.parse_args(argv)
     names, methods, tight_methods = fm.chosen_runs(parser, args)
     if args.summary_of:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,6 +33,8 @@ def test_a_run_on_two_tasks_measures_each_task_and_is_simulated_again_as_saved(t
     its measured peak that of its own traced records (what it received and was fed included);
     --save keeps the run, and bench/fidelity_memory_resim.py places the saved layouts again on
     the same tasks' cluster and gets every device's simulated peak as the run printed it."""
+    from baechi_tf.cost_model.measured_memory import measured_memory
+
     fmt = _bench()
     tasks = fmt.start_tasks(2)
     try:
@@ -47,6 +50,15 @@ def test_a_run_on_two_tasks_measures_each_task_and_is_simulated_again_as_saved(t
         assert r.measured_bytes == r.measured_persistent_bytes + r.measured_step_bytes == max(r.measured_peaks)
         assert r.simulated_bytes >= r.sim_schedule_bytes > 0
         assert (r.capacity_bytes == fmt.LOOSE_BYTES) == (r.limit == "loose")
+    outside = {(r.method, r.limit) for r in rows if not r.measured_bytes <= r.simulated_bytes <= 1.25 * r.measured_bytes}
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".steps")) == sorted(
+        f"rnn.{m}.{limit}.steps" for m, limit in outside)
+    fed = {t: int(np.asarray(v).nbytes) for t, v in fmt.fidelity_graphs.build("rnn").feeds.items()}
+    for m, limit in outside:  # the step that ran: each device's peak as measured
+        ran_def, steps = fmt.fm.load_steps(str(tmp_path / f"rnn.{m}.{limit}.steps"))
+        assert len(steps) == 1
+        peaks = {fmt.short_name(k): v.peak_bytes for k, v in measured_memory(steps[0], ran_def, fed).items()}
+        assert {r.device: r.measured_bytes for r in rows if (r.method, r.limit) == (m, limit)}.items() <= peaks.items()
     doc = json.loads((tmp_path / "rnn.json").read_text())
     assert doc["tasks"] == 2 and doc["shared_memory"] is False
     assert {d for p in doc["placements"] for d in p["op_to_device"].values()} == set(tasks.devices)
