@@ -114,39 +114,57 @@ def test_variable_bytes():
     assert variable_bytes(old) == 7 * 4
 
 
-def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reader():
-    """Two worker tasks, each its own process and allocator. ``a`` (256 KiB, task 0) is read on
-    task 1 by ``b = matmul(a, a)`` (256 KiB): gRPC allocates task 1's copy of ``a`` outside any
-    kernel's records, and task 1 holds it and ``b`` together. ``p`` (256 KiB, fed) is read on
-    task 0 by ``c = a + p`` (256 KiB). Each task's allocator samples the bytes it has in use at each
-    node's end (``allocator_bytes_in_use``): a lower bound of the peak that the rebuild must
-    reach."""
-    from baechi_tf.cost_model.profiler import profiling_config
-    from baechi_tf.rewriter.distributed import remote_session_config, start_local_workers
+@pytest.fixture(scope="module")
+def two_tasks():
+    """Two worker tasks, each its own process and allocator, one op at a time: (target, CPU:0 of
+    task 0, CPU:0 of task 1)."""
+    from baechi_tf.rewriter.distributed import start_local_workers
 
     with start_local_workers(2, 0, inter_op_threads=1, intra_op_threads=1) as workers:
-        d0, d1 = (f"{t.name}/device:CPU:0" for t in workers.spec.tasks)
-        g = tf.Graph()
-        with g.as_default():
-            p = tf1.placeholder(tf.float32, [256, 256], name="p")
-            with tf.device(d0):
-                a = tf.random.uniform([256, 256], name="a")
-                c = tf.add(a, p, name="c")
-            with tf.device(d1):
-                b = tf.matmul(c, c, name="b")
-                s = tf.reduce_sum(b, name="s")
-        feeds = {p: np.ones([256, 256], np.float32)}
-        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE)
-        with tf1.Session(workers.target, graph=g, config=remote_session_config(profiling_config())) as sess:
-            sess.run(s, feeds)  # warm-up
-            metadata = tf1.RunMetadata()
-            sess.run(s, feeds, options=options, run_metadata=metadata)
+        yield (workers.target, *(f"{t.name}/device:CPU:0" for t in workers.spec.tasks))
+
+
+def _traced_on_tasks(target, graph, fetch, feeds):
+    """The StepStats of the second of two runs of `fetch` (the first warms up), Grappler off."""
+    from baechi_tf.cost_model.profiler import profiling_config
+    from baechi_tf.rewriter.distributed import remote_session_config
+
+    with tf1.Session(target, graph=graph, config=remote_session_config(profiling_config())) as sess:
+        sess.run(fetch, feeds)
+        metadata = tf1.RunMetadata()
+        sess.run(fetch, feeds, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    return metadata.step_stats
+
+
+def _allocated(m) -> int:
+    """All the bytes a device's events allocated in the step."""
+    deltas = np.diff(np.concatenate(([0], m.level_bytes)))
+    return int(deltas[deltas > 0].sum())
+
+
+def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reader(two_tasks):
+    """On task 0, ``c = a + p`` (256 KiB each, ``p`` fed) is read on task 1 by ``b = matmul(c,
+    c)`` (256 KiB): gRPC allocates task 1's copy of ``c`` outside any kernel's records, and task 1
+    holds it and ``b`` together; task 0 holds ``a``, ``p`` and ``c``. Each task's allocator samples
+    the bytes it has in use at each node's end (``allocator_bytes_in_use``): a lower bound of the
+    peak that the rebuild must reach."""
+    target, d0, d1 = two_tasks
+    g = tf.Graph()
+    with g.as_default():
+        p = tf1.placeholder(tf.float32, [256, 256], name="p")
+        with tf.device(d0):
+            a = tf.random.uniform([256, 256], name="a")
+            c = tf.add(a, p, name="c")
+        with tf.device(d1):
+            b = tf.matmul(c, c, name="b")
+            s = tf.reduce_sum(b, name="s")
+    step_stats = _traced_on_tasks(target, g, s, {p: np.ones([256, 256], np.float32)})
     graph_def = g.as_graph_def()
     fed = {"p:0": 256 * 256 * 4}
-    measured = measured_memory(metadata.step_stats, graph_def, fed)
-    without_fed = measured_memory(metadata.step_stats, graph_def)
+    measured = measured_memory(step_stats, graph_def, fed)
+    without_fed = measured_memory(step_stats, graph_def)
     sampled: dict[str, int] = {}
-    for dev in metadata.step_stats.dev_stats:
+    for dev in step_stats.dev_stats:
         for ns in dev.node_stats:
             for used in ns.memory:
                 sampled[dev.device] = max(sampled.get(dev.device, 0), int(used.allocator_bytes_in_use))
@@ -165,3 +183,29 @@ def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reade
         assert m.step_peak_bytes >= sampled.get(device, 0), (device, sampled)
     # What the kernels' records alone miss: 256 KiB on each task.
     assert sampled[d0] >= 768 * KiB and sampled[d1] >= 512 * KiB
+
+
+def test_a_fed_value_is_held_on_the_master_task_and_received_where_it_is_read(two_tasks):
+    """A placeholder placed on task 1 is fed on task 0, the master's device, where the client's
+    value arrives, and sent on to task 1: task 0 holds it until sent, task 1 holds its copy once,
+    as a received tensor. ``r``, placed on task 1 and read on task 0 only, never goes there."""
+    target, d0, d1 = two_tasks
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device(d1):
+            q = tf1.placeholder(tf.float32, [64, 64], name="q")
+            r = tf1.placeholder(tf.float32, [64, 64], name="r")
+            qq = tf.reduce_sum(tf.matmul(q, q), name="qq")
+        with tf.device(d0):
+            rr = tf.reduce_sum(tf.matmul(r, r), name="rr")
+        s = tf.add(qq, rr, name="s")
+    value = np.ones([64, 64], np.float32)
+    step_stats = _traced_on_tasks(target, g, s, {q: value, r: value})
+    graph_def = g.as_graph_def()
+    measured = measured_memory(step_stats, graph_def, {"q:0": 16 * KiB, "r:0": 16 * KiB})
+    without_fed = measured_memory(step_stats, graph_def)
+    labels = [ns.timeline_label for dev in step_stats.dev_stats for ns in dev.node_stats if ns.node_name == "RecvTensor"]
+    assert any(f"_recv_q_0 from {d0} to {d1}" in label for label in labels), labels
+    assert _allocated(measured[d0]) - _allocated(without_fed[d0]) == 32 * KiB  # q until sent, r until read
+    assert list(measured[d1].level_bytes) == list(without_fed[d1].level_bytes)  # q's copy, received, once
+    assert _allocated(measured[d1]) >= 16 * KiB

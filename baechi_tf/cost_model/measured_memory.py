@@ -27,11 +27,13 @@ runtime's nodes included), in time order, and adds what the records cannot see:
   of the step, its ``timeline_label`` naming ``edge_<n>_<op> from <device> to <device>``) is
   allocated on the receiving device by gRPC, outside any kernel's tracking allocator: it is
   counted there from the end of its ``RecvTensor`` until the last node on that device that reads
-  an output of the op is done. A value fed to the step (`fed`, by the caller: on another task,
-  or on a GPU, TF copies it in; on CPU stand-ins of one process it stays the caller's array and
-  is not to be given) is counted on the device of the op it is fed to (its ``device`` field; else
-  the one device that sent it on, or that read it), from the device's first node of the step
-  until the last node there that reads it, or that sends it on, is done.
+  an output of the op is done. A value fed to the step (`fed`, by the caller: worker tasks
+  receive a copy of it; on CPU stand-ins of one process it stays the caller's array and is not
+  to be given) is counted where TF put it, which on worker tasks is the master's device whatever
+  the op's: the device that sent it on to others (as ``_recv_<op>_<k>``), else the one device
+  whose nodes read it, else the op's ``device`` field; from that device's first node of the step
+  until the last node there that reads it, or that sends it on, is done. Another task's copy of
+  it is a received tensor, as above.
 
 Records of one microsecond keep the order of their nodes' starts and, within a node, their own:
 an op's scratch allocated and freed within a microsecond still counts. A tensor that another CPU
@@ -156,10 +158,10 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
         for tensor, nbytes in fed.items():
             op = tensor.split(":")[0]
             node = nodes.get(op)
-            device = resolve(node.device) if node is not None else None
-            if device is None:  # where TF put it: the task that sent it on, or its readers' one
-                where = {d for o, d in sent if o == op} or {ran_on[r] for r in readers.get(op, ()) if r in ran_on}
-                device = where.pop() if len(where) == 1 else None
+            # Where TF put it, which need not be the op's device: the task that sent it on, else
+            # the one its readers ran on, else the op's device.
+            where = {d for o, d in sent if o == op} or {ran_on[r] for r in readers.get(op, ()) if r in ran_on}
+            device = where.pop() if len(where) == 1 else resolve(node.device) if node is not None else None
             if device is None or nbytes <= 0:
                 continue
             since = starts.get(device, 0)
