@@ -170,12 +170,15 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
     return out
 
 
-def measured_memory(step_stats: Any, graph_def: Any, fed: Mapping[str, int] = {}) -> dict[str, MeasuredDevice]:
+def measured_memory(
+    step_stats: Any, graph_def: Any, fed: Optional[Mapping[str, int]] = None
+) -> dict[str, MeasuredDevice]:
     """Per device of the step (keyed by its name in `step_stats`), the memory it held during the
     step traced in `step_stats` (a ``StepStats`` of a ``FULL_TRACE`` run) of `graph_def`, the
     graph the session ran, by the rules of the module docstring. `fed` maps each tensor the step
-    was fed that the devices hold a copy of (on worker tasks or GPUs; none on CPU stand-ins of
-    one process) to its bytes."""
+    was fed that the devices hold a copy of (on worker tasks; none on CPU stand-ins of one
+    process) to its bytes."""
+    fed = fed or {}
     nodes = {n.name: n for n in graph_def.node}
     executors = [d for d in step_stats.dev_stats if _EXECUTOR.match(d.device.split("/")[-1])]
     ran = [(d.device, ns) for d in executors for ns in d.node_stats if ns.node_name != "RecvTensor"]

@@ -324,7 +324,7 @@ def unrun_ops(profile: CostProfile, graph_def) -> frozenset[str]:
     ran reads (a tensor fed in its place is still sent to its readers), and is not reached
     (through data or control inputs) from a ``Switch`` or ``Enter``. That holds for a
     placeholder too, which no step traces: TF sends a fed value only to the ops of the step that
-    read it (a value fed and fetched as it is goes back without them). Empty
+    read it. Empty
     when the profile has no traced step (``num_traced_steps == 0``: some fetch was placed
     without one). Time O(nodes + inputs).
     """
