@@ -289,33 +289,36 @@ def test_an_input_from_another_device_bounds_nothing():
     assert held[("output", "p", 0)] == (0.0, 400.0)  # freed by q, which may end as late as y
 
 
-def test_a_received_copy_is_held_from_the_start_of_its_transfer():
+def test_a_received_copy_is_held_from_the_end_of_its_producer():
     """
-    device 0:  x (10 us, 1 MiB) -> y on device 1
+    device 0:  x (10 us, 1 MiB), then z (10 us, 1 MiB); both read by y on device 1
     device 1:  busy (1000 us, 2 MiB scratch) -> y (100 us, 1 MiB, a sink)
-    The copy of x goes at x's end (10 us) and arrives at 60 us; y waits for busy. The scheduler
-    counts the copy from y's start (1000 us), the reordered blocks from the copy's start, as TF,
-    which allocates the buffer the copy writes into then: 3 MiB on device 1 while busy runs.
+    The copy of x holds the link from 10 to 60 us; z's, done at 20 us, waits for it and goes at
+    60 us. y waits for busy. The scheduler counts both copies from y's start (1000 us); the
+    reordered blocks from their producers' ends, as TF, which sends a tensor when it is done and
+    allocates the receiver's buffer then: 4 MiB on device 1 while busy runs.
     """
     b = OpGraphBuilder()
     b.add_op("x", 10, [MiB])
+    b.add_op("z", 10, [MiB])
     b.add_op("busy", 1000, [4], temp_bytes=2 * MiB)
     b.add_op("y", 100, [MiB])
-    b.add_edge("x", "y")
-    b.add_edge("busy", "y")
+    for src in ("x", "z", "busy"):
+        b.add_edge(src, "y")
     g = b.build()
     c = cluster(2, GiB, CommCost(0.0, 50.0))
-    s = simulate(g, c, Placement(np.array([0, 1, 1], np.int32), "hand"))
-    assert s.start_us.tolist() == [0.0, 0.0, 1000.0]
-    assert [(t.start_us, t.end_us) for t in s.transfers] == [(10.0, 60.0)]
+    s = simulate(g, c, Placement(np.array([0, 0, 1, 1], np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 10.0, 0.0, 1000.0]
+    assert sorted((g.names[g.tensor_src[t.tensor]], t.start_us) for t in s.transfers) == [("x", 10.0), ("z", 60.0)]
     given = memory_blocks(g, s, c)
-    for window, alloc in ((0, 1000.0), (1, 10.0), (ORDER_WINDOW, 10.0)):
+    for window, x_at, z_at in ((0, 1000.0, 1000.0), (1, 10.0, 20.0), (ORDER_WINDOW, 10.0, 20.0)):
         blocks = reordered_blocks(g, s, given, window)
         held = {(k, g.names[o], int(d)): (a, f)
                 for k, o, d, a, f in zip(blocks.kind, blocks.op, blocks.device, blocks.alloc_us, blocks.free_us)}
-        assert held[("received", "x", 1)] == (alloc, 1100.0), window
-    assert s.peak_memory_bytes[1] == 2 * MiB + 4
-    assert reordered_peaks(g, c, s)[1] == 3 * MiB + 4
+        assert held[("received", "x", 1)] == (x_at, 1100.0), window
+        assert held[("received", "z", 1)] == (z_at, 1100.0), window
+    assert s.peak_memory_bytes[1] == 3 * MiB + 4
+    assert reordered_peaks(g, c, s)[1] == 4 * MiB + 4
 
 
 def test_an_op_is_not_held_back_past_an_idle_gap_of_its_device():

@@ -301,10 +301,12 @@ def reordered_blocks(
     are no more certain than the op's. A block allocated by an op (its temporary bytes and
     outputs; a received copy by its first reader there) is allocated that much earlier; a block
     freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
-    later. A received copy is allocated no later than the start of the first transfer of its
-    tensor to its device either: the receiver allocates the buffer a copy writes into when the
-    copy starts, and TF starts it when the tensor is done, however late its reader runs (the
-    scheduler counts the copy from that reader's start, as it learns of it only then).
+    later. A received copy is allocated no later than its tensor's producer ends, either: TF's
+    receiver asks for a copy when the step starts, the sender sends it as soon as the tensor is
+    done, and the receiver allocates the buffer it writes into then, however late its reader
+    runs. The simulated transfer may start later, behind other copies on a busy link or a busy
+    sender; TF's need not (the scheduler books a copy, and counts it, only when it commits the
+    reader).
     Persistent blocks and blocks kept past the step do not move. With `window` 0, the blocks as
     given.
 
@@ -333,7 +335,7 @@ def reordered_blocks(
     order = schedule.order
     alloc_op = order[np.where(step, blocks.alloc_rank, 0)]
     alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
-    alloc_us = np.minimum(alloc_us, _copy_starts(graph, schedule, blocks))
+    alloc_us = np.minimum(alloc_us, _copy_starts(schedule, blocks))
     alloc_rank = np.where(step & (early[alloc_op] > 0), rank[earliest_op[alloc_op]], blocks.alloc_rank)
     freed = step & np.isfinite(blocks.free_us)
     free_op = order[np.where(freed, blocks.free_rank, 0)]
@@ -351,25 +353,11 @@ def reordered_blocks(
                                free_rank=free_rank)
 
 
-def _copy_starts(graph: OpGraph, schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
-    """Per block, the start of the first of `schedule`'s transfers of its tensor to its device
-    for a received copy, inf for every other block. O(k + T + N) for k blocks, T transfers and
-    N tensors."""
-    out = np.full(blocks.device.size, np.inf)
-    received = [i for i, kind in enumerate(blocks.kind) if kind == "received"]
-    if not received or not schedule.transfers:
-        return out
-    first: dict[tuple[int, int], float] = {}  # (tensor, device) -> its first copy's start there
-    for tr in schedule.transfers:
-        key = (int(tr.tensor), int(tr.dst_device))
-        if tr.start_us < first.get(key, np.inf):
-            first[key] = float(tr.start_us)
-    tensor_of = {key: t for t, key in enumerate(zip(graph.tensor_src.tolist(), graph.tensor_src_output.tolist()))}
-    ops, slots, devices = blocks.op.tolist(), blocks.slot.tolist(), blocks.device.tolist()
-    for i in received:
-        t = tensor_of.get((ops[i], slots[i]))
-        out[i] = first.get((t, devices[i]), np.inf)
-    return out
+def _copy_starts(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
+    """Per block, the end of its tensor's producer for a received copy, the earliest its copy can
+    start; inf for every other block. O(k) for k blocks."""
+    received = np.fromiter((kind == "received" for kind in blocks.kind), dtype=bool, count=len(blocks.kind))
+    return np.where(received, schedule.end_us[blocks.op], np.inf)
 
 
 def _order_bounds(
