@@ -6,6 +6,7 @@ devices each. Nothing here sleeps: waits are on pipes (select), on process exits
 """
 
 import json
+import math
 import os
 import pathlib
 import re
@@ -377,7 +378,10 @@ def test_comm_auto_between_two_tasks_fits_the_copies_in_flight(workers):
     fit = auto_comm(Cluster(devices), remote_session_config(tf.compat.v1.ConfigProto()),
                     workers.target, exponent=4)
     assert fit.note == "half round trips between two tasks" and fit.in_flight is not None
-    assert fit.in_flight.num_counts == 6 and fit.in_flight.spacing_us > 0
+    # The spacing is timed on a shared machine, where a few microseconds between copies of 4 to
+    # 32 bytes can come out either side of 0 (-2.97 us in one run): its value is not asserted,
+    # only that it was fitted and gave K, which is inf where copies overlap whole.
+    assert fit.in_flight.num_counts == 6 and math.isfinite(fit.in_flight.spacing_us)
     assert fit.comm.copies_in_flight >= 1 and fit.comm == fit.in_flight.comm
     assert (fit.comm.slope_us_per_byte, fit.comm.intercept_us) == (
         fit.fit.comm.slope_us_per_byte, fit.fit.comm.intercept_us)

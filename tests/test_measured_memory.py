@@ -143,18 +143,18 @@ def _allocated(m) -> int:
 
 
 def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reader(two_tasks):
-    """On task 0, ``c = a + p`` (256 KiB each, ``p`` fed) is read on task 1 by ``b = matmul(c,
-    c)`` (256 KiB): gRPC allocates task 1's copy of ``c`` outside any kernel's records, and task 1
-    holds it and ``b`` together; task 0 holds ``a``, ``p`` and ``c``. Each task's allocator samples
-    the bytes it has in use at each node's end (``allocator_bytes_in_use``): a lower bound of the
-    peak that the rebuild must reach."""
+    """On task 0, ``c = matmul(a, p)`` (256 KiB each, ``p`` fed) is read on task 1 by ``b =
+    matmul(c, c)`` (256 KiB): gRPC allocates task 1's copy of ``c`` outside any kernel's
+    records, and task 1 holds it and ``b`` together; task 0 holds ``a``, ``p`` and ``c``. Each
+    task's allocator samples the bytes it has in use at each node's end
+    (``allocator_bytes_in_use``): a lower bound of the peak that the rebuild must reach."""
     target, d0, d1 = two_tasks
     g = tf.Graph()
     with g.as_default():
         p = tf1.placeholder(tf.float32, [256, 256], name="p")
         with tf.device(d0):
             a = tf.random.uniform([256, 256], name="a")
-            c = tf.add(a, p, name="c")
+            c = tf.matmul(a, p, name="c")  # a buffer of its own, never an input's
         with tf.device(d1):
             b = tf.matmul(c, c, name="b")
             s = tf.reduce_sum(b, name="s")
@@ -174,7 +174,7 @@ def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reade
     assert task1.live_at_peak == {"c": 256 * KiB, "b": 256 * KiB}
     assert task1.level_bytes[-1] == 0
     # Task 0: a (whose buffer c takes over) and the fed p together.
-    # Task 0: a, c (its own buffer: TF did not write it into either input's) and the fed p.
+    # Task 0: a, p and c together while c runs.
     assert task0.step_peak_bytes == 768 * KiB
     assert task0.live_at_peak == {"a/RandomUniform": 256 * KiB, "p": 256 * KiB, "c": 256 * KiB}
     assert without_fed[d0].step_peak_bytes == 512 * KiB
