@@ -282,7 +282,7 @@ def measure_graph(
         measured, step_peaks = _measured(ran_def, stats)
         result = report.result
         device_of = result.placement.device_of
-        fingerprint = hashlib.sha1(np.ascontiguousarray(device_of, dtype=np.int32).tobytes()).hexdigest()[:16]
+        fingerprint = placement_fingerprint(device_of)
         if grappler:  # the traced nodes are Grappler's, not the graph's: no breakdown
             variants, replay = [[None] * result.cluster.num_devices] * 3, [None] * result.cluster.num_devices
         else:
@@ -329,6 +329,12 @@ def measure_graph(
     if save:
         save_run(save, case.name, case.graph_def, profile, shared_memory, saved, rows)
     return rows
+
+
+def placement_fingerprint(device_of: np.ndarray) -> str:
+    """16 hex digits naming a placement by every op's device (`Row.placement`): rows that share
+    it ran the same placement."""
+    return hashlib.sha1(np.ascontiguousarray(device_of, dtype=np.int32).tobytes()).hexdigest()[:16]
 
 
 def first_fit(method: str, limits: Sequence[tuple[str, Any]], place: Any) -> tuple[Any, Any, str, Any]:

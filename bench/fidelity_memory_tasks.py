@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import logging
 import os
 import sys
@@ -194,7 +193,7 @@ def measure_graph(
         per_step = [measured_memory(step, ran_def, fed) for step in stats]
         result = report.result
         device_of = result.placement.device_of
-        fingerprint = hashlib.sha1(np.ascontiguousarray(device_of, dtype=np.int32).tobytes()).hexdigest()[:16]
+        fingerprint = fm.placement_fingerprint(device_of)
         for d, dev in enumerate(result.cluster.devices):
             peaks = [step[dev.name].peak_bytes if dev.name in step else 0 for step in per_step]
             ops = int((device_of == d).sum())
