@@ -26,7 +26,10 @@ from an allocation to a free:
   which such a device holds a replica of: persistent memory, from 0 on.
 
 The last term of both is the scheduler's: it learns when a tensor can be freed only once its last
-consumer is scheduled, so a tensor is never freed before that consumer's start.
+consumer is scheduled, so a tensor is never freed before that consumer's start. TF frees the
+producer's buffer once its readers there and its copies out are done, however late a reader
+elsewhere starts: each block also carries that free (`MemoryBlocks.sent_free_us`), which
+`reordered_blocks` takes.
 
 Events of one instant happen in the order the scheduler committed ops (`Schedule.order`): an
 op's allocation sees the frees up to its start that earlier commits made known, not the ones
@@ -97,6 +100,10 @@ class MemoryBlocks:
     kind: tuple[str, ...]  # 'persistent', 'temp', 'output' or 'received'
     op: np.ndarray  # int32 [k], the op the block belongs to (the producer for tensors)
     slot: np.ndarray  # int32 [k], the output slot of a tensor's block; -1 for the others
+    # free_us and free_rank as TF frees the block (`memory_blocks`, `reordered_blocks`); None: the
+    # same as free_us and free_rank.
+    sent_free_us: Optional[np.ndarray] = None  # float64 [k], alloc_us <= sent_free_us <= free_us
+    sent_free_rank: Optional[np.ndarray] = None  # int64 [k]
 
 
 def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster] = None) -> MemoryBlocks:
@@ -107,12 +114,15 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     start, end = schedule.start_us, schedule.end_us
     rank = np.empty(n, dtype=np.int64)
     rank[schedule.order] = np.arange(n, dtype=np.int64)
-    parts: list[tuple] = []  # column tuples: device, bytes, alloc, free, alloc rank, free rank, kind, op, slot
+    # Column tuples: device, bytes, alloc, free, alloc rank, free rank, kind, op, slot, and the free
+    # and its rank as TF frees the block.
+    parts: list[tuple] = []
 
-    def part(d, b, a, f, ra, rf, kind, op, slot) -> None:  # `kind`: one for all, or one each
+    def part(d, b, a, f, ra, rf, kind, op, slot, sf=None, sr=None) -> None:  # `kind`: one for all, or one each
         keep = np.asarray(b) > 0
         if keep.any():
-            cols = [np.broadcast_to(np.asarray(x), keep.shape)[keep] for x in (d, b, a, f, ra, rf, op, slot)]
+            sf, sr = (f if sf is None else sf), (rf if sr is None else sr)
+            cols = [np.broadcast_to(np.asarray(x), keep.shape)[keep] for x in (d, b, a, f, ra, rf, op, slot, sf, sr)]
             kinds = (kind,) * int(keep.sum()) if isinstance(kind, str) else tuple(
                 k for k, x in zip(kind, keep.tolist()) if x)
             parts.append((*cols[:6], kinds, *cols[6:]))
@@ -168,9 +178,22 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     for tr in schedule.transfers:
         if tr.end_us > held[tr.tensor]:
             held[tr.tensor] = tr.end_us
+    copied = held.copy()
     at_home = holder == home[t_of]
     np.maximum.at(held, t_of[at_home], end[reader[at_home]])
     home_free = np.maximum(held, last_start)
+    # As TF frees it: once those are done, though a reader elsewhere starts later; the free is
+    # made known by the last of the readers there to end, or by the producer for a copy.
+    home_end = held > copied
+    last_home = np.full(graph.num_tensors, -1, dtype=np.int64)
+    if at_home.any():
+        t_h, r_h = t_of[at_home], reader[at_home]
+        by_end = np.lexsort((end[r_h], t_h))
+        t_h, r_h = t_h[by_end], r_h[by_end]
+        ends_h = np.flatnonzero(np.append(t_h[1:] != t_h[:-1], True))
+        last_home[t_h[ends_h]] = r_h[ends_h]
+    sent_free = np.where(held >= 0, held, home_free)
+    sent_rank = np.where(held < 0, last_rank, np.where(home_end, rank[np.maximum(last_home, 0)], rank[src]))
 
     always_reused = always_reused_tensors(graph, alias)
     alias_home = np.where(alias >= 0, home[np.maximum(alias, 0)], -1)
@@ -187,18 +210,21 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
 
     # Buffers by (tensor, device): the producer's own, then copies received elsewhere.
     keys: dict[tuple[int, int], int] = {}
-    cols: list[list] = [[] for _ in range(8)]  # device, bytes, alloc, free, alloc rank, free rank, op, slot
+    # Columns: device, bytes, alloc, free, alloc rank, free rank, op, slot, free and rank as TF frees
+    cols: list[list] = [[] for _ in range(10)]
     kinds: list[str] = []
 
-    def buffer(t, d, alloc, free, ra, rf, kind: str) -> None:
+    def buffer(t, d, alloc, free, ra, rf, kind: str, sf=None, sr=None) -> None:
         for k, key in enumerate(zip(t.tolist(), d.tolist()), start=len(kinds)):
             keys[key] = k
-        for c, x in zip(cols, (d, nbytes[t], alloc, free, ra, rf, src[t], slot_of[t])):
+        sf, sr = (free if sf is None else sf), (rf if sr is None else sr)
+        for c, x in zip(cols, (d, nbytes[t], alloc, free, ra, rf, src[t], slot_of[t], sf, sr)):
             c.extend(np.asarray(x).tolist())
         kinds.extend([kind] * len(t))
 
     t_own = np.flatnonzero(own)
-    buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output")
+    buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output",
+           sent_free[t_own], sent_rank[t_own])
     away = ~at_home
     if away.any():
         t_a, h_a, r_a = t_of[away], holder[away], reader[away]
@@ -220,8 +246,9 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     # An output reusing a buffer holds it until its own readers are done: latest producers first,
     # so that a buffer reused by a reusing output is extended by both.
     reusing = np.flatnonzero(read & (alias >= 0))
-    extend: dict[tuple[int, int], tuple[float, int]] = {}
-    h_list, f_list, r_list, a_list = home.tolist(), home_free.tolist(), last_rank.tolist(), alias.tolist()
+    extend: dict[tuple[int, int], tuple[float, int, float, int]] = {}  # free, rank; as TF frees
+    h_list, a_list = home.tolist(), alias.tolist()
+    frees = list(zip(home_free.tolist(), last_rank.tolist(), sent_free.tolist(), sent_rank.tolist()))
     # An output written into a handed-over buffer holds its op's fallback input too, which is
     # then extended by the output's readers as well.
     races = handed_over & always_reused
@@ -230,25 +257,27 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     fb_list, races_list = fallback.tolist(), races.tolist()
     for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
         d = h_list[t]
-        f, r = extend.get((t, d), (f_list[t], r_list[t]))
-        f, r = max(f, f_list[t]), max(r, r_list[t])
+        held_until = _latest(extend.get((t, d), frees[t]), frees[t])
         if races_list[t]:
             fb = fb_list[t]
             key = (fb, h_list[fb] if shares[h_list[fb], d] else d)
-            g, q = extend.get(key, (f, r))
-            extend[key] = (max(f, g), max(r, q))
+            extend[key] = _latest(extend.get(key, held_until), held_until)
         source = a_list[t]
         source_home = h_list[source]
         key = (source, source_home if shares is not None and shares[source_home, d] else d)
-        g, q = extend.get(key, (f, r))
-        extend[key] = (max(f, g), max(r, q))
-    for key, (f, r) in extend.items():
+        extend[key] = _latest(extend.get(key, held_until), held_until)
+    for key, latest in extend.items():
         k = keys.get(key)
         if k is not None:
-            cols[3][k] = max(cols[3][k], f)
-            cols[5][k] = max(cols[5][k], r)
-    part(*(np.asarray(c) for c in cols[:6]), kinds, np.asarray(cols[6]), np.asarray(cols[7]))
+            for c, x in zip((3, 5, 8, 9), latest):
+                cols[c][k] = max(cols[c][k], x)
+    part(*(np.asarray(c) for c in cols[:6]), kinds, *(np.asarray(c) for c in cols[6:]))
     return _stacked(parts)
+
+
+def _latest(a: tuple, b: tuple) -> tuple:
+    """Element by element, the later of two (free, rank, free as TF frees it, rank) tuples."""
+    return tuple(max(x, y) for x, y in zip(a, b))
 
 
 def _stacked(parts: list[tuple]) -> MemoryBlocks:
@@ -266,6 +295,8 @@ def _stacked(parts: list[tuple]) -> MemoryBlocks:
         kind=tuple(k for p in parts for k in p[6]),
         op=col(7, np.int32),
         slot=col(8, np.int32),
+        sent_free_us=col(9, np.float64),
+        sent_free_rank=col(10, np.int64),
     )
 
 
@@ -290,6 +321,11 @@ def reordered_blocks(
     """`blocks` of `schedule` (`memory_blocks`) held as long as an executor that runs each device's
     ops in another order, within `window` places of the simulated one, may hold them.
 
+    Frees start from TF's (`MemoryBlocks.sent_free_us`): a tensor sent to devices of their own
+    memory leaves its producer's device once its copies out and its readers there are done,
+    though a reader elsewhere starts later; that free is made known by the last of those readers
+    to end, or by the producer for a copy, and moves with that op.
+
     A device's ops are in places 0, 1, ... by start time (commit order within an instant). The op
     at place p may start as early as the start of the op at place ``max(p - window, q + 1)`` and
     end as late as the end of the op at place ``min(p + window, r - 1, z)``, where q is the place
@@ -308,7 +344,7 @@ def reordered_blocks(
     sender; TF's need not (the scheduler books a copy, and counts it, only when it commits the
     reader).
     Persistent blocks and blocks kept past the step do not move. With `window` 0, the blocks as
-    given.
+    given but for TF's frees and received copies: the simulated order as TF holds its memory.
 
     `pools`, per device, names the pool of threads that runs its ops (`thread_pools`: the CPU
     devices of one process share one); None, each device its own. Devices of one pool take turns
@@ -321,7 +357,7 @@ def reordered_blocks(
     """
     if window < 0:
         raise ValueError(f"window must be at least 0, not {window}")
-    if window == 0 or not blocks.device.size:
+    if not blocks.device.size:
         return blocks
     device_of = schedule.placement.device_of
     rank = np.empty(graph.num_ops, dtype=np.int64)
@@ -337,20 +373,22 @@ def reordered_blocks(
     alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
     alloc_us = np.minimum(alloc_us, _copy_starts(schedule, blocks))
     alloc_rank = np.where(step & (early[alloc_op] > 0), rank[earliest_op[alloc_op]], blocks.alloc_rank)
-    freed = step & np.isfinite(blocks.free_us)
-    free_op = order[np.where(freed, blocks.free_rank, 0)]
-    free_us = np.where(freed, blocks.free_us + late[free_op], blocks.free_us)
-    free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], blocks.free_rank)
+    base_free = blocks.free_us if blocks.sent_free_us is None else blocks.sent_free_us
+    base_rank = blocks.free_rank if blocks.sent_free_rank is None else blocks.sent_free_rank
+    freed = step & np.isfinite(base_free)
+    free_op = order[np.where(freed, base_rank, 0)]
+    free_us = np.where(freed, base_free + late[free_op], base_free)
+    free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], base_rank)
     pool = None if pools is None else np.asarray(pools, dtype=np.int64)
     if pool is not None and np.unique(pool).size < pool.size:  # some pool runs two devices
         pool_latest = _order_bounds(graph, pool[device_of], start, end, rank, window)[1]
         pool_late = np.maximum(end[pool_latest] - end, 0.0)
         handed = freed & (device_of[free_op] != blocks.device) & (pool[device_of[free_op]] == pool[blocks.device])
-        later = handed & (blocks.free_us + pool_late[free_op] > free_us)
-        free_us = np.where(later, blocks.free_us + pool_late[free_op], free_us)
+        later = handed & (base_free + pool_late[free_op] > free_us)
+        free_us = np.where(later, base_free + pool_late[free_op], free_us)
         free_rank = np.where(later, rank[pool_latest[free_op]], free_rank)
     return dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
-                               free_rank=free_rank)
+                               free_rank=free_rank, sent_free_us=None, sent_free_rank=None)
 
 
 def _copy_starts(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
@@ -409,8 +447,10 @@ def reordered_peaks(
     graph: OpGraph, cluster: Cluster, schedule: Schedule, window: int = ORDER_WINDOW
 ) -> tuple[int, ...]:
     """Per device of `cluster`, the peak of `schedule`'s memory held as `reordered_blocks` holds
-    it, with the cluster's `thread_pools`: at least `Schedule.peak_memory_bytes`, equal with
-    `window` 0."""
+    it, with the cluster's `thread_pools`. It grows with `window`; with `window` 0 it is
+    `Schedule.peak_memory_bytes` where no copy crosses from one memory to another, and may be
+    above it (a copy allocated from its producer's end) or below it (a sent tensor freed once
+    copied) where one does."""
     blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), window,
                               thread_pools(cluster))
     return tuple(t.peak_bytes for t in blocks_timeline(blocks, cluster.num_devices))
