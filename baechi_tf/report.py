@@ -20,9 +20,10 @@ def one_device_label(result) -> str:
 
 
 def summary_table(result) -> str:
-    """A short table: per device ops, compute, peak memory (and, where it differs, the peak with
-    each device's ops up to `ORDER_WINDOW` places out of the simulated order,
-    `PlacementResult.reordered_peak_bytes`; where the simulation held ops back for memory, the
+    """A short table: per device ops, compute, peak memory (and, where it differs, the peak as TF
+    may hold the step's memory, `PlacementResult.reordered_peak_bytes`: each device's ops up to
+    `ORDER_WINDOW` places out of the simulated order, copies as TF makes them, so above or below
+    the simulated peak; where the simulation held ops back for memory, the
     peak with none held back, `PlacementResult.unheld_peak_bytes`); then makespan against the
     bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule

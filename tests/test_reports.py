@@ -389,8 +389,8 @@ def test_a_sent_tensor_is_freed_on_its_producer_once_its_copy_is_done():
     assert s.start_us.tolist() == [0.0, 10.0, 110.0, 0.0, 1000.0]
     assert [(t.start_us, t.end_us) for t in s.transfers if t.dst_device == 1] == [(10.0, 60.0)]
     given = memory_blocks(g, s, c)
-    x_home = [(float(f), float(sf)) for k, o, d, f, sf in zip(given.kind, given.op, given.device, given.free_us,
-                                                              given.sent_free_us) if (k, int(o), int(d)) == ("output", 0, 0)]
+    columns = zip(given.kind, given.op, given.device, given.free_us, given.sent_free_us)
+    x_home = [(float(f), float(sf)) for k, o, d, f, sf in columns if (k, int(o), int(d)) == ("output", 0, 0)]
     assert x_home == [(1000.0, 60.0)]
     assert s.peak_memory_bytes[0] == 3 * MiB + 4
     for window in (0, 1, ORDER_WINDOW):

@@ -183,8 +183,10 @@ class PlacementResult:
     @functools.cached_property
     def reordered_peak_bytes(self) -> tuple[int, ...]:
         """Per device, the peak of `schedule` where TF runs each device's ops up to `ORDER_WINDOW`
-        places out of the simulated order (`memory_timeline.reordered_peaks`): the peak the model
-        expects TF to reach. O(V + E) on first use, where placing did not need it."""
+        places out of the simulated order and makes its copies as it does, a received one from its
+        producer's end, a sent tensor freed once copied (`memory_timeline.reordered_peaks`): the
+        peak the model expects TF to reach, above or below the schedule's own. O(V + E) on first
+        use, where placing did not need it."""
         if self.reordered_peaks_known is not None:
             return self.reordered_peaks_known
         return reordered_peaks(self.graph, self.cluster, self.schedule)
