@@ -371,7 +371,7 @@ def reordered_blocks(
     order = schedule.order
     alloc_op = order[np.where(step, blocks.alloc_rank, 0)]
     alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
-    alloc_us = np.minimum(alloc_us, _copy_starts(schedule, blocks))
+    alloc_us = np.minimum(alloc_us, _latest_allocations(schedule, blocks))
     alloc_rank = np.where(step & (early[alloc_op] > 0), rank[earliest_op[alloc_op]], blocks.alloc_rank)
     base_free = blocks.free_us if blocks.sent_free_us is None else blocks.sent_free_us
     base_rank = blocks.free_rank if blocks.sent_free_rank is None else blocks.sent_free_rank
@@ -391,9 +391,9 @@ def reordered_blocks(
                                free_rank=free_rank, sent_free_us=None, sent_free_rank=None)
 
 
-def _copy_starts(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
-    """Per block, the end of its tensor's producer for a received copy, the earliest its copy can
-    start; inf for every other block. O(k) for k blocks."""
+def _latest_allocations(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
+    """Per block, the latest TF allocates it: the end of its tensor's producer for a received copy
+    (the copy arrives from then on), inf for every other block. O(k) for k blocks."""
     received = np.fromiter((kind == "received" for kind in blocks.kind), dtype=bool, count=len(blocks.kind))
     return np.where(received, schedule.end_us[blocks.op], np.inf)
 
