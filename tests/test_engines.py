@@ -838,3 +838,53 @@ def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
     with engine.selected("native"):
         assert _windows_outcomes(graph, cluster, device_of, 3) == expected
     assert len(calls) == 5
+
+
+# ---------------------------------------------------------------- the memory out of order
+
+
+@native
+@pytest.mark.parametrize("seed", range(12))
+def test_both_engines_bound_the_order_alike(seed):
+    """`memory_timeline._chained_bounds`, compiled and on numpy: the same earliest and latest
+    places for random DAGs, placements and windows, devices or pools as groups; the compiled one
+    is the one that runs under ``native``."""
+    from baechi_tf.placer import memory_timeline
+
+    rng = np.random.default_rng(seed)
+    graph = graphs.random_dag(seed, 60, edge_prob=0.08 + 0.02 * (seed % 4))
+    groups = 1 + seed % 4
+    group_of = rng.integers(0, groups, graph.num_ops)
+    place = np.empty(graph.num_ops, dtype=np.int64)
+    for g in range(groups):  # places by topological position within each group
+        ops = graph.topo_order[group_of[graph.topo_order] == g]
+        place[ops] = np.arange(ops.size)
+    count = np.bincount(group_of, minlength=groups)[group_of]
+    last = np.minimum(place + rng.integers(0, 6, graph.num_ops), count - 1)
+    for window in (0, 1, 3, 8, 100):
+        with engine.selected("python"):
+            expected = memory_timeline._chained_bounds(graph, group_of, place, window, last)
+        with engine.selected("native"):
+            got = memory_timeline._chained_bounds(graph, group_of, place, window, last)
+        assert [x.tolist() for x in got] == [x.tolist() for x in expected], (seed, window)
+        lo, hi = expected
+        assert (lo <= place).all() and (hi >= place).all() and (place - lo <= window).all()
+        moved = (lo < place).sum() + (hi > place).sum()
+        assert (moved > 0) == (window > 0 and graph.num_ops > groups), (seed, window)
+
+
+@native
+def test_the_compiled_order_bounds_run_under_native(monkeypatch):
+    from baechi_tf.placer import memory_timeline
+
+    graph, cluster = graphs.random_dag(5, 40, edge_prob=0.15), graphs.cluster(3)
+    schedule = simulate(graph, cluster, Placement(np.arange(40, dtype=np.int32) % 3, "hand"))
+    calls = []
+    real = memory_timeline._chained_bounds_by_level
+    monkeypatch.setattr(memory_timeline, "_chained_bounds_by_level", lambda *a: calls.append(1) or real(*a))
+    with engine.selected("native"):
+        compiled = memory_timeline.reordered_peaks(graph, cluster, schedule)
+    assert calls == []
+    with engine.selected("python"):
+        assert memory_timeline.reordered_peaks(graph, cluster, schedule) == compiled
+    assert calls == [1]

@@ -254,6 +254,12 @@ def test_an_op_may_run_a_place_away_from_the_simulated_order():
         reordered_blocks(g, s, memory_blocks(g, s), -1)
 
 
+def _held(g: OpGraph, blocks) -> dict:
+    """(kind, op name, device) -> (alloc, free) of each block."""
+    return {(k, g.names[o], int(d)): (a, f)
+            for k, o, d, a, f in zip(blocks.kind, blocks.op, blocks.device, blocks.alloc_us, blocks.free_us)}
+
+
 def test_an_op_never_runs_before_its_input_on_its_device():
     # b after a on the device: neither may move, whatever the window; a chain neither.
     g, c = _two_ops(edge=True), cluster(1)
@@ -282,11 +288,57 @@ def test_an_input_from_another_device_bounds_nothing():
     s = simulate(g, c, Placement(np.array([0, 0, 0, 1, 0], np.int32), "hand"))
     assert s.start_us.tolist() == [0.0, 100.0, 200.0, 0.0, 300.0]
     blocks = reordered_blocks(g, s, memory_blocks(g, s, c), 2)
-    held = {(k, g.names[o], int(d)): (a, f)
-            for k, o, d, a, f in zip(blocks.kind, blocks.op, blocks.device, blocks.alloc_us, blocks.free_us)}
+    held = _held(g, blocks)
     assert held[("output", "y", 0)] == (100.0, KEPT)  # two places early: q's start
     assert held[("output", "q", 0)] == (100.0, KEPT)  # after p, its input
     assert held[("output", "p", 0)] == (0.0, 400.0)  # freed by q, which may end as late as y
+
+
+def test_an_op_never_runs_before_its_devices_op_it_needs_through_another_device():
+    """
+    device 0:  a (100 us) -> x on device 1 (10 us) -> b (100 us, 1 MiB scratch); u1 and u2
+               (100 us each, no edges) run between a and b
+    b reads nothing of device 0, but it needs a through x: however wide the window, it may start
+    no earlier than u1, the place after a. Without a, it could start at 0.
+    """
+    b = OpGraphBuilder()
+    b.add_op("a", 100, [4])
+    b.add_op("u1", 100, [4])
+    b.add_op("u2", 100, [4])
+    b.add_op("x", 10, [4])
+    b.add_op("b", 100, [4], temp_bytes=MiB)
+    b.add_edge("a", "x")
+    b.add_edge("x", "b")
+    g = b.build()
+    c = cluster(2, GiB, CommCost(0.0, 0.0))
+    s = simulate(g, c, Placement(np.array([0, 0, 0, 1, 0], np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 100.0, 200.0, 100.0, 300.0]
+    for window in (3, 8, 64):
+        assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), window))[("temp", "b", 0)] == (100.0, 400.0)
+    # The same graph with a on device 1 as well: b may go to the head of device 0's order.
+    s = simulate(g, c, Placement(np.array([1, 0, 0, 1, 0], np.int32), "hand"))
+    first = float(s.start_us[g.op_id("u1")])
+    assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), 8))[("temp", "b", 0)][0] == first
+
+
+def test_a_chain_moves_as_a_whole():
+    """
+    device 0:  u1, u2, then c1 -> c2 (100 us each; c2 with 1 MiB of scratch), by topological index
+    c1 may run two places early, at u1's start, and c2 with it, one place after c1: at u1's end.
+    A chain whose head cannot move does not move (test_an_op_never_runs_before_its_input...).
+    """
+    b = OpGraphBuilder()
+    for name in ("u1", "u2", "c1", "c2"):
+        b.add_op(name, 100, [4], temp_bytes=MiB if name == "c2" else 0)
+    b.add_edge("c1", "c2")
+    g = b.build()
+    c = cluster(1)
+    s = simulate(g, c, Placement(np.zeros(4, np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 100.0, 200.0, 300.0]
+    held = _held(g, reordered_blocks(g, s, memory_blocks(g, s), 2))
+    assert held[("temp", "c2", 0)] == (100.0, 400.0)
+    assert held[("output", "c1", 0)] == (0.0, 400.0)  # read by c2, which may end as late as it does
+    assert _held(g, reordered_blocks(g, s, memory_blocks(g, s), 1))[("temp", "c2", 0)] == (200.0, 400.0)
 
 
 def test_a_received_copy_is_held_from_the_end_of_its_producer():
@@ -311,13 +363,11 @@ def test_a_received_copy_is_held_from_the_end_of_its_producer():
     assert s.start_us.tolist() == [0.0, 10.0, 0.0, 1000.0]
     assert sorted((g.names[g.tensor_src[t.tensor]], t.start_us) for t in s.transfers) == [("x", 10.0), ("z", 60.0)]
     given = memory_blocks(g, s, c)
-    held = {(k, g.names[o], int(d)): (a, f)
-            for k, o, d, a, f in zip(given.kind, given.op, given.device, given.alloc_us, given.free_us)}
+    held = _held(g, given)
     assert held[("received", "x", 1)] == held[("received", "z", 1)] == (1000.0, 1100.0)
     for window in (0, 1, ORDER_WINDOW):
         blocks = reordered_blocks(g, s, given, window)
-        held = {(k, g.names[o], int(d)): (a, f)
-                for k, o, d, a, f in zip(blocks.kind, blocks.op, blocks.device, blocks.alloc_us, blocks.free_us)}
+        held = _held(g, blocks)
         assert held[("received", "x", 1)] == (10.0, 1100.0), window
         assert held[("received", "z", 1)] == (20.0, 1100.0), window
     assert s.peak_memory_bytes[1] == 3 * MiB + 4

@@ -53,6 +53,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
+from baechi_tf.placer import engine
 from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs
 from baechi_tf.placer.schedule import Schedule
 
@@ -63,11 +64,12 @@ __all__ = [
 
 KEPT = float("inf")  # free time of memory held past the end of the step
 
-ORDER_WINDOW = 16
+ORDER_WINDOW = 8
 """How many places of its device's order an op may run away from its simulated place in the order
-TensorFlow's executor takes (`reordered_blocks`). The executor runs a device's ready ops in an
-order of its own, which no rule of the simulator has matched; this window was chosen on the
-measured peaks of `bench/fidelity_memory.py` (docs/fidelity_record.md, "Ops out of order")."""
+TensorFlow's executor takes (`reordered_blocks`), a chain of them with it. The executor runs a
+device's ready ops in an order of its own, which no rule of the simulator has matched; this
+window was chosen on the measured peaks of `bench/fidelity_memory.py` and
+`bench/fidelity_memory_tasks.py` (docs/fidelity.md, "Chains move as a whole")."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -327,14 +329,16 @@ def reordered_blocks(
     to end, or by the producer for a copy, and moves with that op.
 
     A device's ops are in places 0, 1, ... by start time (commit order within an instant). The op
-    at place p may start as early as the start of the op at place ``max(p - window, q + 1)`` and
-    end as late as the end of the op at place ``min(p + window, r - 1, z)``, where q is the place
-    of its last predecessor on the device and r of its first successor there (data or control
-    edges), and z the last place before the device next stands idle: it never runs before an op
-    of its device whose output it reads, nor after one that reads its own, nor is it held back
-    while its device has nothing else to run (an executor runs a ready op on an idle device).
-    Predecessors on other devices bound nothing, nor does an idle gap before the op: their times
-    are no more certain than the op's. A block allocated by an op (its temporary bytes and
+    at place p may start as early as the start of the op at place ``lo(p) = max(p - window, q)``
+    and end as late as the end of the op at place ``hi(p) = min(p + window, r, z)``, where q is
+    one past the latest ``lo`` of the ops of its device it depends on and r one short of the
+    earliest ``hi`` of those that depend on it (over data and control edges, through ops of any
+    device), and z the last place before the device next stands idle. So it never runs before an
+    op of its device whose output it needs, nor after one that needs its own, and a chain moves
+    as a whole, up to `window` places for each of its ops; nor is an op held back while its
+    device has nothing else to run (an executor runs a ready op on an idle device). The times of
+    other devices' ops bound nothing, nor does an idle gap before the op: they are no more
+    certain than the op's. A block allocated by an op (its temporary bytes and
     outputs; a received copy by its first reader there) is allocated that much earlier; a block
     freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
     later. A received copy is allocated no later than its tensor's producer ends, either: TF's
@@ -353,7 +357,7 @@ def reordered_blocks(
     start over the pool, bounds by the pool's edges and its idle times), when that is later than
     in its own device's order.
 
-    Time O(V log V + E + k + D) for V ops, E edges, k blocks and D devices.
+    Time O(V log V + (V + E) D + k) for V ops, E edges, k blocks and D devices.
     """
     if window < 0:
         raise ValueError(f"window must be at least 0, not {window}")
@@ -403,21 +407,13 @@ def _order_bounds(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per op, the op whose start is its earliest and the op whose end is its latest within
     `window` places of its group's order (`reordered_blocks`'s rule, a group standing for a
-    device or a pool of devices). O(V log V + E)."""
+    device or a pool of devices). O(V log V + (V + E) G) for G groups."""
     n = graph.num_ops
     # Places by (group, start, commit rank); `first[g]` is the index into `by_place` of place 0.
     by_place = np.lexsort((rank, start, group_of))
     first = np.searchsorted(group_of[by_place], np.arange(group_of.max() + 2 if n else 1))
     place = np.empty(n, dtype=np.int64)
     place[by_place] = np.arange(n, dtype=np.int64) - first[group_of[by_place]]
-    count = (first[1:] - first[:-1])[group_of]  # ops in each op's group
-    # The last predecessor and the first successor in the op's group, by place.
-    same = group_of[graph.edge_src] == group_of[graph.edge_dst]
-    src, dst = graph.edge_src[same], graph.edge_dst[same]
-    last_pred = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last_pred, dst, place[src])
-    first_succ = count.copy()
-    np.minimum.at(first_succ, src, place[dst])
     # Busy periods: a group's places from one idle gap to the next, where an op starts after
     # every op before it in the group has ended.
     latest = np.empty(n)
@@ -429,10 +425,86 @@ def _order_bounds(
     period_last = np.append(period_starts[1:] - 1, n - 1)[np.cumsum(gap) - 1]  # by index into by_place
     busy_until = np.empty(n, dtype=np.int64)
     busy_until[by_place] = period_last - first[group_of[by_place]]  # the period's last place
-    lo = np.minimum(np.maximum(place - window, last_pred + 1), place)
-    hi = np.maximum(np.minimum(np.minimum(place + window, first_succ - 1), busy_until), place)
+    lo, hi = _chained_bounds(graph, group_of, place, window, busy_until)
     base = first[group_of]
     return by_place[base + lo], by_place[base + hi]
+
+
+def _chained_bounds(
+    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: int, last: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, the earliest and the latest place it may take in its group's order: within `window`
+    of its own place, at most `last`, after the earliest place each op of its group that it
+    depends on may take, and before the latest place each op of its group that depends on it may
+    take, over paths through any group's ops. A chain moves as a whole: each op of it `window`
+    places at most, and its dependents with it.
+
+    The selected engine computes it (`engine.current`): the compiled one op by op in topological
+    order, the Python one level by level (longest paths from a source); both in O((V + E) G)
+    time and O(V G) memory for G groups, the Python one with a step of numpy calls per level."""
+    groups = int(group_of.max()) + 1
+    module = engine.native_module() if engine.current() == "native" else None
+    if module is not None:
+        order = graph.topo_order.astype(np.int64)
+        out_ptr, out_dst = _neighbour_rows(graph.edge_src, graph.edge_dst, graph.num_ops)
+        in_ptr, in_src = _neighbour_rows(graph.edge_dst, graph.edge_src, graph.num_ops)
+        lo, hi = module.chained_bounds(groups, order, out_ptr, out_dst, in_ptr, in_src,
+                                       group_of.astype(np.int64), place.astype(np.int64), int(window),
+                                       last.astype(np.int64))
+        return np.asarray(lo), np.asarray(hi)
+    return _chained_bounds_by_level(graph, group_of, place, window, last, groups)
+
+
+def _neighbour_rows(frm: np.ndarray, to: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR rows of `to` by `frm` over ``0..n-1``: (row starts [n + 1], entries), int64."""
+    by = np.argsort(frm, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(frm, minlength=n), out=ptr[1:])
+    return ptr, to[by].astype(np.int64)
+
+
+def _chained_bounds_by_level(
+    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: int, last: np.ndarray, groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_chained_bounds` on numpy, level by level."""
+    n = graph.num_ops
+    src, dst = graph.edge_src.astype(np.int64), graph.edge_dst.astype(np.int64)
+    level = np.zeros(n, dtype=np.int64)
+    preds = graph.predecessors
+    for v in graph.topo_order.tolist():
+        if preds[v]:
+            level[v] = max(level[u] for u in preds[v]) + 1
+    by_level = np.argsort(level, kind="stable")
+    marks = np.arange(level.max() + 2)
+    level_cuts = np.searchsorted(level[by_level], marks)
+    # after[v, g]: one past the latest of the earliest places in g of v's ancestors there;
+    # before[v, g]: one short of the earliest of the latest places of v's descendants in g.
+    after = np.zeros((n, groups), dtype=np.int64)
+    before = np.full((n, groups), n, dtype=np.int64)
+    lo = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    out_of = np.argsort(level[src], kind="stable")
+    out_cuts = np.searchsorted(level[src][out_of], marks)
+    for k in range(len(marks) - 1):  # sources first: an op's ancestors are all on lower levels
+        ops = by_level[level_cuts[k]:level_cuts[k + 1]]
+        lo[ops] = np.minimum(np.maximum(place[ops] - window, after[ops, group_of[ops]]), place[ops])
+        e = out_of[out_cuts[k]:out_cuts[k + 1]]
+        carried = after[src[e]]
+        rows, own = np.arange(e.size), group_of[src[e]]
+        carried[rows, own] = np.maximum(carried[rows, own], lo[src[e]] + 1)
+        np.maximum.at(after, dst[e], carried)
+    into = np.argsort(level[dst], kind="stable")
+    into_cuts = np.searchsorted(level[dst][into], marks)
+    for k in range(len(marks) - 2, -1, -1):  # sinks' levels first: descendants are on higher ones
+        ops = by_level[level_cuts[k]:level_cuts[k + 1]]
+        bound = np.minimum(np.minimum(place[ops] + window, before[ops, group_of[ops]]), last[ops])
+        hi[ops] = np.maximum(bound, place[ops])
+        e = into[into_cuts[k]:into_cuts[k + 1]]
+        carried = before[dst[e]]
+        rows, own = np.arange(e.size), group_of[dst[e]]
+        carried[rows, own] = np.minimum(carried[rows, own], hi[dst[e]] - 1)
+        np.minimum.at(before, src[e], carried)
+    return lo, hi
 
 
 def thread_pools(cluster: Cluster) -> tuple[int, ...]:

@@ -1446,13 +1446,59 @@ py::tuple balance_windows(int num_devices, int num_windows, bool overlap, F64Arr
     return py::make_tuple(out, evaluated);
 }
 
+// memory_timeline._chained_bounds on the compiled engine: per op, the earliest and the latest
+// place it may take in its group's order. `order` is a topological order; `out_ptr`/`out_dst` and
+// `in_ptr`/`in_src` the successors and predecessors of each op in CSR form. O((V + E) G).
+py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array out_dst,
+                         I64Array in_ptr, I64Array in_src, I64Array group_of, I64Array place,
+                         i64 window, I64Array last) {
+    const i64 n = (i64)order.size();
+    const i64* ord = order.data();
+    const i64* grp = group_of.data();
+    const i64* plc = place.data();
+    py::array_t<i64> lo_out((py::ssize_t)n), hi_out((py::ssize_t)n);
+    i64* lo = lo_out.mutable_data();
+    i64* hi = hi_out.mutable_data();
+    {
+        py::gil_scoped_release release;
+        // after[v * G + g]: one past the latest earliest place of v's ancestors in g;
+        // before[v * G + g]: one short of the earliest latest place of its descendants in g.
+        std::vector<i64> after((size_t)(n * groups), 0), before((size_t)(n * groups), n);
+        std::vector<i64> carried((size_t)groups);
+        for (i64 k = 0; k < n; ++k) {
+            const i64 v = ord[k];
+            i64* row = &after[(size_t)(v * groups)];
+            lo[v] = std::min(std::max(plc[v] - window, row[grp[v]]), plc[v]);
+            std::copy(row, row + groups, carried.begin());
+            carried[grp[v]] = std::max(carried[grp[v]], lo[v] + 1);
+            for (i64 e = out_ptr.data()[v]; e < out_ptr.data()[v + 1]; ++e) {
+                i64* to = &after[(size_t)(out_dst.data()[e] * groups)];
+                for (int g = 0; g < groups; ++g) to[g] = std::max(to[g], carried[g]);
+            }
+        }
+        for (i64 k = n - 1; k >= 0; --k) {
+            const i64 v = ord[k];
+            i64* row = &before[(size_t)(v * groups)];
+            const i64 bound = std::min(std::min(plc[v] + window, row[grp[v]]), last.data()[v]);
+            hi[v] = std::max(bound, plc[v]);
+            std::copy(row, row + groups, carried.begin());
+            carried[grp[v]] = std::min(carried[grp[v]], hi[v] - 1);
+            for (i64 e = in_ptr.data()[v]; e < in_ptr.data()[v + 1]; ++e) {
+                i64* to = &before[(size_t)(in_src.data()[e] * groups)];
+                for (int g = 0; g < groups; ++g) to[g] = std::min(to[g], carried[g]);
+            }
+        }
+    }
+    return py::make_tuple(lo_out, hi_out);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 14;
+    m.attr("INTERFACE") = 15;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
@@ -1460,6 +1506,7 @@ PYBIND11_MODULE(_native, m) {
     py::class_<Links, std::shared_ptr<Links>>(m, "Links")
         .def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
+    m.def("chained_bounds", &chained_bounds);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
         .def(py::init<>())
