@@ -1454,8 +1454,13 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
                          i64 window, I64Array last) {
     const i64 n = (i64)order.size();
     const i64* ord = order.data();
+    const i64* optr = out_ptr.data();
+    const i64* odst = out_dst.data();
+    const i64* iptr = in_ptr.data();
+    const i64* isrc = in_src.data();
     const i64* grp = group_of.data();
     const i64* plc = place.data();
+    const i64* lst = last.data();
     py::array_t<i64> lo_out((py::ssize_t)n), hi_out((py::ssize_t)n);
     i64* lo = lo_out.mutable_data();
     i64* hi = hi_out.mutable_data();
@@ -1471,20 +1476,20 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
             lo[v] = std::min(std::max(plc[v] - window, row[grp[v]]), plc[v]);
             std::copy(row, row + groups, carried.begin());
             carried[grp[v]] = std::max(carried[grp[v]], lo[v] + 1);
-            for (i64 e = out_ptr.data()[v]; e < out_ptr.data()[v + 1]; ++e) {
-                i64* to = &after[(size_t)(out_dst.data()[e] * groups)];
+            for (i64 e = optr[v]; e < optr[v + 1]; ++e) {
+                i64* to = &after[(size_t)(odst[e] * groups)];
                 for (int g = 0; g < groups; ++g) to[g] = std::max(to[g], carried[g]);
             }
         }
         for (i64 k = n - 1; k >= 0; --k) {
             const i64 v = ord[k];
             i64* row = &before[(size_t)(v * groups)];
-            const i64 bound = std::min(std::min(plc[v] + window, row[grp[v]]), last.data()[v]);
+            const i64 bound = std::min(std::min(plc[v] + window, row[grp[v]]), lst[v]);
             hi[v] = std::max(bound, plc[v]);
             std::copy(row, row + groups, carried.begin());
             carried[grp[v]] = std::min(carried[grp[v]], hi[v] - 1);
-            for (i64 e = in_ptr.data()[v]; e < in_ptr.data()[v + 1]; ++e) {
-                i64* to = &before[(size_t)(in_src.data()[e] * groups)];
+            for (i64 e = iptr[v]; e < iptr[v + 1]; ++e) {
+                i64* to = &before[(size_t)(isrc[e] * groups)];
                 for (int g = 0; g < groups; ++g) to[g] = std::min(to[g], carried[g]);
             }
         }
