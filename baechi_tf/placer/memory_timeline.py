@@ -446,21 +446,14 @@ def _chained_bounds(
     module = engine.native_module() if engine.current() == "native" else None
     if module is not None:
         order = graph.topo_order.astype(np.int64)
-        out_ptr, out_dst = _neighbour_rows(graph.edge_src, graph.edge_dst, graph.num_ops)
-        in_ptr, in_src = _neighbour_rows(graph.edge_dst, graph.edge_src, graph.num_ops)
+        out_ptr, out_edges = graph._out_csr  # edge ids by source, and by destination below
+        in_ptr, in_edges = graph._in_csr
+        out_dst, in_src = graph.edge_dst[out_edges].astype(np.int64), graph.edge_src[in_edges].astype(np.int64)
         lo, hi = module.chained_bounds(groups, order, out_ptr, out_dst, in_ptr, in_src,
                                        group_of.astype(np.int64), place.astype(np.int64), int(window),
                                        last.astype(np.int64))
         return np.asarray(lo), np.asarray(hi)
     return _chained_bounds_by_level(graph, group_of, place, window, last, groups)
-
-
-def _neighbour_rows(frm: np.ndarray, to: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR rows of `to` by `frm` over ``0..n-1``: (row starts [n + 1], entries), int64."""
-    by = np.argsort(frm, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(frm, minlength=n), out=ptr[1:])
-    return ptr, to[by].astype(np.int64)
 
 
 def _chained_bounds_by_level(
