@@ -22,10 +22,9 @@ def one_device_label(result) -> str:
 def summary_table(result) -> str:
     """A short table: per device ops, compute, peak memory (and, where it differs, the peak as TF
     may hold the step's memory, `PlacementResult.reordered_peak_bytes`: each device's ops up to
-    `ORDER_WINDOW` places out of the simulated order, copies as TF makes them, so above or below
-    the simulated peak; where the simulation held ops back for memory, the
-    peak with none held back, `PlacementResult.unheld_peak_bytes`); then makespan against the
-    bounds."""
+    `memory_timeline.order_windows` places out of the simulated order, copies as TF makes them,
+    so above or below the simulated peak; where the simulation held ops back for memory, the peak
+    with none held back, `PlacementResult.unheld_peak_bytes`); then makespan against the bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule
     device_of = result.placement.device_of
     # With --placer_memory_fraction below 1 the placer filled only its share of each device.

@@ -13,8 +13,8 @@ initialized, ``--warmup_steps`` untraced steps, then ``--traced_steps`` steps wi
 the largest over the traced steps of the memory rebuilt from the step's allocation records plus
 the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
 peak is the placement report's (`PlacementResult.reordered_peak_bytes`: the schedule's memory held
-as long as TF may hold it running each device's ops up to `ORDER_WINDOW` places out of the
-simulated order, and a tensor handed to another stand-in as late as its reader may run in the
+as long as TF may hold it running each device's ops up to its window of places
+(`memory_timeline.order_windows`) out of the simulated order, and a tensor handed to another stand-in as late as its reader may run in the
 order of all the stand-ins, which take turns on the process's threads).
 
 It prints one line per placement and device (the host too when the placement put ops there):
@@ -71,7 +71,6 @@ sys.path.insert(0, BENCH)
 import fidelity_graphs  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 import flags  # noqa: E402
 
-from baechi_tf.placer.memory_timeline import ORDER_WINDOW  # noqa: E402
 
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
 
@@ -130,7 +129,7 @@ class Row:
     # step. None in files written before it.
     measured_peaks: Optional[list[int]] = None
     # The schedule's own peak, each op at its simulated place in the order
-    # (`Schedule.peak_memory_bytes`; `simulated_bytes` lets ops move `ORDER_WINDOW` places). None
+    # (`Schedule.peak_memory_bytes`; `simulated_bytes` lets ops move their device's window). None
     # in files written before it, where `simulated_bytes` is this.
     sim_schedule_bytes: Optional[int] = None
 
@@ -288,7 +287,7 @@ def measure_graph(
         else:
             # Per device the largest over the traced steps, as the measured peak is: whether an op
             # works in place of its input depends on the order of the step.
-            per_step = [_variants(result, step, ORDER_WINDOW) + _variants(_replayed(result, step), step, 0)[-1:]
+            per_step = [_variants(result, step, None) + _variants(_replayed(result, step), step, 0)[-1:]
                         for step in stats]
             variants = [[max(p) for p in zip(*(v[k] for v in per_step))] for k in range(4)]
             replay = variants.pop()
@@ -611,10 +610,10 @@ def _traced_outputs(step_stats) -> dict[str, tuple[dict[int, int], int]]:
     return out
 
 
-def _variants(result, step_stats, window: int) -> list[list[int]]:
+def _variants(result, step_stats, window: Optional[int]) -> list[list[int]]:
     """Per variant of `VARIANTS`, per device of `result.cluster`, the peak of `_variant_blocks`,
     each op up to `window` places out of its schedule's order (`reordered_blocks`, with the
-    cluster's `thread_pools`)."""
+    cluster's `thread_pools`; None: their `order_windows`)."""
     from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks, thread_pools
 
     graph, schedule, pools = result.graph, result.schedule, thread_pools(result.cluster)
@@ -887,8 +886,8 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     if reuse:
         print(reuse)
     if all(r.sim_schedule_bytes is not None for r in rows):
-        print(f"\nthe simulated order alone (each op at its simulated place; the peak above lets each move "
-              f"{ORDER_WINDOW} places of its device's order):")
+        print("\nthe simulated order alone (each op at its simulated place; the peak above lets each move "
+              "its device's window of places, `order_windows`):")
         print("\n".join("  " + line for line in summary(rows, "sim_schedule_bytes")[1:]))
     if all(r.sim_unheld_bytes is not None for r in rows):
         print("\nthe same placements simulated with no op held back for memory (TF runs an op as soon as "

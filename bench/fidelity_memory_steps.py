@@ -85,13 +85,11 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
 
     import fidelity_memory as fm
 
-    from baechi_tf.placer.memory_timeline import (
-        ORDER_WINDOW, blocks_timeline, memory_blocks, reordered_blocks, thread_pools,
-    )
+    from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, reordered_blocks, thread_pools
 
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
     in_order = memory_blocks(graph, schedule, cluster)
-    blocks = reordered_blocks(graph, schedule, in_order, ORDER_WINDOW, thread_pools(cluster))
+    blocks = reordered_blocks(graph, schedule, in_order, None, thread_pools(cluster))
     timelines = blocks_timeline(blocks, cluster.num_devices)
     per_step = [fm._measured(ran_def, [step])[0] for step in stats]
     step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)

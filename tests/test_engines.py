@@ -847,8 +847,8 @@ def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
 @pytest.mark.parametrize("seed", range(12))
 def test_both_engines_bound_the_order_alike(seed):
     """`memory_timeline._chained_bounds`, compiled and on numpy: the same earliest and latest
-    places for random DAGs, placements and windows, devices or pools as groups; the compiled one
-    is the one that runs under ``native``."""
+    places for random DAGs, placements and windows (one for all groups, or one per group),
+    devices or pools as groups; the compiled one is the one that runs under ``native``."""
     from baechi_tf.placer import memory_timeline
 
     rng = np.random.default_rng(seed)
@@ -861,16 +861,19 @@ def test_both_engines_bound_the_order_alike(seed):
         place[ops] = np.arange(ops.size)
     count = np.bincount(group_of, minlength=groups)[group_of]
     last = np.minimum(place + rng.integers(0, 6, graph.num_ops), count - 1)
-    for window in (0, 1, 3, 8, 100):
+    by_group = rng.integers(0, 9, groups)  # a window of each group's own
+    for window in [np.full(graph.num_ops, w) for w in (0, 1, 3, 8, 100)] + [by_group[group_of]]:
         with engine.selected("python"):
             expected = memory_timeline._chained_bounds(graph, group_of, place, window, last)
         with engine.selected("native"):
             got = memory_timeline._chained_bounds(graph, group_of, place, window, last)
         assert [x.tolist() for x in got] == [x.tolist() for x in expected], (seed, window)
         lo, hi = expected
-        assert (lo <= place).all() and (hi >= place).all() and (place - lo <= window).all()
-        moved = (lo < place).sum() + (hi > place).sum()
-        assert (moved > 0) == (window > 0 and graph.num_ops > groups), (seed, window)
+        assert (lo <= place).all() and (hi >= place).all()
+        assert (place - lo <= window).all() and (hi - place <= window).all()
+        if (window == window[0]).all():
+            moved = (lo < place).sum() + (hi > place).sum()
+            assert (moved > 0) == (window[0] > 0 and graph.num_ops > groups), (seed, window)
 
 
 @native

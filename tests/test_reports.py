@@ -235,23 +235,47 @@ def _two_ops(edge: bool) -> OpGraph:
     return b.build()
 
 
+def _two_pairs() -> OpGraph:
+    """a -> ra and b -> rb (100 us each) on one device: a and b with 1 MiB of output and 1 KiB of
+    weights, ra and rb sinks of 4 B. In the order a, ra, b, rb one of the outputs at a time."""
+    b = OpGraphBuilder()
+    for name in ("a", "ra", "b", "rb"):
+        b.add_op(name, 100, [MiB if name in ("a", "b") else 4], persistent_bytes=1024 if name in ("a", "b") else 0)
+    b.add_edge("a", "ra")
+    b.add_edge("b", "rb")
+    return b.build()
+
+
 def test_an_op_may_run_a_place_away_from_the_simulated_order():
     g, c = _two_ops(edge=False), cluster(1)
     s = simulate(g, c, Placement(np.zeros(2, np.int32), "hand"))
     assert s.start_us.tolist() == [0.0, 100.0] and s.peak_memory_bytes == (2048 + MiB,)
-    # With a window of 1, either op may run first: each one's scratch is held from the first start
-    # to the last end; the weights stay as they were.
+    # With a window of 1, either op may run first: each one's scratch is held at some time from
+    # the first start to the last end, while the op runs; the weights stay as they were.
     blocks = reordered_blocks(g, s, memory_blocks(g, s), 1)
-    kinds = {(k, int(o)): (a, f) for k, o, a, f in zip(blocks.kind, blocks.op, blocks.alloc_us, blocks.free_us)}
-    assert kinds == {("persistent", 0): (0.0, KEPT), ("persistent", 1): (0.0, KEPT), ("temp", 0): (0.0, 200.0),
-                     ("temp", 1): (0.0, 200.0)}
-    assert reordered_peaks(g, c, s, 1) == (2048 + 2 * MiB,)
+    kinds = {(k, int(o)): (a, f, n) for k, o, a, f, n in
+             zip(blocks.kind, blocks.op, blocks.alloc_us, blocks.free_us, blocks.at_once)}
+    assert kinds == {("persistent", 0): (0.0, KEPT, 0), ("persistent", 1): (0.0, KEPT, 0),
+                     ("temp", 0): (0.0, 200.0, 1), ("temp", 1): (0.0, 200.0, 1)}
+    # A device that runs one op at a time holds one scratch at a time in any order; one that
+    # runs two at once (a pool of threads it shares) may hold both.
+    assert reordered_peaks(g, c, s, 1) == (2048 + MiB,)
+    both = reordered_blocks(g, s, memory_blocks(g, s), 1, None, (2,))
+    assert blocks_timeline(both, 1)[0].peak_bytes == 2048 + 2 * MiB
+    # Outputs read later are held from the earliest start to the latest end of their readers: b's
+    # output may be allocated while ra, which frees a's, has yet to run.
+    g = _two_pairs()
+    s = simulate(g, c, Placement(np.zeros(4, np.int32), "hand"))
+    assert s.start_us.tolist() == [0.0, 100.0, 200.0, 300.0] and s.peak_memory_bytes == (2048 + MiB + 8,)
+    assert reordered_peaks(g, c, s, 1) == (2048 + 2 * MiB + 8,)
     # A window of 0 is the schedule itself; the default window at least the schedule's peak.
     assert reordered_blocks(g, s, memory_blocks(g, s), 0).alloc_us.tolist() == memory_blocks(g, s).alloc_us.tolist()
     assert reordered_peaks(g, c, s, 0) == s.peak_memory_bytes
-    assert ORDER_WINDOW >= 1 and reordered_peaks(g, c, s) == (2048 + 2 * MiB,)
+    assert ORDER_WINDOW >= 1 and reordered_peaks(g, c, s) == (2048 + 2 * MiB + 8,)
     with pytest.raises(ValueError, match="window must be at least 0, not -1"):
         reordered_blocks(g, s, memory_blocks(g, s), -1)
+    with pytest.raises(ValueError, match="at_once must give each of the 1 devices at least 1, not \\[0\\]"):
+        reordered_blocks(g, s, memory_blocks(g, s), 1, None, (0,))
 
 
 def _held(g: OpGraph, blocks) -> dict:
@@ -414,6 +438,57 @@ def test_the_reordered_peak_grows_with_the_window():
     assert checked >= 20 and moved >= 10, (checked, moved)
 
 
+def test_scratch_is_counted_for_as_many_ops_as_run_at_once():
+    """
+    device 0:  six independent ops of 100 us, each with 4 MiB of scratch (as a convolution's
+               gradient has on some CPUs), in turn
+    Any of them may run in any of the first places with a window of 8, but a device runs one op at
+    a time (two on a pool of two threads): one scratch is held at a time (two), not six.
+    """
+    import os
+
+    from baechi_tf.placer.memory_timeline import running_at_once
+
+    b = OpGraphBuilder()
+    for i in range(6):
+        b.add_op(f"g{i}", 100, [], temp_bytes=4 * MiB)
+    g, c = b.build(), cluster(1)
+    s = simulate(g, c, Placement(np.zeros(6, np.int32), "hand"))
+    given = memory_blocks(g, s)
+    for at_once, expected in ((1, 4 * MiB), (2, 8 * MiB), (6, 24 * MiB), (9, 24 * MiB)):
+        blocks = reordered_blocks(g, s, given, 8, None, (at_once,))
+        assert blocks_timeline(blocks, 1)[0].peak_bytes == expected, at_once
+    assert reordered_peaks(g, c, s) == (4 * MiB,)  # a GPU: one op at a time
+    # Devices of one pool run as many ops at once as the process has threads, TF's default: the
+    # CPUs it may run on.
+    threads = len(os.sched_getaffinity(0))
+    assert running_at_once((0, 0, 2)) == (threads, threads, 1)
+
+
+def test_ops_that_run_at_once_bound_the_peak_from_the_schedule_to_every_block_held_throughout():
+    """On random DAGs: the peak grows with how many ops may run at once, from at least the peak
+    in the simulated order (window 0) to, with as many as there are ops, the peak with every
+    block held over the whole span its op may run in."""
+    import dataclasses
+
+    below = 0
+    for seed in range(40):
+        g = random_dag(seed, 30, edge_prob=0.12, max_bytes=16 * MiB, persistent_prob=0.1)
+        c = cluster(3, GiB)
+        s = simulate(g, c, Placement(np.random.default_rng(seed).integers(0, 3, g.num_ops), "random"))
+        given = memory_blocks(g, s, c)
+        in_order = reordered_peaks(g, c, s, 0)
+        for window in (1, 4, 8):
+            peaks = [[t.peak_bytes for t in blocks_timeline(reordered_blocks(g, s, given, window, None, (k,) * 3), 3)]
+                     for k in (1, 2, 4, g.num_ops)]
+            for lower, higher in zip([list(in_order)] + peaks, peaks):
+                assert all(x <= y for x, y in zip(lower, higher)), (seed, window, in_order, peaks)
+            every = reordered_blocks(g, s, given, window, None, (g.num_ops,) * 3)
+            assert peaks[-1] == [t.peak_bytes for t in blocks_timeline(dataclasses.replace(every, at_once=None), 3)]
+            below += sum(x < y for x, y in zip(peaks[0], peaks[-1]))
+    assert below >= 40, below
+
+
 def test_a_sent_tensor_is_freed_on_its_producer_once_its_copy_is_done():
     """
     device 0:  x (10 us, 1 MiB), then v (100 us), then w (500 us, 2 MiB scratch), in a chain of
@@ -450,26 +525,26 @@ def test_a_sent_tensor_is_freed_on_its_producer_once_its_copy_is_done():
 
 
 def test_the_placement_reports_the_reordered_peak_and_warns_above_memory(caplog):
-    # Two independent ops of 1 MiB of scratch fit a device of 1.5 MiB one after the other; in a
-    # window of the other order they hold 2 MiB: the result says so, and a warning names the device.
-    g = _two_ops(edge=False)
+    # Two outputs of 1 MiB fit a device of 1.5 MiB one after the other; in a window of another
+    # order they are held at once, 2 MiB: the result says so, and a warning names the device.
+    g = _two_pairs()
     c = cluster(1, MiB + MiB // 2)
     with caplog.at_level("WARNING", logger="baechi_tf"):
         result = place(g, c, PlacementOptions(placement_method="m_etf"))
-    assert result.schedule.peak_memory_bytes == (2048 + MiB,)
-    assert result.reordered_peak_bytes == (2048 + 2 * MiB,)
-    assert "TensorFlow runs a device's ready ops in an order of its own" in caplog.text, caplog.text
+    assert result.schedule.peak_memory_bytes == (2048 + MiB + 8,)
+    assert result.reordered_peak_bytes == (2048 + 2 * MiB + 8,)
+    assert "TensorFlow runs a device's ready ops in an order of its own: with each op up to 4 places" in caplog.text
     assert "2.00 MiB on /device:GPU:0 (of 1.50 MiB)" in caplog.text, caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="baechi_tf"):
         result = place(g, cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
-    assert result.reordered_peak_bytes == (2048 + 2 * MiB,)
+    assert result.reordered_peak_bytes == (2048 + 2 * MiB + 8,)
     assert "order of its own" not in caplog.text
     # On a device that holds the whole graph no order can run out: placing leaves the peak to its
     # first use; where memory is tight it is the one the warning was judged by.
     assert result.reordered_peaks_known is None
     tight = place(g, c, PlacementOptions(placement_method="m_etf"))
-    assert tight.reordered_peaks_known == tight.reordered_peak_bytes == (2048 + 2 * MiB,)
+    assert tight.reordered_peaks_known == tight.reordered_peak_bytes == (2048 + 2 * MiB + 8,)
     # Its time is a step of its own, beside the peak with no op held back.
     assert {"memory", "memory out of order"} <= set(tight.step_seconds)
     assert "memory out of order" not in result.step_seconds
@@ -1174,7 +1249,7 @@ def test_an_out_of_memory_error_names_the_peak_out_of_the_simulated_order_too():
     from baechi_tf.rewriter.oom import out_of_memory_error
 
     text = "OOM when allocating tensor with shape[4] on /device:GPU:0 by allocator GPU_0_bfc"
-    result = place(_two_ops(edge=False), cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
+    result = place(_two_pairs(), cluster(1, 4 * MiB), PlacementOptions(placement_method="m_etf"))
     message = str(out_of_memory_error(RuntimeError(text), result))
     assert ("the placer expected a peak of 1.00 MiB (2.00 MiB with its ops out of the simulated order) "
             "of the 4.00 MiB it assumed there") in message, message

@@ -476,3 +476,43 @@ def test_a_handed_over_tensor_waits_for_its_reader_in_the_order_of_the_process()
     # Three stand-ins in two processes, and devices of their own.
     assert thread_pools(_cluster(3, shared=True, tasks=2)) == (0, 1, 0)
     assert thread_pools(_cluster(3, shared=False)) == (0, 1, 2)
+
+
+def test_a_device_of_its_own_pool_moves_its_ops_fewer_places():
+    """
+    device 0:  a -> ra, u1, ..., u9, b -> rb (100 us each, in turn; a and b with 1 MiB of output,
+               the others sinks of 4 B)
+
+    b is ten places after ra, which frees a's output. Where ops move `ORDER_WINDOW` (8) places,
+    ra may end as late as u7 and b start as early as u3: both outputs are held at once. At
+    `ORDER_WINDOW_OWN_POOL` (4), ra ends by u3 and b starts from u7: one at a time, as simulated.
+    Stand-ins of one process take the first by default, devices of pools of their own the second.
+    """
+    from baechi_tf.placer.memory_timeline import (
+        ORDER_WINDOW, ORDER_WINDOW_OWN_POOL, order_windows, reordered_blocks, reordered_peaks, thread_pools,
+    )
+
+    assert (ORDER_WINDOW, ORDER_WINDOW_OWN_POOL) == (8, 4)
+    b = OpGraphBuilder()
+    names = ["a", "ra"] + [f"u{i}" for i in range(1, 10)] + ["b", "rb"]
+    for name in names:
+        b.add_op(name, 100, [MiB if name in ("a", "b") else 4])
+    b.add_edge("a", "ra")
+    b.add_edge("b", "rb")
+    g = b.build()
+    held_once = MiB + 4 * (len(names) - 2)  # one output, and every sink's (kept)
+    for shared, expected in ((True, held_once + MiB), (False, held_once)):
+        c = _cluster(2, shared=shared)
+        s = simulate(g, c, Placement(np.zeros(len(names), np.int32), "given"))
+        assert s.start_us.tolist() == [100.0 * i for i in range(len(names))]
+        assert s.peak_memory_bytes == (held_once, 0)
+        assert reordered_peaks(g, c, s)[0] == expected, shared
+        assert reordered_peaks(g, c, s, order_windows(thread_pools(c))) == reordered_peaks(g, c, s)
+    # One window per device, or one for all; the pools' windows by how many devices share them.
+    assert reordered_peaks(g, c, s, (ORDER_WINDOW_OWN_POOL, ORDER_WINDOW))[0] == held_once
+    assert reordered_peaks(g, c, s, (ORDER_WINDOW, ORDER_WINDOW_OWN_POOL))[0] == held_once + MiB
+    assert order_windows((0, 1, 0)) == (ORDER_WINDOW, ORDER_WINDOW_OWN_POOL, ORDER_WINDOW)
+    with pytest.raises(ValueError, match="window gives 1 devices a window, but there are 2: give one per"):
+        reordered_blocks(g, s, memory_blocks(g, s, c), (4,), thread_pools(c))
+    with pytest.raises(ValueError, match="window must be at least 0, not -1"):
+        reordered_blocks(g, s, memory_blocks(g, s, c), (4, -1))

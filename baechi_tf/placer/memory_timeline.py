@@ -45,9 +45,12 @@ Time O((V + E) log(V + E)) for V ops and E edges; memory O(V + E).
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
 import itertools
-from typing import Optional, Sequence
+import os
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -58,18 +61,24 @@ from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, 
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
-    "ORDER_WINDOW", "DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks", "memory_timeline",
-    "reordered_blocks", "reordered_peaks", "thread_pools",
+    "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks",
+    "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once", "thread_pools",
 ]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
 
 ORDER_WINDOW = 8
-"""How many places of its device's order an op may run away from its simulated place in the order
-TensorFlow's executor takes (`reordered_blocks`), a chain of them with it. The executor runs a
-device's ready ops in an order of its own, which no rule of the simulator has matched; this
-window was chosen on the measured peaks of `bench/fidelity_memory.py` and
-`bench/fidelity_memory_tasks.py` (docs/fidelity.md, "Chains move as a whole")."""
+"""How many places of its device's order an op of a device that shares its pool of threads with
+other devices (`thread_pools`: CPU devices of one process) may run away from its simulated place
+in the order TensorFlow's executor takes (`reordered_blocks`), a chain of them with it. The
+executor runs a device's ready ops in an order of its own, which no rule of the simulator has
+matched; the window was chosen on the measured peaks of `bench/fidelity_memory.py`
+(docs/fidelity.md, "Chains move as a whole")."""
+
+ORDER_WINDOW_OWN_POOL = 4
+"""`ORDER_WINDOW` for a device that runs its ops on a pool of its own (a GPU, a worker task), where
+no other device's ops take turns with its own on the threads; chosen on the measured peaks of
+`bench/fidelity_memory_tasks.py` (docs/fidelity.md, "A window by the pool")."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -106,6 +115,11 @@ class MemoryBlocks:
     # same as free_us and free_rank.
     sent_free_us: Optional[np.ndarray] = None  # float64 [k], alloc_us <= sent_free_us <= free_us
     sent_free_rank: Optional[np.ndarray] = None  # int64 [k]
+    # Per block, 0: held from alloc_us to free_us. n > 0: held only while its op runs, which is at
+    # some time within [alloc_us, free_us], and at most n ops of its device run at once
+    # (`reordered_blocks`); the timeline counts, at each time, the n largest such ops' bytes among
+    # those whose span covers it. None: 0 for every block.
+    at_once: Optional[np.ndarray] = None  # int64 [k]
 
 
 def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster] = None) -> MemoryBlocks:
@@ -317,11 +331,13 @@ def reordered_blocks(
     graph: OpGraph,
     schedule: Schedule,
     blocks: MemoryBlocks,
-    window: int = ORDER_WINDOW,
+    window: Union[int, Sequence[int], None] = None,
     pools: Optional[Sequence[int]] = None,
+    at_once: Optional[Sequence[int]] = None,
 ) -> MemoryBlocks:
     """`blocks` of `schedule` (`memory_blocks`) held as long as an executor that runs each device's
-    ops in another order, within `window` places of the simulated one, may hold them.
+    ops in another order, within `window` places of the simulated one, may hold them. `window` is
+    one for every device, or one per device; None, `order_windows(pools)`.
 
     Frees start from TF's (`MemoryBlocks.sent_free_us`): a tensor sent to devices of their own
     memory leaves its producer's device once its copies out and its readers there are done,
@@ -350,6 +366,13 @@ def reordered_blocks(
     Persistent blocks and blocks kept past the step do not move. With `window` 0, the blocks as
     given but for TF's frees and received copies: the simulated order as TF holds its memory.
 
+    A block an op holds only while it runs (its temporary bytes, an output nothing reads) is held
+    at some time within that span, not over all of it: where the device's window is above 0, the
+    block is marked so (`MemoryBlocks.at_once`), and the timeline counts at each time only the
+    `at_once` largest of the ops that may run then (`at_once`, per device: how many of its ops TF
+    may run at once; None, `running_at_once(pools)`). Without it, ops of large scratch, such as
+    convolutions' gradients, would each count as held through their neighbours' runs too.
+
     `pools`, per device, names the pool of threads that runs its ops (`thread_pools`: the CPU
     devices of one process share one); None, each device its own. Devices of one pool take turns
     on its threads, so a block one of them holds for a reader on another of the pool is held as
@@ -359,15 +382,19 @@ def reordered_blocks(
 
     Time O(V log V + (V + E) D + k) for V ops, E edges, k blocks and D devices.
     """
-    if window < 0:
-        raise ValueError(f"window must be at least 0, not {window}")
+    device_of = schedule.placement.device_of
+    devices = max(int(device_of.max(initial=-1)), int(blocks.device.max(initial=-1))) + 1
+    windows = _device_windows(window, pools, max(devices, 0 if pools is None else len(pools)))
+    running = np.asarray(running_at_once(range(windows.size) if pools is None else pools)
+                         if at_once is None else at_once, dtype=np.int64)
+    if running.size < windows.size or (running.size and running.min() < 1):
+        raise ValueError(f"at_once must give each of the {windows.size} devices at least 1, not {running.tolist()}")
     if not blocks.device.size:
         return blocks
-    device_of = schedule.placement.device_of
     rank = np.empty(graph.num_ops, dtype=np.int64)
     rank[schedule.order] = np.arange(graph.num_ops, dtype=np.int64)
     start, end = schedule.start_us, schedule.end_us
-    earliest_op, latest_op = _order_bounds(graph, device_of, start, end, rank, window)
+    earliest_op, latest_op = _order_bounds(graph, device_of, start, end, rank, windows)
     early = start - start[earliest_op]
     late = np.maximum(end[latest_op] - end, 0.0)
 
@@ -385,14 +412,56 @@ def reordered_blocks(
     free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], base_rank)
     pool = None if pools is None else np.asarray(pools, dtype=np.int64)
     if pool is not None and np.unique(pool).size < pool.size:  # some pool runs two devices
-        pool_latest = _order_bounds(graph, pool[device_of], start, end, rank, window)[1]
+        pool_windows = np.zeros(int(pool.max()) + 1, dtype=np.int64)
+        np.maximum.at(pool_windows, pool, windows[:pool.size])  # the pool's devices share theirs
+        pool_latest = _order_bounds(graph, pool[device_of], start, end, rank, pool_windows)[1]
         pool_late = np.maximum(end[pool_latest] - end, 0.0)
         handed = freed & (device_of[free_op] != blocks.device) & (pool[device_of[free_op]] == pool[blocks.device])
         later = handed & (base_free + pool_late[free_op] > free_us)
         free_us = np.where(later, base_free + pool_late[free_op], free_us)
         free_rank = np.where(later, rank[pool_latest[free_op]], free_rank)
+    # Held while its op runs: allocated at its start, freed at its end, by itself.
+    scoped = np.fromiter((k in ("temp", "output") for k in blocks.kind), dtype=bool, count=len(blocks.kind))
+    scoped &= freed & (base_rank == blocks.alloc_rank) & (windows[blocks.device] > 0)
+    scoped &= (blocks.alloc_us == start[blocks.op]) & (base_free == end[blocks.op])
     return dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
-                               free_rank=free_rank, sent_free_us=None, sent_free_rank=None)
+                               free_rank=free_rank, sent_free_us=None, sent_free_rank=None,
+                               at_once=np.where(scoped, running[blocks.device], 0))
+
+
+def order_windows(pools: Sequence[int]) -> tuple[int, ...]:
+    """Per device, how many places of its order `reordered_blocks` lets its ops move by default:
+    `ORDER_WINDOW` where its pool of threads (`pools`, as `thread_pools` gives them) runs another
+    device's ops too, `ORDER_WINDOW_OWN_POOL` where it runs this device's alone. O(D)."""
+    counts = collections.Counter(pools)
+    return tuple(ORDER_WINDOW if counts[p] > 1 else ORDER_WINDOW_OWN_POOL for p in pools)
+
+
+def running_at_once(pools: Sequence[int]) -> tuple[int, ...]:
+    """Per device, how many of its ops TensorFlow may run at once: one where its pool of threads
+    (`pools`, as `thread_pools` gives them) runs its ops alone (a GPU's stream, a worker task of one
+    thread), as many as the process's inter-op pool has threads where the pool runs other
+    devices' ops too: TF's default, the CPUs this process may run on. O(D)."""
+    counts = collections.Counter(pools)
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return tuple(threads if counts[p] > 1 else 1 for p in pools)
+
+
+def _device_windows(window: Union[int, Sequence[int], None], pools: Optional[Sequence[int]],
+                    devices: int) -> np.ndarray:
+    """`reordered_blocks`'s `window` as one per device of `devices`, checked."""
+    if window is None:
+        windows = np.asarray(order_windows(range(devices) if pools is None else pools), dtype=np.int64)
+    elif isinstance(window, (int, np.integer)):
+        windows = np.full(devices, int(window), dtype=np.int64)
+    else:
+        windows = np.asarray(window, dtype=np.int64)
+    if windows.size < devices:
+        raise ValueError(f"window gives {windows.size} devices a window, but there are {devices}: "
+                         f"give one per device, or one int for all")
+    if windows.size and windows.min() < 0:
+        raise ValueError(f"window must be at least 0, not {windows.min()}")
+    return windows
 
 
 def _latest_allocations(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
@@ -403,10 +472,10 @@ def _latest_allocations(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
 
 
 def _order_bounds(
-    graph: OpGraph, group_of: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, window: int
+    graph: OpGraph, group_of: np.ndarray, start: np.ndarray, end: np.ndarray, rank: np.ndarray, windows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per op, the op whose start is its earliest and the op whose end is its latest within
-    `window` places of its group's order (`reordered_blocks`'s rule, a group standing for a
+    `windows[g]` places of its group g's order (`reordered_blocks`'s rule, a group standing for a
     device or a pool of devices). O(V log V + (V + E) G) for G groups."""
     n = graph.num_ops
     # Places by (group, start, commit rank); `first[g]` is the index into `by_place` of place 0.
@@ -425,16 +494,16 @@ def _order_bounds(
     period_last = np.append(period_starts[1:] - 1, n - 1)[np.cumsum(gap) - 1]  # by index into by_place
     busy_until = np.empty(n, dtype=np.int64)
     busy_until[by_place] = period_last - first[group_of[by_place]]  # the period's last place
-    lo, hi = _chained_bounds(graph, group_of, place, window, busy_until)
+    lo, hi = _chained_bounds(graph, group_of, place, windows[group_of], busy_until)
     base = first[group_of]
     return by_place[base + lo], by_place[base + hi]
 
 
 def _chained_bounds(
-    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: int, last: np.ndarray
+    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: np.ndarray, last: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per op, the earliest and the latest place it may take in its group's order: within `window`
-    of its own place, at most `last`, after the earliest place each op of its group that it
+    """Per op, the earliest and the latest place it may take in its group's order: within its
+    `window` of its own place, at most `last`, after the earliest place each op of its group that it
     depends on may take, and before the latest place each op of its group that depends on it may
     take, over paths through any group's ops. A chain moves as a whole: each op of it `window`
     places at most, and its dependents with it.
@@ -450,14 +519,14 @@ def _chained_bounds(
         in_ptr, in_edges = graph._in_csr
         out_dst, in_src = graph.edge_dst[out_edges].astype(np.int64), graph.edge_src[in_edges].astype(np.int64)
         lo, hi = module.chained_bounds(groups, order, out_ptr, out_dst, in_ptr, in_src,
-                                       group_of.astype(np.int64), place.astype(np.int64), int(window),
-                                       last.astype(np.int64))
+                                       group_of.astype(np.int64), place.astype(np.int64),
+                                       window.astype(np.int64), last.astype(np.int64))
         return np.asarray(lo), np.asarray(hi)
     return _chained_bounds_by_level(graph, group_of, place, window, last, groups)
 
 
 def _chained_bounds_by_level(
-    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: int, last: np.ndarray, groups: int
+    graph: OpGraph, group_of: np.ndarray, place: np.ndarray, window: np.ndarray, last: np.ndarray, groups: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """`_chained_bounds` on numpy, level by level."""
     n = graph.num_ops
@@ -480,7 +549,7 @@ def _chained_bounds_by_level(
     out_cuts = np.searchsorted(level[src][out_of], marks)
     for k in range(len(marks) - 1):  # sources first: an op's ancestors are all on lower levels
         ops = by_level[level_cuts[k]:level_cuts[k + 1]]
-        lo[ops] = np.minimum(np.maximum(place[ops] - window, after[ops, group_of[ops]]), place[ops])
+        lo[ops] = np.minimum(np.maximum(place[ops] - window[ops], after[ops, group_of[ops]]), place[ops])
         e = out_of[out_cuts[k]:out_cuts[k + 1]]
         carried = after[src[e]]
         rows, own = np.arange(e.size), group_of[src[e]]
@@ -490,7 +559,7 @@ def _chained_bounds_by_level(
     into_cuts = np.searchsorted(level[dst][into], marks)
     for k in range(len(marks) - 2, -1, -1):  # sinks' levels first: descendants are on higher ones
         ops = by_level[level_cuts[k]:level_cuts[k + 1]]
-        bound = np.minimum(np.minimum(place[ops] + window, before[ops, group_of[ops]]), last[ops])
+        bound = np.minimum(np.minimum(place[ops] + window[ops], before[ops, group_of[ops]]), last[ops])
         hi[ops] = np.maximum(bound, place[ops])
         e = into[into_cuts[k]:into_cuts[k + 1]]
         carried = before[dst[e]]
@@ -509,10 +578,11 @@ def thread_pools(cluster: Cluster) -> tuple[int, ...]:
 
 
 def reordered_peaks(
-    graph: OpGraph, cluster: Cluster, schedule: Schedule, window: int = ORDER_WINDOW
+    graph: OpGraph, cluster: Cluster, schedule: Schedule, window: Union[int, Sequence[int], None] = None
 ) -> tuple[int, ...]:
     """Per device of `cluster`, the peak of `schedule`'s memory held as `reordered_blocks` holds
-    it, with the cluster's `thread_pools`. It grows with `window`; with `window` 0 it is
+    it, with the cluster's `thread_pools` (and by default their `order_windows`). It grows with
+    `window`; with `window` 0 it is
     `Schedule.peak_memory_bytes` where no copy crosses from one memory to another, and may be
     above it (a copy allocated from its producer's end) or below it (a sent tensor freed once
     copied) where one does."""
@@ -523,6 +593,15 @@ def reordered_peaks(
 
 def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:
     mask = blocks.device == d
+    if blocks.at_once is not None:
+        running = mask & (blocks.at_once > 0)
+        if running.any():
+            return _with_running(_sweep_held(blocks, mask & ~running), blocks, running)
+    return _sweep_held(blocks, mask)
+
+
+def _sweep_held(blocks: MemoryBlocks, mask: np.ndarray) -> DeviceMemory:
+    """The step function of the blocks in `mask`, each held from its allocation to its free."""
     freed = mask & np.isfinite(blocks.free_us)
     # Events sorted by (time, commit rank, phase): at one commit, allocation (phase 0) before
     # the frees that commit makes known (phase 1); frees known earlier come first.
@@ -548,3 +627,77 @@ def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:
     times.setflags(write=False)
     values.setflags(write=False)
     return DeviceMemory(times, values)
+
+
+def _with_running(held: DeviceMemory, blocks: MemoryBlocks, running: np.ndarray) -> DeviceMemory:
+    """`held` plus, at each time, the bytes of the `at_once` largest ops whose blocks in `running`
+    (`MemoryBlocks.at_once`, all of one device) may be held then: an op's blocks together, from
+    their earliest allocation up to their latest free (at that instant alone where the two are
+    one). The sum of two step functions, each instant's highest value and the value that stays
+    added apart, is at least the memory of any order in which each op runs within its span.
+    O(k log k) for k blocks, with a Python step per op."""
+    ops, which = np.unique(blocks.op[running], return_inverse=True)
+    nbytes = np.zeros(ops.size, dtype=np.int64)
+    np.add.at(nbytes, which, blocks.nbytes[running])
+    first = np.full(ops.size, np.inf)
+    np.minimum.at(first, which, blocks.alloc_us[running])
+    last = np.full(ops.size, -np.inf)
+    np.maximum.at(last, which, blocks.free_us[running])
+    k = int(blocks.at_once[running].max())
+    # Events by time; at an instant, the spans that end then go first, then those that start,
+    # then those of no length, which count at that instant alone.
+    time = np.concatenate((first, last))
+    ends = np.concatenate((np.where(first == last, 2, 1), np.where(first == last, 3, 0)))
+    size = np.concatenate((nbytes, nbytes))
+    order = np.lexsort((ends, time))
+    time, ends, size = time[order].tolist(), ends[order].tolist(), size[order].tolist()
+    active: list[int] = []  # the sizes of the ops that may run now, ascending
+    times, at, after = [], [], []
+    i, n = 0, len(time)
+    while i < n:
+        t = time[i]
+        while i < n and time[i] == t and ends[i] < 3:
+            if ends[i] == 0:
+                del active[bisect.bisect_left(active, size[i])]
+            else:
+                bisect.insort(active, size[i])
+            i += 1
+        times.append(t)
+        at.append(sum(active[-k:]))
+        while i < n and time[i] == t:  # the spans of no length leave
+            del active[bisect.bisect_left(active, size[i])]
+            i += 1
+        after.append(sum(active[-k:]))
+    return _added(held, np.asarray(times), np.asarray(at, dtype=np.int64), np.asarray(after, dtype=np.int64))
+
+
+def _added(held: DeviceMemory, times: np.ndarray, at: np.ndarray, after: np.ndarray) -> DeviceMemory:
+    """`held` plus the step function that is `at[i]` at the instant `times[i]` (ascending, distinct)
+    and `after[i]` from then until the next (0 before the first), as a `DeviceMemory`."""
+    # `held` as distinct times, each with its instant's highest value and the value that stays.
+    h_times, h_bytes = held.times_us, held.bytes
+    h_last = np.flatnonzero(np.append(h_times[1:] != h_times[:-1], True))
+    h_first = np.concatenate(([0], h_last[:-1] + 1))
+    h_at, h_after, h_times = np.maximum.reduceat(h_bytes, h_first), h_bytes[h_last], h_times[h_last]
+    union = np.union1d(h_times, times)
+
+    def values(ts: np.ndarray, instant: np.ndarray, stays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        j = np.searchsorted(ts, union, side="right") - 1  # the last event at or before each time
+        known = j >= 0
+        here = known & (ts[np.maximum(j, 0)] == union)
+        stay = np.where(known, stays[np.maximum(j, 0)], 0)
+        return np.where(here, instant[np.maximum(j, 0)], stay), stay
+
+    a1, s1 = values(h_times, h_at, h_after)
+    a2, s2 = values(times, at, after)
+    high, stays = a1 + a2, s1 + s2
+    before = np.concatenate(([0], stays[:-1]))
+    spike = high > np.maximum(before, stays)
+    out_times = np.repeat(union, np.where(spike, 2, 1))
+    out = np.empty(out_times.size, dtype=np.int64)
+    pos = np.cumsum(np.where(spike, 2, 1)) - 1
+    out[pos] = stays
+    out[pos[spike] - 1] = high[spike]
+    out_times.setflags(write=False)
+    out.setflags(write=False)
+    return DeviceMemory(out_times, out)

@@ -30,7 +30,7 @@ from baechi_tf.placer.bounds import lower_bound_us
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
-from baechi_tf.placer.memory_timeline import ORDER_WINDOW, reordered_peaks
+from baechi_tf.placer.memory_timeline import order_windows, reordered_peaks, thread_pools
 from baechi_tf.placer.methods import PLACEMENT_METHODS
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.scheduler_state import format_bytes
@@ -182,11 +182,11 @@ class PlacementResult:
 
     @functools.cached_property
     def reordered_peak_bytes(self) -> tuple[int, ...]:
-        """Per device, the peak of `schedule` where TF runs each device's ops up to `ORDER_WINDOW`
-        places out of the simulated order and makes its copies as it does, a received one from its
-        producer's end, a sent tensor freed once copied (`memory_timeline.reordered_peaks`): the
-        peak the model expects TF to reach, above or below the schedule's own. O(V + E) on first
-        use, where placing did not need it."""
+        """Per device, the peak of `schedule` where TF runs each device's ops up to its
+        `memory_timeline.order_windows` places out of the simulated order and makes its copies as
+        it does, a received one from its producer's end, a sent tensor freed once copied
+        (`memory_timeline.reordered_peaks`): the peak the model expects TF to reach, above or
+        below the schedule's own. O(V + E) on first use, where placing did not need it."""
         if self.reordered_peaks_known is not None:
             return self.reordered_peaks_known
         return reordered_peaks(self.graph, self.cluster, self.schedule)
@@ -398,7 +398,8 @@ def memory_reordered(
     graph: OpGraph, cluster: Cluster, schedule: Schedule, warned: Collection[int] = ()
 ) -> tuple[int, ...]:
     """Per device, the peak of `schedule` held as an executor that runs each device's ops up to
-    `ORDER_WINDOW` places out of the simulated order may hold it (`reordered_peaks`).
+    its `memory_timeline.order_windows` places out of the simulated order may hold it
+    (`reordered_peaks`).
 
     TensorFlow's executor runs a device's ready ops in an order of its own, so the step's peak
     lies around the simulated one, above it as often as below. Where this peak is above a
@@ -409,12 +410,13 @@ def memory_reordered(
     peaks = reordered_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
+        windows = sorted({order_windows(thread_pools(cluster))[d] for d, _ in over})
         log.warning(
             "%s's placement fits the devices' memory in the simulated order of its ops, but "
-            "TensorFlow runs a device's ready ops in an order of its own: with each op up to %d "
+            "TensorFlow runs a device's ready ops in an order of its own: with each op up to %s "
             "places away from its simulated place, it peaks at %s; a device of that size may run "
             "out of memory (place with --placer_memory_fraction below 1 to keep room)",
-            schedule.placement.method, ORDER_WINDOW, _peaks_over(cluster, over),
+            schedule.placement.method, " or ".join(map(str, windows)), _peaks_over(cluster, over),
         )
     return peaks
 

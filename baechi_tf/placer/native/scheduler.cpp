@@ -1447,11 +1447,12 @@ py::tuple balance_windows(int num_devices, int num_windows, bool overlap, F64Arr
 }
 
 // memory_timeline._chained_bounds on the compiled engine: per op, the earliest and the latest
-// place it may take in its group's order. `order` is a topological order; `out_ptr`/`out_dst` and
-// `in_ptr`/`in_src` the successors and predecessors of each op in CSR form. O((V + E) G).
+// place it may take in its group's order, `window[v]` places from its own at most. `order` is a
+// topological order; `out_ptr`/`out_dst` and `in_ptr`/`in_src` the successors and predecessors of
+// each op in CSR form. O((V + E) G).
 py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array out_dst,
                          I64Array in_ptr, I64Array in_src, I64Array group_of, I64Array place,
-                         i64 window, I64Array last) {
+                         I64Array window, I64Array last) {
     const i64 n = (i64)order.size();
     const i64* ord = order.data();
     const i64* optr = out_ptr.data();
@@ -1460,6 +1461,7 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
     const i64* isrc = in_src.data();
     const i64* grp = group_of.data();
     const i64* plc = place.data();
+    const i64* win = window.data();
     const i64* lst = last.data();
     py::array_t<i64> lo_out((py::ssize_t)n), hi_out((py::ssize_t)n);
     i64* lo = lo_out.mutable_data();
@@ -1473,7 +1475,7 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
         for (i64 k = 0; k < n; ++k) {
             const i64 v = ord[k];
             i64* row = &after[(size_t)(v * groups)];
-            lo[v] = std::min(std::max(plc[v] - window, row[grp[v]]), plc[v]);
+            lo[v] = std::min(std::max(plc[v] - win[v], row[grp[v]]), plc[v]);
             std::copy(row, row + groups, carried.begin());
             carried[grp[v]] = std::max(carried[grp[v]], lo[v] + 1);
             for (i64 e = optr[v]; e < optr[v + 1]; ++e) {
@@ -1484,7 +1486,7 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
         for (i64 k = n - 1; k >= 0; --k) {
             const i64 v = ord[k];
             i64* row = &before[(size_t)(v * groups)];
-            const i64 bound = std::min(std::min(plc[v] + window, row[grp[v]]), lst[v]);
+            const i64 bound = std::min(std::min(plc[v] + win[v], row[grp[v]]), lst[v]);
             hi[v] = std::max(bound, plc[v]);
             std::copy(row, row + groups, carried.begin());
             carried[grp[v]] = std::min(carried[grp[v]], hi[v] - 1);
@@ -1503,7 +1505,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 15;
+    m.attr("INTERFACE") = 16;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
