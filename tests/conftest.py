@@ -16,6 +16,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# oneDNN's CPU kernels and graph rewrites are TF's default on CPUs with AVX-512 and off on others
+# (an AVX2-only AMD EPYC, say), and several tests check what they do: fused MatMul + BiasAdd and
+# filter-and-bias gradients, an allocator that counts its bytes in use. On for every run, before
+# TensorFlow is imported here or in the programs the tests start, so that every machine runs the
+# same kernels; tests of the other path set it off for their programs (test_models, test_train).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 NOT_CORE = ("tf", "slow", "bazel", "distributed")
 _REFUSER = os.path.join(os.path.dirname(__file__), "no_tensorflow")
 
