@@ -146,6 +146,33 @@ def _ratio(simulated: int, measured: int) -> float:
     return 1.0 if simulated == 0 else float("inf")
 
 
+def machine_line() -> str:
+    """The CPU this run measures on and whether TensorFlow's oneDNN kernels are on: both set how
+    much scratch TF's kernels take (a convolution's gradient 23 to 27 MiB without oneDNN, on an
+    AVX2 CPU; docs/fidelity.md, "Scratch is held while its op runs"), so peaks of runs on other
+    machines compare only where these agree. TensorFlow must be imported."""
+    model, flags = "an unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "an unknown CPU":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):
+        onednn = "unknown"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"machine: {model}, {cpus} CPUs for this process, {vector}; TensorFlow's oneDNN {onednn}"
+
+
 def _local(name: str) -> str:
     return name.split("/")[-1]
 
@@ -998,6 +1025,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{NUM_DEVICES}); measured = variables + constants + peak of the allocation records; "
           f"the largest of {args.traced_steps} traced steps"
           f"{f' in each of {args.sessions} sessions' if args.sessions > 1 else ''}")
+    print(machine_line())
     print(LEGEND)
     print(HEADER)
     print("-" * len(HEADER))

@@ -254,6 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"simulated peak / {args.tasks}); measured = variables + constants + peak of the "
               f"allocation records, copies received and values fed; the largest of "
               f"{args.traced_steps} traced steps in each of {args.sessions} session(s)")
+        print(fm.machine_line())
         print(fm.HEADER)
         print("-" * len(fm.HEADER))
         rows: list[fm.Row] = []

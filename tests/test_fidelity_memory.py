@@ -153,6 +153,18 @@ def _bench():
 
 
 @pytest.mark.tf
+def test_a_run_names_its_cpu_and_whether_onednn_is_on():
+    import tensorflow  # noqa: F401  (the bench imports it before it asks)
+    from tensorflow.python.util import _pywrap_util_port
+
+    line = _bench().machine_line()
+    onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    assert line.startswith("machine: ") and line.endswith(f"; TensorFlow's oneDNN {onednn}"), line
+    assert f"{len(os.sched_getaffinity(0))} CPUs for this process" in line, line
+    assert "an unknown CPU" not in line, line  # /proc/cpuinfo names it on Linux
+
+
+@pytest.mark.tf
 def test_a_constant_read_on_another_stand_in_is_a_replica_held_all_step():
     # TF replicates a small constant onto each CPU device that reads it ('c/replicate/_N'), the
     # constant itself then running nowhere: the stand-in variant holds a replica on each reader's
