@@ -846,10 +846,10 @@ def test_window_balancing_runs_compiled_when_native_is_selected(monkeypatch):
 @native
 @pytest.mark.parametrize("seed", range(12))
 def test_both_engines_bound_the_order_alike(seed):
-    """`memory_timeline._chained_bounds`, compiled and on numpy: the same earliest and latest
+    """`order_bounds.chained_bounds`, compiled and on numpy: the same earliest and latest
     places for random DAGs, placements and windows (one for all groups, or one per group),
     devices or pools as groups; the compiled one is the one that runs under ``native``."""
-    from baechi_tf.placer import memory_timeline
+    from baechi_tf.placer import order_bounds
 
     rng = np.random.default_rng(seed)
     graph = graphs.random_dag(seed, 60, edge_prob=0.08 + 0.02 * (seed % 4))
@@ -864,9 +864,9 @@ def test_both_engines_bound_the_order_alike(seed):
     by_group = rng.integers(0, 9, groups)  # a window of each group's own
     for window in [np.full(graph.num_ops, w) for w in (0, 1, 3, 8, 100)] + [by_group[group_of]]:
         with engine.selected("python"):
-            expected = memory_timeline._chained_bounds(graph, group_of, place, window, last)
+            expected = order_bounds.chained_bounds(graph, group_of, place, window, last)
         with engine.selected("native"):
-            got = memory_timeline._chained_bounds(graph, group_of, place, window, last)
+            got = order_bounds.chained_bounds(graph, group_of, place, window, last)
         assert [x.tolist() for x in got] == [x.tolist() for x in expected], (seed, window)
         lo, hi = expected
         assert (lo <= place).all() and (hi >= place).all()
@@ -878,13 +878,13 @@ def test_both_engines_bound_the_order_alike(seed):
 
 @native
 def test_the_compiled_order_bounds_run_under_native(monkeypatch):
-    from baechi_tf.placer import memory_timeline
+    from baechi_tf.placer import memory_timeline, order_bounds
 
     graph, cluster = graphs.random_dag(5, 40, edge_prob=0.15), graphs.cluster(3)
     schedule = simulate(graph, cluster, Placement(np.arange(40, dtype=np.int32) % 3, "hand"))
     calls = []
-    real = memory_timeline._chained_bounds_by_level
-    monkeypatch.setattr(memory_timeline, "_chained_bounds_by_level", lambda *a: calls.append(1) or real(*a))
+    real = order_bounds._chained_bounds_by_level
+    monkeypatch.setattr(order_bounds, "_chained_bounds_by_level", lambda *a: calls.append(1) or real(*a))
     with engine.selected("native"):
         compiled = memory_timeline.reordered_peaks(graph, cluster, schedule)
     assert calls == []
