@@ -24,6 +24,7 @@ from baechi_tf.placer import Placement, simulate
 from baechi_tf.placer.memory_timeline import (
     KEPT, ORDER_WINDOW, blocks_timeline, memory_blocks, memory_timeline, reordered_blocks, reordered_peaks,
 )
+from baechi_tf.placer.order_bounds import timed_bounds
 from baechi_tf.placer.pipeline import PlacementOptions, place
 from baechi_tf.reports import write_reports
 from graphs import GiB, MiB, chain, cluster, diamond, fork_join, random_dag, too_big_for_one
@@ -322,8 +323,9 @@ def test_an_op_never_runs_before_its_devices_op_it_needs_through_another_device(
     """
     device 0:  a (100 us) -> x on device 1 (10 us) -> b (100 us, 1 MiB scratch); u1 and u2
                (100 us each, no edges) run between a and b
-    b reads nothing of device 0, but it needs a through x: however wide the window, it may start
-    no earlier than u1, the place after a. Without a, it could start at 0.
+    b reads nothing of device 0, but it needs a through x: however wide the window, it may take
+    no place before u1's, the place after a, nor start before x may be done, 10 us after a. With a
+    on device 1 as well, b may take the first place of device 0, but still waits for a and x.
     """
     b = OpGraphBuilder()
     b.add_op("a", 100, [4])
@@ -338,11 +340,27 @@ def test_an_op_never_runs_before_its_devices_op_it_needs_through_another_device(
     s = simulate(g, c, Placement(np.array([0, 0, 0, 1, 0], np.int32), "hand"))
     assert s.start_us.tolist() == [0.0, 100.0, 200.0, 100.0, 300.0]
     for window in (3, 8, 64):
-        assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), window))[("temp", "b", 0)] == (100.0, 400.0)
-    # The same graph with a on device 1 as well: b may go to the head of device 0's order.
+        assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), window))[("temp", "b", 0)] == (110.0, 400.0)
     s = simulate(g, c, Placement(np.array([1, 0, 0, 1, 0], np.int32), "hand"))
-    first = float(s.start_us[g.op_id("u1")])
-    assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), 8))[("temp", "b", 0)][0] == first
+    assert s.start_us.tolist() == [0.0, 0.0, 100.0, 100.0, 200.0]
+    assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), 1))[("temp", "b", 0)] == (110.0, 300.0)
+    assert _held(g, reordered_blocks(g, s, memory_blocks(g, s, c), 0))[("temp", "b", 0)] == (200.0, 300.0)
+
+
+def test_durations_carried_along_the_edges_bound_a_schedule_to_itself_and_a_chain_apart():
+    """A schedule's own starts and ends, carried along its edges, stay as they are: every op
+    starts after its inputs end. Looser bounds are pulled in along a chain: a (100 us) -> b
+    (10 us) -> c (50 us), each free to start at 0 and end at 1000, give b a start of at least
+    100 and an end of at most 950, c a start of at least 110, a an end of at most 940."""
+    for seed in range(5):
+        g = random_dag(seed, 40)
+        s = simulate(g, cluster(3), Placement(np.random.default_rng(seed).integers(0, 3, g.num_ops), "random"))
+        starts, ends = timed_bounds(g, s.start_us, s.end_us, s.end_us - s.start_us)
+        assert starts.tolist() == s.start_us.tolist() and ends.tolist() == s.end_us.tolist()
+    g = chain(3, nbytes=4)  # its own times do not matter: the durations are given
+    starts, ends = timed_bounds(g, np.zeros(3), np.full(3, 1000.0), np.array([100.0, 10.0, 50.0]))
+    assert starts.tolist() == [0.0, 100.0, 110.0]
+    assert ends.tolist() == [940.0, 950.0, 1000.0]
 
 
 def test_a_chain_moves_as_a_whole():
@@ -371,8 +389,9 @@ def test_a_received_copy_is_held_from_the_end_of_its_producer():
     device 1:  busy (1000 us, 2 MiB scratch) -> y (100 us, 1 MiB, a sink)
     The copy of x holds the link from 10 to 60 us; z's, done at 20 us, waits for it and goes at
     60 us. y waits for busy. The scheduler counts both copies from y's start (1000 us); the
-    reordered blocks, with any window, from their producers' ends, as TF, which sends a tensor
-    when it is done and allocates the receiver's buffer then: 4 MiB on device 1 while busy runs.
+    reordered blocks from the earliest their producers may end, as TF, which sends a tensor when
+    it is done and allocates the receiver's buffer then: 4 MiB on device 1 while busy runs. In
+    the simulated order (window 0) z ends at 20 us; with a window, z may run first and end at 10.
     """
     b = OpGraphBuilder()
     b.add_op("x", 10, [MiB])
@@ -393,7 +412,7 @@ def test_a_received_copy_is_held_from_the_end_of_its_producer():
         blocks = reordered_blocks(g, s, given, window)
         held = _held(g, blocks)
         assert held[("received", "x", 1)] == (10.0, 1100.0), window
-        assert held[("received", "z", 1)] == (20.0, 1100.0), window
+        assert held[("received", "z", 1)] == (20.0 if window == 0 else 10.0, 1100.0), window
     assert s.peak_memory_bytes[1] == 3 * MiB + 4
     assert reordered_peaks(g, c, s)[1] == 4 * MiB + 4
 
@@ -403,7 +422,8 @@ def test_an_op_is_not_held_back_past_an_idle_gap_of_its_device():
     device 0:  a (100 us, 1 MiB scratch), idle, b (100 us, 1 MiB scratch, reads x)
     device 1:  x (300 us) -> b
     a ends before the device stands idle: nothing else was there to run, so it is not held back
-    past the gap. b may still start a place early: its input came from device 1.
+    past the gap. b may take a's place in the order (the idle gap bounds nothing), but not run
+    before x may be done, 300 us after x may start, at 0: its scratch is held from 300 us.
     """
     b = OpGraphBuilder()
     b.add_op("a", 100, [], temp_bytes=MiB)
@@ -417,7 +437,7 @@ def test_an_op_is_not_held_back_past_an_idle_gap_of_its_device():
     blocks = reordered_blocks(g, s, memory_blocks(g, s, c), 4)
     held = {(k, g.names[o]): (a, f) for k, o, a, f in zip(blocks.kind, blocks.op, blocks.alloc_us, blocks.free_us)}
     assert held[("temp", "a")] == (0.0, 100.0)
-    assert held[("temp", "b")] == (0.0, 400.0)
+    assert held[("temp", "b")] == (300.0, 400.0)
 
 
 def test_the_reordered_peak_grows_with_the_window():

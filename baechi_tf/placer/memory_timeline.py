@@ -57,7 +57,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs
-from baechi_tf.placer.order_bounds import order_bounds
+from baechi_tf.placer.order_bounds import order_bounds, timed_bounds
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
@@ -352,12 +352,14 @@ def reordered_blocks(
     device), and z the last place before the device next stands idle. So it never runs before an
     op of its device whose output it needs, nor after one that needs its own, and a chain moves
     as a whole, up to `window` places for each of its ops; nor is an op held back while its
-    device has nothing else to run (an executor runs a ready op on an idle device). The times of
-    other devices' ops bound nothing, nor does an idle gap before the op: they are no more
-    certain than the op's. A block allocated by an op (its temporary bytes and
-    outputs; a received copy by its first reader there) is allocated that much earlier; a block
-    freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
-    later. A received copy is allocated no later than its tensor's producer ends, either: TF's
+    device has nothing else to run (an executor runs a ready op on an idle device). The times at
+    which other devices ran their ops bound nothing, nor does an idle gap before the op: they are
+    no more certain than the op's. Durations do (`order_bounds.timed_bounds`): the op starts no
+    earlier than each op it reads from may end, that op's earliest start plus its duration, and
+    ends no later than each op that reads from it may start, on any device. A block allocated by
+    an op (its temporary bytes and outputs; a received copy by its first reader there) is
+    allocated that much earlier; a block freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
+    later. A received copy is allocated no later than its tensor's producer may end, either: TF's
     receiver asks for a copy when the step starts, the sender sends it as soon as the tensor is
     done, and the receiver allocates the buffer it writes into then, however late its reader
     runs. The simulated transfer may start later, behind other copies on a busy link or a busy
@@ -395,21 +397,26 @@ def reordered_blocks(
     rank[schedule.order] = np.arange(graph.num_ops, dtype=np.int64)
     start, end = schedule.start_us, schedule.end_us
     earliest_op, latest_op = order_bounds(graph, device_of, start, end, rank, windows)
-    early = start - start[earliest_op]
-    late = np.maximum(end[latest_op] - end, 0.0)
+    earliest, latest = timed_bounds(graph, start[earliest_op], end[latest_op], end - start)
+    early = np.maximum(start - earliest, 0.0)
+    late = np.maximum(latest - end, 0.0)
 
     step = blocks.alloc_rank >= 0
     order = schedule.order
     alloc_op = order[np.where(step, blocks.alloc_rank, 0)]
     alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
-    alloc_us = np.minimum(alloc_us, _latest_allocations(schedule, blocks))
-    alloc_rank = np.where(step & (early[alloc_op] > 0), rank[earliest_op[alloc_op]], blocks.alloc_rank)
+    alloc_us = np.minimum(alloc_us, _latest_allocations(earliest + (end - start), blocks))
+    # Within an instant, an op moved to the start (end) of an op of its device commits with it;
+    # one that an input (a reader) bounds keeps its own commit, after that input's (before it).
+    moved = step & (early[alloc_op] > 0) & (earliest[alloc_op] == start[earliest_op[alloc_op]])
+    alloc_rank = np.where(moved, rank[earliest_op[alloc_op]], blocks.alloc_rank)
     base_free = blocks.free_us if blocks.sent_free_us is None else blocks.sent_free_us
     base_rank = blocks.free_rank if blocks.sent_free_rank is None else blocks.sent_free_rank
     freed = step & np.isfinite(base_free)
     free_op = order[np.where(freed, base_rank, 0)]
     free_us = np.where(freed, base_free + late[free_op], base_free)
-    free_rank = np.where(freed & (late[free_op] > 0), rank[latest_op[free_op]], base_rank)
+    held_to = freed & (late[free_op] > 0) & (latest[free_op] == end[latest_op[free_op]])
+    free_rank = np.where(held_to, rank[latest_op[free_op]], base_rank)
     pool = None if pools is None else np.asarray(pools, dtype=np.int64)
     if pool is not None and np.unique(pool).size < pool.size:  # some pool runs two devices
         pool_windows = np.zeros(int(pool.max()) + 1, dtype=np.int64)
@@ -464,11 +471,12 @@ def _device_windows(window: Union[int, Sequence[int], None], pools: Optional[Seq
     return windows
 
 
-def _latest_allocations(schedule: Schedule, blocks: MemoryBlocks) -> np.ndarray:
-    """Per block, the latest TF allocates it: the end of its tensor's producer for a received copy
-    (the copy arrives from then on), inf for every other block. O(k) for k blocks."""
+def _latest_allocations(earliest_end: np.ndarray, blocks: MemoryBlocks) -> np.ndarray:
+    """Per block, the latest TF allocates it: the earliest end of its tensor's producer (per op,
+    `earliest_end`) for a received copy (the copy may arrive from then on), inf for every other
+    block. O(k) for k blocks."""
     received = np.fromiter((kind == "received" for kind in blocks.kind), dtype=bool, count=len(blocks.kind))
-    return np.where(received, schedule.end_us[blocks.op], np.inf)
+    return np.where(received, earliest_end[blocks.op], np.inf)
 
 
 def thread_pools(cluster: Cluster) -> tuple[int, ...]:
