@@ -358,8 +358,8 @@ def reordered_blocks(
     earlier than each op it reads from may end, that op's earliest start plus its duration, and
     ends no later than each op that reads from it may start, on any device. A block allocated by
     an op (its temporary bytes and outputs; a received copy by its first reader there) is
-    allocated that much earlier; a block freed by an op (`free_rank`: the op itself, or a tensor's last reader) is freed that much
-    later. A received copy is allocated no later than its tensor's producer may end, either: TF's
+    allocated that much earlier; a block freed by an op (`free_rank`: the op itself, or a
+    tensor's last reader) is freed that much later. A received copy is allocated no later than its tensor's producer may end, either: TF's
     receiver asks for a copy when the step starts, the sender sends it as soon as the tensor is
     done, and the receiver allocates the buffer it writes into then, however late its reader
     runs. The simulated transfer may start later, behind other copies on a busy link or a busy

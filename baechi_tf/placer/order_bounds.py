@@ -49,14 +49,15 @@ def order_bounds(
 def timed_bounds(
     graph: OpGraph, earliest_start: np.ndarray, latest_end: np.ndarray, duration: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per op, its earliest start and its latest end, at most `earliest_start` and `latest_end` (its
-    own bounds, from its device's order) moved along every edge by the ops' `duration`: an op
-    starts no earlier than each op it reads from (data or control) may end, that op's earliest
-    start plus its duration, and ends no later than each op that reads from it may start, that
-    op's latest end less its duration. Only durations are carried, not the times other devices
-    ran their ops at: an op whose input comes from a device of its own still waits for that input
-    to be done, however early the ops around it may run. With a schedule's own starts and ends
-    as the bounds, the same are returned. O(V + E), a Python step per op and edge."""
+    """Per op, its earliest start, no earlier than `earliest_start`, and its latest end, no later
+    than `latest_end` (its own bounds, from its device's order), carried along every edge by the
+    ops' `duration`: an op starts no earlier than each op it reads from (data or control) may
+    end, that op's earliest start plus its duration, and ends no later than each op that reads
+    from it may start, that op's latest end less its duration. Only durations are carried, not
+    the times other devices ran their ops at: an op whose input comes from another device still
+    waits for that input to be done, however early the ops around it may run. With a schedule's
+    own starts and ends as the bounds, the same are returned. O(V + E), a Python step per op and
+    edge."""
     starts, ends, took = earliest_start.astype(float).tolist(), latest_end.astype(float).tolist(), duration.tolist()
     order = graph.topo_order.tolist()
     for v, inputs in zip(order, map(graph.predecessors.__getitem__, order)):
