@@ -359,12 +359,12 @@ def reordered_blocks(
     ends no later than each op that reads from it may start, on any device. A block allocated by
     an op (its temporary bytes and outputs; a received copy by its first reader there) is
     allocated that much earlier; a block freed by an op (`free_rank`: the op itself, or a
-    tensor's last reader) is freed that much later. A received copy is allocated no later than its tensor's producer may end, either: TF's
-    receiver asks for a copy when the step starts, the sender sends it as soon as the tensor is
-    done, and the receiver allocates the buffer it writes into then, however late its reader
-    runs. The simulated transfer may start later, behind other copies on a busy link or a busy
-    sender; TF's need not (the scheduler books a copy, and counts it, only when it commits the
-    reader).
+    tensor's last reader) is freed that much later. A received copy is allocated no later than
+    its tensor's producer may end, either: TF's receiver asks for a copy when the step starts,
+    the sender sends it as soon as the tensor is done, and the receiver allocates the buffer it
+    writes into then, however late its reader runs. The simulated transfer may start later,
+    behind other copies on a busy link or a busy sender; TF's need not (the scheduler books a
+    copy, and counts it, only when it commits the reader).
     Persistent blocks and blocks kept past the step do not move. With `window` 0, the blocks as
     given but for TF's frees and received copies: the simulated order as TF holds its memory.
 
@@ -397,7 +397,8 @@ def reordered_blocks(
     rank[schedule.order] = np.arange(graph.num_ops, dtype=np.int64)
     start, end = schedule.start_us, schedule.end_us
     earliest_op, latest_op = order_bounds(graph, device_of, start, end, rank, windows)
-    earliest, latest = timed_bounds(graph, start[earliest_op], end[latest_op], end - start)
+    took = end - start
+    earliest, latest = timed_bounds(graph, start[earliest_op], end[latest_op], took)
     early = np.maximum(start - earliest, 0.0)
     late = np.maximum(latest - end, 0.0)
 
@@ -405,7 +406,7 @@ def reordered_blocks(
     order = schedule.order
     alloc_op = order[np.where(step, blocks.alloc_rank, 0)]
     alloc_us = np.where(step, blocks.alloc_us - early[alloc_op], blocks.alloc_us)
-    alloc_us = np.minimum(alloc_us, _latest_allocations(earliest + (end - start), blocks))
+    alloc_us = np.minimum(alloc_us, _latest_allocations(earliest + took, blocks))
     # Within an instant, an op moved to the start (end) of an op of its device commits with it;
     # one that an input (a reader) bounds keeps its own commit, after that input's (before it).
     moved = step & (early[alloc_op] > 0) & (earliest[alloc_op] == start[earliest_op[alloc_op]])
@@ -494,7 +495,7 @@ def reordered_peaks(
     it, with the cluster's `thread_pools` (and by default their `order_windows`). It grows with
     `window`; with `window` 0 it is
     `Schedule.peak_memory_bytes` where no copy crosses from one memory to another, and may be
-    above it (a copy allocated from its producer's end) or below it (a sent tensor freed once
+    above it (a copy allocated from the earliest its producer may end) or below it (a sent tensor freed once
     copied) where one does."""
     blocks = reordered_blocks(graph, schedule, memory_blocks(graph, schedule, cluster), window,
                               thread_pools(cluster))

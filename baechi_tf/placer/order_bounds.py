@@ -60,8 +60,8 @@ def timed_bounds(
     edge."""
     starts, ends, took = earliest_start.astype(float).tolist(), latest_end.astype(float).tolist(), duration.tolist()
     order = graph.topo_order.tolist()
-    for v, inputs in zip(order, map(graph.predecessors.__getitem__, order)):
-        for u in inputs:
+    for v in order:
+        for u in graph.predecessors[v]:
             if starts[u] + took[u] > starts[v]:
                 starts[v] = starts[u] + took[u]
     for v in reversed(order):

@@ -184,7 +184,8 @@ class PlacementResult:
     def reordered_peak_bytes(self) -> tuple[int, ...]:
         """Per device, the peak of `schedule` where TF runs each device's ops up to its
         `memory_timeline.order_windows` places out of the simulated order and makes its copies as
-        it does, a received one from its producer's end, a sent tensor freed once copied
+        it does, a received one from the earliest its producer may end, a sent tensor freed once
+        copied
         (`memory_timeline.reordered_peaks`): the peak the model expects TF to reach, above or
         below the schedule's own. O(V + E) on first use, where placing did not need it."""
         if self.reordered_peaks_known is not None:
@@ -410,7 +411,8 @@ def memory_reordered(
     peaks = reordered_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
-        windows = sorted({order_windows(thread_pools(cluster))[d] for d, _ in over})
+        device_windows = order_windows(thread_pools(cluster))
+        windows = sorted({device_windows[d] for d, _ in over})
         log.warning(
             "%s's placement fits the devices' memory in the simulated order of its ops, but "
             "TensorFlow runs a device's ready ops in an order of its own: with each op up to %s "
