@@ -61,7 +61,7 @@ import sys
 import textwrap
 import time
 import types
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -226,13 +226,17 @@ def _run(case, placed_def, config, warmup: int, traced: int, target: str = ""):
 _NOTHING = types.SimpleNamespace(peak_bytes=0, persistent_bytes=0, step_peak_bytes=0, replaced_bytes=0)
 
 
-def _measured(graph_def, stats) -> tuple[dict[str, Any], dict[str, list[int]]]:
-    """Per device ('device:CPU:1'): the `MeasuredDevice` of the traced step with the highest peak,
-    and each traced step's peak in turn (0 for a step that ran nothing there)."""
+def _measured(graph_def, stats, key: Optional[Callable[[str], str]] = None,
+              fed: Optional[Mapping[str, int]] = None) -> tuple[dict[str, Any], dict[str, list[int]]]:
+    """Per device, named by `key` (default `_local`: 'device:CPU:1'): the `MeasuredDevice` of the
+    traced step with the highest peak, and each traced step's peak in turn (0 for a step that ran
+    nothing there). `fed`: bytes of each value fed to the step (`measured_memory`), for worker
+    tasks, where the records miss them."""
     from baechi_tf.cost_model.measured_memory import measured_memory
 
+    key = _local if key is None else key
     best: dict[str, Any] = {}
-    per_step = [{_local(name): m for name, m in measured_memory(step, graph_def).items()} for step in stats]
+    per_step = [{key(name): m for name, m in measured_memory(step, graph_def, fed).items()} for step in stats]
     for found in per_step:
         for key, m in found.items():
             if key not in best or m.peak_bytes > best[key].peak_bytes:
@@ -384,13 +388,16 @@ def first_fit(method: str, limits: Sequence[tuple[str, Any]], place: Any) -> tup
 
 
 def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_memory: bool,
-             placements: Sequence[Mapping[str, Any]], rows: Sequence[Row], tasks: int = 0) -> None:
+             placements: Sequence[Mapping[str, Any]], rows: Sequence[Row], tasks: int = 0,
+             fed: Optional[Mapping[str, int]] = None) -> None:
     """Writes what re-simulating `rows` needs to `directory` (made if missing): ``<name>.pb``
     (the unplaced GraphDef), ``<name>.profile`` (its CostProfile) and ``<name>.json`` (whether
     the stand-ins were of shared memory, or, `tasks` > 0, that the devices were that many worker
-    tasks of bench/fidelity_memory_tasks.py; per placement its method, limit, fingerprint and
-    op -> device; and every row, measured peaks included). Each file is written whole or not at
-    all (`atomic_write`); bench/fidelity_memory_resim.py reads them."""
+    tasks of bench/fidelity_memory_tasks.py, and `fed`, the bytes of each value fed to a step,
+    which measuring a task's memory from its kept steps needs; per placement its method, limit,
+    fingerprint and op -> device; and every row, measured peaks included). Each file is written
+    whole or not at all (`atomic_write`); bench/fidelity_memory_resim.py and
+    bench/fidelity_memory_steps.py read them."""
     from baechi_tf._files import atomic_write
     from baechi_tf.cost_model.profile import save_profile
 
@@ -402,6 +409,7 @@ def save_run(directory: str, name: str, graph_def: Any, profile: Any, shared_mem
            "rows": [dataclasses.asdict(r) for r in rows]}
     if tasks:
         doc["tasks"] = tasks
+        doc["fed"] = dict(fed or {})
     atomic_write(base + ".json", json.dumps(doc, sort_keys=True) + "\n")
 
 

@@ -21,6 +21,10 @@ TF's records held of them at the measured peak, and why the simulation holds eac
 allowance for ops out of order, or the op that frees it waiting for its device, for a copy on a
 busy channel, or for a late input; with that op's start in TF's step.
 
+A folder of `bench/fidelity_memory_tasks.py --save DIR` is read the same way with ``--peaks`` or
+``--held``: each device is a task, named as the run's rows name it (``task:1``), and measured from
+its own records plus what it received and was fed (the run saves the fed values' bytes).
+
     .venv/bin/python bench/fidelity_memory_steps.py DIR [--top 8] [--below 0.99] [--peaks | --held]
 """
 
@@ -29,9 +33,10 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -75,12 +80,14 @@ def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float,
     return out
 
 
-def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: float):
+def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: float,
+             key: Optional[Callable[[str], str]] = None, fed: Optional[Mapping[str, int]] = None):
     """The devices `peak_contents` and `held_longer` report, each as (device index, device name,
     simulated peak bytes, measured peak bytes, index of the step that measured it, that step's
     `MeasuredDevice`, mask of the step-memory blocks held at the simulated peak, the simulated
     peak's time in us), after the schedule's blocks as the simulated peak holds them and as the
-    simulated order does."""
+    simulated order does. `key` names a device as the run's rows do and `fed` gives the bytes
+    fed to a step (`fidelity_memory._measured`; `run_kind`)."""
     import numpy as np
 
     import fidelity_memory as fm
@@ -91,12 +98,13 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
     in_order = memory_blocks(graph, schedule, cluster)
     blocks = reordered_blocks(graph, schedule, in_order, None, thread_pools(cluster))
     timelines = blocks_timeline(blocks, cluster.num_devices)
-    per_step = [fm._measured(ran_def, [step])[0] for step in stats]
+    key = fm._local if key is None else key
+    per_step = [fm._measured(ran_def, [step], key, fed)[0] for step in stats]
     step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
     found = []
     for d, dev in enumerate(cluster.devices):
-        key = fm._local(dev.name)
-        steps = [(step[key].peak_bytes, k) for k, step in enumerate(per_step) if key in step]
+        name = key(dev.name)
+        steps = [(step[name].peak_bytes, k) for k, step in enumerate(per_step) if name in step]
         if not steps:
             continue
         measured_bytes, k = max(steps)
@@ -106,11 +114,12 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
         tl = timelines[d]
         at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
         live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at) & step_memory
-        found.append((d, key, simulated, measured_bytes, k, per_step[k][key], live, at))
+        found.append((d, name, simulated, measured_bytes, k, per_step[k][name], live, at))
     return blocks, in_order, found
 
 
-def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25) -> list[tuple]:
+def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25,
+                  key: Optional[Callable[[str], str]] = None, fed: Optional[Mapping[str, int]] = None) -> list[tuple]:
     """Per device of `result` whose simulated peak (`PlacementResult.reordered_peak_bytes`) lies
     outside [`low`, `high`] times its measured peak (the highest of the kept steps): (device name,
     simulated peak bytes, measured peak bytes, index of the step that measured it, [(simulated
@@ -120,14 +129,15 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
     the blocks held at the simulated peak (outputs, temporaries, received copies; the ops out of
     order as the peak has them), on the measured side the bytes of each node's allocation records
     held at the measured peak. Variables' and constants' bytes are left out of both (they are the
-    same on both sides). One pass over the schedule's blocks and over each kept step's records."""
+    same on both sides). `key` and `fed` as for a run on worker tasks (`run_kind`). One pass over
+    the schedule's blocks and over each kept step's records."""
     import numpy as np
 
     graph = result.graph
-    blocks, _, found = _outside(result, ran_def, stats, low, high)
+    blocks, _, found = _outside(result, ran_def, stats, low, high, key, fed)
     types = {n.name: n.op for n in ran_def.node}
     out = []
-    for _, key, simulated, measured_bytes, k, measured, live, _ in found:
+    for _, device, simulated, measured_bytes, k, measured, live, _ in found:
         sim: collections.Counter = collections.Counter()
         for i in np.flatnonzero(live).tolist():
             sim[graph.op_types[blocks.op[i]] if graph.op_types else ""] += int(blocks.nbytes[i])
@@ -136,11 +146,12 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
             meas[types.get(node, "")] += nbytes
         rows = sorted(((sim[t], meas[t], t) for t in set(sim) | set(meas)),
                       key=lambda r: (-abs(r[0] - r[1]), -max(r[0], r[1]), r[2]))
-        out.append((key, simulated, measured_bytes, k, rows))
+        out.append((device, simulated, measured_bytes, k, rows))
     return out
 
 
-def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25) -> list[tuple]:
+def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25,
+                key: Optional[Callable[[str], str]] = None, fed: Optional[Mapping[str, int]] = None) -> list[tuple]:
     """Per device `peak_contents` reports: (device name, simulated peak bytes, measured peak bytes,
     index of the step that measured it, time of the simulated peak in us, rows), a row per op
     whose blocks the simulated peak holds beyond what that op's allocation records held at the
@@ -155,13 +166,16 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
     start, where it ran. One pass over the blocks, the schedule's copies and the step's nodes."""
     import numpy as np
 
+    import fidelity_memory as fm
+
+    key = fm._local if key is None else key
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
-    blocks, in_order, found = _outside(result, ran_def, stats, low, high)
+    blocks, in_order, found = _outside(result, ran_def, stats, low, high, key, fed)
     device_of = schedule.placement.device_of
     copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
     out = []
     starts: dict[int, dict[str, float]] = {}  # kept step -> its nodes' starts, read once per step
-    for d, key, simulated, measured_bytes, k, measured, live, at in found:
+    for d, device, simulated, measured_bytes, k, measured, live, at in found:
         if k not in starts:
             starts[k] = _step_starts(stats[k])
         tf_start = starts[k]
@@ -175,9 +189,10 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
             if beyond <= 0:
                 continue
             i = max(idx, key=lambda j: (int(blocks.nbytes[j]), -j))
-            rows.append((beyond, name, *_why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start)))
+            rows.append((beyond, name, *_why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start,
+                                             key)))
         rows.sort(key=lambda r: (-r[0], r[1]))
-        out.append((key, simulated, measured_bytes, k, float(at), rows))
+        out.append((device, simulated, measured_bytes, k, float(at), rows))
     return out
 
 
@@ -188,12 +203,10 @@ def _step_starts(step: Any) -> dict[str, float]:
     return {name: t - first for name, t in starts.items()}
 
 
-def _why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start) -> tuple[str, str]:
-    """(the op whose end frees block `i` in the simulated order, with its device, or "" where none
-    does; why the block is held at time `at`): `held_longer`'s rule."""
+def _why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start, key) -> tuple[str, str]:
+    """(the op whose end frees block `i` in the simulated order, with its device named by `key`,
+    or "" where none does; why the block is held at time `at`): `held_longer`'s rule."""
     import numpy as np
-
-    import fidelity_memory as fm
 
     if in_order.alloc_us[i] > at:
         return "", "allocated early by the allowance for ops out of order"
@@ -201,7 +214,7 @@ def _why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start)
     if reader < 0 or not np.isfinite(in_order.free_us[i]):
         return "", "held past the step"
     name = graph.names[reader]
-    where = fm._local(cluster.devices[device_of[reader]].name)
+    where = key(cluster.devices[device_of[reader]].name)
     if reader == int(in_order.op[i]):
         return f"{name} ({where})", "its own op runs then"
     if in_order.free_us[i] <= at:
@@ -233,6 +246,21 @@ def _why(graph, schedule, in_order, i, at, copies, device_of, cluster, tf_start)
     why += f"; the reader starts at {starts / 1e3:.2f} ms" + (
         f", in TF's step at {ran / 1e3:.2f} ms" if ran is not None else ", and did not run in TF's step")
     return f"{name} ({where})", why
+
+
+def run_kind(doc: Mapping[str, Any]) -> tuple[bool, Callable[[str], str], Optional[dict[str, int]]]:
+    """Of a saved run's ``<graph>.json``: (whether its devices were worker tasks of
+    bench/fidelity_memory_tasks.py, how its rows name a device, the bytes of each value fed to a
+    step, or None where the run saved none). A task's records miss what it was fed
+    (`measured_memory`); stand-ins of one process hold the caller's arrays, which no row counts."""
+    import fidelity_memory as fm
+
+    if not doc.get("tasks"):
+        return False, fm._local, {}
+    from fidelity_memory_tasks import short_name
+
+    fed = doc.get("fed")
+    return True, short_name, None if fed is None else {t: int(b) for t, b in fed.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -283,16 +311,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         json_path = os.path.join(args.dir, graph + ".json")
         if not os.path.exists(json_path):
             parser.error(f"{args.dir}: steps of {graph} but no {graph}.json; keep the folder --save wrote whole")
+        with open(json_path) as f:
+            tasks, key, fed = run_kind(json.load(f))
+        if tasks and not (args.peaks or args.held):
+            print(f"{graph}: a run on worker tasks, whose copies the replay of the byte rules (for stand-ins, "
+                  "which hand buffers over) does not hold: give --peaks or --held", file=sys.stderr)
+            continue
+        if fed is None:
+            fed = {}
+            print(f"{graph}: the run saved no fed values (a run before they were saved): the measured peaks "
+                  "here leave them out, the run's own rows count them", file=sys.stderr)
         for p, result, _ in placed_again(json_path, only=set(kept)):
             path = kept.pop((p["method"], p["limit"]), None)
             if path is None:
                 continue
             ran_def, stats = fm.load_steps(path)
             if args.peaks:
-                _print_peaks(graph, p, peak_contents(result, ran_def, stats), args.top)
+                _print_peaks(graph, p, peak_contents(result, ran_def, stats, key=key, fed=fed), args.top)
                 continue
             if args.held:
-                _print_held(graph, p, held_longer(result, ran_def, stats), args.top)
+                _print_held(graph, p, held_longer(result, ran_def, stats, key=key, fed=fed), args.top)
                 continue
             found = short_devices(result, ran_def, stats, below, args.top)
             print(f"{graph} {p['method']} {p['limit']}: {len(stats)} kept steps, "

@@ -221,7 +221,7 @@ def measure_graph(
         print(f"#   {method} {limit}: placed in {t2 - t1:.1f} s, ran in {time.perf_counter() - t2:.1f} s",
               file=sys.stderr, flush=True)
     if save:
-        fm.save_run(save, case.name, case.graph_def, profile, False, saved, rows, tasks=n)
+        fm.save_run(save, case.name, case.graph_def, profile, False, saved, rows, tasks=n, fed=fed)
     return rows
 
 

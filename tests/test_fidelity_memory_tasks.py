@@ -68,6 +68,37 @@ def test_a_run_on_two_tasks_measures_each_task_and_is_simulated_again_as_saved(t
     assert f"{len(rows)} of {len(rows)} devices simulated as saved" in done.stdout, done.stdout
 
 
+@pytest.mark.tf
+def test_the_kept_steps_of_a_tasks_run_are_read_per_task_with_what_it_was_fed(tmp_path, monkeypatch):
+    """bench/fidelity_memory_steps.py on a tasks run names each device by its task, as the rows
+    do, and measures it from its own records and what it was fed, as the run did: each task's
+    measured peak there is its row's. (Both tasks' devices are 'device:CPU:0'; keyed by that
+    name, one task's figures stood for both.)"""
+    fmt = _bench()
+    monkeypatch.setattr(fmt.fm, "HIGH", 0.0)  # every placement outside the target: its steps kept
+    tasks = fmt.start_tasks(2)
+    try:
+        rows = fmt.measure_graph("rnn", tasks, ["m_etf"], [], warmup_steps=0, traced_steps=1, save=str(tmp_path),
+                                 out=io.StringIO())
+    finally:
+        tasks.workers.stop()
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import fidelity_memory_steps as steps
+        from fidelity_memory_resim import placed_again
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+    doc = json.loads((tmp_path / "rnn.json").read_text())
+    is_tasks, key, fed = steps.run_kind(doc)
+    assert is_tasks and fed == {t: int(np.asarray(v).nbytes) for t, v in fmt.fidelity_graphs.build("rnn").feeds.items()}
+    assert fed and all(b > 0 for b in fed.values())
+    (p, result, _), = placed_again(str(tmp_path / "rnn.json"))
+    ran_def, stats = fmt.fm.load_steps(str(tmp_path / "rnn.m_etf.loose.steps"))
+    found = steps.peak_contents(result, ran_def, stats, low=2.0, high=0.0, key=key, fed=fed)  # every device
+    assert {device: measured for device, _, measured, _, _ in found} == {r.device: r.measured_bytes for r in rows}
+    assert sorted(device for device, *_ in found) == ["task:0", "task:1"]
+
+
 def test_the_summary_of_a_tasks_run_reads_back(tmp_path):
     row = {"model": "rnn", "method": "m_etf", "chosen": "m_etf", "limit": "loose", "capacity_bytes": 8 << 30,
            "device": "task:1", "ops": 10, "simulated_bytes": 11 << 20, "measured_bytes": 10 << 20,
