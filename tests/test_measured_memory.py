@@ -185,6 +185,34 @@ def test_tensors_received_from_another_task_and_fed_values_are_held_by_the_reade
     assert sampled[d0] >= 768 * KiB and sampled[d1] >= 512 * KiB
 
 
+def test_a_received_tensor_written_in_place_is_held_until_the_writers_readers_are_done(two_tasks):
+    """``c`` (256 KiB) made on task 0 is received on task 1, whose ``relu`` writes into that
+    buffer (its output allocates nothing and has the bytes of ``c``) and whose ``b = matmul(r,
+    r)`` reads it: task 1 holds the received buffer until ``b`` is done, with ``b``'s own 256
+    KiB, not only until ``relu`` is; the allocator's own count at ``b``'s end says so too."""
+    target, d0, d1 = two_tasks
+    g = tf.Graph()
+    with g.as_default():
+        p = tf1.placeholder(tf.float32, [256, 256], name="p")
+        with tf.device(d0):
+            c = tf.matmul(tf.random.uniform([256, 256], name="a"), p, name="c")
+        with tf.device(d1):
+            r = tf.nn.relu(c, name="r")
+            b = tf.matmul(r, r, name="b")
+            s = tf.reduce_sum(b, name="s")
+    step_stats = _traced_on_tasks(target, g, s, {p: np.ones([256, 256], np.float32)})
+    measured = measured_memory(step_stats, g.as_graph_def(), {"p:0": 256 * KiB})
+    stats = {ns.node_name: ns for dev in step_stats.dev_stats if dev.device == d1 for ns in dev.node_stats}
+    written = stats["r"].output[0].tensor_description.allocation_description
+    assert written.allocated_bytes == 0 and written.ptr != 0 and written.requested_bytes == 256 * KiB
+    task1 = measured[d1]
+    assert task1.step_peak_bytes == 512 * KiB
+    assert task1.live_at_peak == {"c": 256 * KiB, "b": 256 * KiB}
+    assert task1.level_bytes[-1] == 0
+    in_use = max(int(used.allocator_bytes_in_use) for used in stats["b"].memory)
+    assert in_use >= 512 * KiB
+
+
 def test_a_fed_value_is_held_on_the_master_task_and_received_where_it_is_read(two_tasks):
     """A placeholder placed on task 1 is fed on task 0, the master's device, where the client's
     value arrives, and sent on to task 1: task 0 holds it until sent, task 1 holds its copy once,

@@ -27,7 +27,9 @@ runtime's nodes included), in time order, and adds what the records cannot see:
   of the step, its ``timeline_label`` naming ``edge_<n>_<op> from <device> to <device>``) is
   allocated on the receiving device by gRPC, outside any kernel's tracking allocator: it is
   counted there from the end of its ``RecvTensor`` until the last node on that device that reads
-  an output of the op is done. A value fed to the step (`fed`, by the caller: worker tasks
+  an output of the op is done, or reads the buffer where a reader there passed it on as an output
+  of its own (an element-wise op written in place, an Identity: an output that allocated nothing,
+  of the tensor's bytes, at no other input's address), and so on. A value fed to the step (`fed`, by the caller: worker tasks
   receive a copy of it; on CPU stand-ins of one process it stays the caller's array and is not
   to be given) is counted where TF put it, which on worker tasks is the master's device whatever
   the op's: the device that sent it on to others (as ``_recv_<op>_<k>``), else the one device
@@ -125,9 +127,50 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
     is done."""
     out: list[tuple[str, int, int, str]] = []
     sent: dict[tuple[str, str], int] = {}  # (op, sending device) -> end of its last RecvTensor
+    # Per node that ran, each output's (address, bytes it allocated, bytes asked for).
+    outputs = {ns.node_name: [(int(o.tensor_description.allocation_description.ptr),
+                               int(o.tensor_description.allocation_description.allocated_bytes),
+                               int(o.tensor_description.allocation_description.requested_bytes)) for o in ns.output]
+               for d in executors for ns in d.node_stats if ns.node_name != "RecvTensor"}
 
-    def last_read(op: str, device: str, since: int) -> int:
-        return max([since] + [ends[r] for r in readers.get(op, ()) if ran_on.get(r) == device])
+    def passed_on(reader: str, source: str, device: str, buffer: int, nbytes: int) -> int:
+        """The address of `reader`'s output that is the buffer of `source`'s tensor it read (written
+        in place or passed on: it allocated nothing there), or 0. `buffer` is that address, 0 for a
+        tensor that came without a record, whose address the trace does not give: then an output
+        of its `nbytes` that allocated nothing and is no buffer of the reader's other inputs on
+        `device`, where no other input came without a record too (which of the two it passed on
+        would not be known)."""
+        found = outputs.get(reader, ())
+        if buffer:
+            return next((ptr for ptr, allocated, _ in found if ptr == buffer and not allocated), 0)
+        others: set[int] = set()
+        for text in nodes[reader].input if reader in nodes else ():
+            src, _, slot = text.partition(":")
+            if text.startswith("^") or src == source:
+                continue
+            if ran_on.get(src) != device:
+                return 0
+            if int(slot or 0) < len(outputs.get(src, ())):
+                others.add(outputs[src][int(slot or 0)][0])
+        return next((ptr for ptr, allocated, requested in found
+                     if ptr and not allocated and requested == nbytes and ptr not in others), 0)
+
+    def last_read(op: str, device: str, since: int, nbytes: int) -> int:
+        """The end of the last node on `device` that reads `op`'s tensor, or an output of a
+        reader there that is that tensor's buffer passed on (an element-wise op written in place,
+        an Identity), and so on; `since` at the earliest."""
+        until, todo, seen = since, [(op, 0)], set()
+        while todo:
+            node, buffer = todo.pop()
+            for r in readers.get(node, ()):
+                if ran_on.get(r) != device or (r, buffer) in seen:
+                    continue
+                seen.add((r, buffer))
+                until = max(until, ends[r])
+                ptr = passed_on(r, node, device, buffer, nbytes)
+                if ptr:
+                    todo.append((r, ptr))
+        return until
 
     for dev in executors:
         for ns in dev.node_stats:
@@ -148,7 +191,7 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
             described = ns.output[0].tensor_description.allocation_description
             nbytes = max(int(described.allocated_bytes), int(described.requested_bytes))
             if nbytes > 0:
-                until = last_read(op, receiver, arrived)
+                until = last_read(op, receiver, arrived, nbytes)
                 out += [(receiver, arrived, nbytes, op), (receiver, until, -nbytes, op)]
     if fed:
         starts: dict[str, int] = {}  # device -> its first node's start in the step
@@ -165,7 +208,7 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
             if device is None or nbytes <= 0:
                 continue
             since = starts.get(device, 0)
-            until = max(last_read(op, device, since), sent.get((op, device), since))
+            until = max(last_read(op, device, since, int(nbytes)), sent.get((op, device), since))
             out += [(device, since, int(nbytes), op), (device, until, -int(nbytes), op)]
     return out
 
