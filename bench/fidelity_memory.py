@@ -238,10 +238,10 @@ def _measured(graph_def, stats, key: Optional[Callable[[str], str]] = None,
     best: dict[str, Any] = {}
     per_step = [{key(name): m for name, m in measured_memory(step, graph_def, fed).items()} for step in stats]
     for found in per_step:
-        for key, m in found.items():
-            if key not in best or m.peak_bytes > best[key].peak_bytes:
-                best[key] = m
-    peaks = {key: [found[key].peak_bytes if key in found else 0 for found in per_step] for key in best}
+        for name, m in found.items():
+            if name not in best or m.peak_bytes > best[name].peak_bytes:
+                best[name] = m
+    peaks = {name: [found[name].peak_bytes if name in found else 0 for found in per_step] for name in best}
     return best, peaks
 
 

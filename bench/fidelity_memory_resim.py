@@ -30,7 +30,7 @@ import glob
 import json
 import os
 import sys
-from typing import Collection, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +39,7 @@ sys.path.insert(0, BENCH)
 
 import flags  # noqa: E402
 
-__all__ = ["main", "placed_again", "resimulate"]
+__all__ = ["main", "placed_again", "resimulate", "row_device"]
 
 
 def placed_again(path: str, only: Optional[Collection[tuple[str, str]]] = None):
@@ -80,15 +80,27 @@ def placed_again(path: str, only: Optional[Collection[tuple[str, str]]] = None):
         yield p, report.result, placed
 
 
+def row_device(doc: Mapping[str, Any]) -> Callable[[str], str]:
+    """How the rows of a saved run's ``<graph>.json`` name a device: by its task ('task:1') on
+    worker tasks (bench/fidelity_memory_tasks.py), by its local name ('device:CPU:1') on
+    stand-ins."""
+    if doc.get("tasks"):
+        from fidelity_memory_tasks import short_name
+
+        return short_name
+    from fidelity_memory import _local
+
+    return _local
+
+
 def resimulate(path: str) -> list[tuple]:
     """Per row of the saved graph ``path`` (its ``.json``): (the saved `fidelity_memory.Row`,
     the same row with the peak simulated again under the current model)."""
-    from fidelity_memory import Row, _local
-    from fidelity_memory_tasks import short_name
+    from fidelity_memory import Row
 
     with open(path) as f:
         doc = json.load(f)
-    key = short_name if doc.get("tasks") else _local  # the rows' device names
+    key = row_device(doc)
     peaks: dict[tuple[str, str], dict[str, int]] = {}  # (method, limit) -> device -> bytes
     for p, result, _ in placed_again(path):
         peaks[(p["method"], p["limit"])] = {

@@ -253,14 +253,12 @@ def run_kind(doc: Mapping[str, Any]) -> tuple[bool, Callable[[str], str], Option
     bench/fidelity_memory_tasks.py, how its rows name a device, the bytes of each value fed to a
     step, or None where the run saved none). A task's records miss what it was fed
     (`measured_memory`); stand-ins of one process hold the caller's arrays, which no row counts."""
-    import fidelity_memory as fm
+    from fidelity_memory_resim import row_device
 
     if not doc.get("tasks"):
-        return False, fm._local, {}
-    from fidelity_memory_tasks import short_name
-
+        return False, row_device(doc), {}
     fed = doc.get("fed")
-    return True, short_name, None if fed is None else {t: int(b) for t, b in fed.items()}
+    return True, row_device(doc), None if fed is None else {t: int(b) for t, b in fed.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -126,14 +126,24 @@ def two_tasks():
 
 def _traced_on_tasks(target, graph, fetch, feeds):
     """The StepStats of the second of two runs of `fetch` (the first warms up), Grappler off."""
+    return _steps_on_tasks(target, graph, fetch, feeds, 1)[0]
+
+
+def _steps_on_tasks(target, graph, fetch, feeds, count):
+    """The StepStats of `count` traced runs of `fetch` in one session, after one run that warms
+    up, Grappler off."""
     from baechi_tf.cost_model.profiler import profiling_config
     from baechi_tf.rewriter.distributed import remote_session_config
 
+    steps = []
     with tf1.Session(target, graph=graph, config=remote_session_config(profiling_config())) as sess:
         sess.run(fetch, feeds)
-        metadata = tf1.RunMetadata()
-        sess.run(fetch, feeds, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-    return metadata.step_stats
+        for _ in range(count):
+            metadata = tf1.RunMetadata()
+            sess.run(fetch, feeds, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                     run_metadata=metadata)
+            steps.append(metadata.step_stats)
+    return steps
 
 
 def _allocated(m) -> int:
@@ -194,9 +204,6 @@ def test_a_received_tensor_written_in_place_is_held_until_the_writers_readers_ar
     ``c``, to leave it time); a step where ``relu`` allocated holds ``r`` instead. Both hold 512
     KiB, which the allocator's own count at ``b``'s end reaches too; the in-place steps are the
     ones the rule is for, and at least one of eight must be one."""
-    from baechi_tf.cost_model.profiler import profiling_config
-    from baechi_tf.rewriter.distributed import remote_session_config
-
     target, d0, d1 = two_tasks
     g = tf.Graph()
     with g.as_default():
@@ -209,16 +216,8 @@ def test_a_received_tensor_written_in_place_is_held_until_the_writers_readers_ar
                 r = tf.nn.relu(c, name="r")
             b = tf.matmul(r, r, name="b")
             s = tf.add(tf.reduce_sum(b), w, name="s")
-    feed = {p: np.ones([256, 256], np.float32)}
-    steps = []
-    with tf1.Session(target, graph=g, config=remote_session_config(profiling_config())) as sess:
-        sess.run(s, feed)
-        for _ in range(8):
-            metadata = tf1.RunMetadata()
-            sess.run(s, feed, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-            steps.append(metadata.step_stats)
     in_place = 0
-    for step_stats in steps:
+    for step_stats in _steps_on_tasks(target, g, s, {p: np.ones([256, 256], np.float32)}, 8):
         task1 = measured_memory(step_stats, g.as_graph_def(), {"p:0": 256 * KiB})[d1]
         held = {node: n for node, n in task1.live_at_peak.items() if n >= KiB}  # w's 4 bytes aside
         stats = {ns.node_name: ns for dev in step_stats.dev_stats if dev.device == d1 for ns in dev.node_stats}

@@ -29,13 +29,14 @@ runtime's nodes included), in time order, and adds what the records cannot see:
   counted there from the end of its ``RecvTensor`` until the last node on that device that reads
   an output of the op is done, or reads the buffer where a reader there passed it on as an output
   of its own (an element-wise op written in place, an Identity: an output that allocated nothing,
-  of the tensor's bytes, at no other input's address), and so on. A value fed to the step (`fed`, by the caller: worker tasks
-  receive a copy of it; on CPU stand-ins of one process it stays the caller's array and is not
-  to be given) is counted where TF put it, which on worker tasks is the master's device whatever
-  the op's: the device that sent it on to others (as ``_recv_<op>_<k>``), else the one device
-  whose nodes read it, else the op's ``device`` field; from that device's first node of the step
-  until the last node there that reads it, or that sends it on, is done. Another task's copy of
-  it is a received tensor, as above.
+  of the tensor's bytes, at no other input's address), and so on. A value fed to the step
+  (`fed`, by the caller: worker tasks receive a copy of it; on CPU stand-ins of one process it
+  stays the caller's array and is not to be given) is counted where TF put it, which on worker
+  tasks is the master's device whatever the op's: the device that sent it on to others (as
+  ``_recv_<op>_<k>``), else the one device whose nodes read it, else the op's ``device`` field;
+  from that device's first node of the step until the last node there that reads it, or that
+  sends it on, is done (or reads it passed on, as above). Another task's copy of it is a
+  received tensor, as above.
 
 Records of one microsecond keep the order of their nodes' starts and, within a node, their own:
 an op's scratch allocated and freed within a microsecond still counts. A tensor that another CPU
