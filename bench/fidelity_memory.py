@@ -720,7 +720,8 @@ def _variant_blocks(result, step_stats) -> list:
 
     def kept() -> MemoryBlocks:
         return MemoryBlocks(b.device[keep], b.nbytes[keep], alloc[keep], free[keep], alloc_rank[keep],
-                            free_rank[keep], tuple(k for k, x in zip(b.kind, keep) if x), b.op[keep], b.slot[keep])
+                            free_rank[keep], tuple(k for k, x in zip(b.kind, keep) if x), b.op[keep], b.slot[keep],
+                            alternative=None if b.alternative is None else b.alternative[keep])
 
     variants.append(kept())
     persistent: set[int] = set()  # blocks left out as views of persistent buffers

@@ -18,7 +18,10 @@ from an allocation to a free:
   order (`buffers.always_reused_tensors`), a buffer of its own as well, as for a tensor that is
   read above (`SchedulerState._cut`); where it is that buffer's last holder in every order, the
   op's other input that TF writes into when the sender still holds it (`buffers.fallback_inputs`)
-  is held until the output's readers are done too (`SchedulerState._races`);
+  is held until the output's readers are done too (`SchedulerState._races`), and where the op
+  has no such input (a ReLU), TF gives the output a buffer of its own then: a block as for a
+  tensor that is read above, marked `MemoryBlocks.alternative` (at most one held at a time on a
+  device, and none in the simulated order: `memory_timeline`, `reordered_blocks` with window 0);
 * a received copy on another device: from the start of its first consumer there until
   ``max(end of its last consumer there, start of its last consumer anywhere)``; none on a device
   that shares memory with the producer's (`Cluster.shares_memory`), whose consumers count as
@@ -55,7 +58,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from baechi_tf.cluster import Cluster
-from baechi_tf.graph import OpGraph
+from baechi_tf.graph import VIEW_OP_TYPES, OpGraph
 from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs
 from baechi_tf.placer.order_bounds import order_bounds, timed_bounds
 from baechi_tf.placer.schedule import Schedule
@@ -120,6 +123,11 @@ class MemoryBlocks:
     # (`reordered_blocks`); the timeline counts, at each time, the n largest such ops' bytes among
     # those whose span covers it. None: 0 for every block.
     at_once: Optional[np.ndarray] = None  # int64 [k]
+    # Per block, True: held only in the steps where TF does not do what the rules give, held from
+    # alloc_us to free_us then (`memory_blocks`: a buffer of its own for an output written into a
+    # handed-over buffer), and at most one such at a time on a device: the timeline counts, at
+    # each time, the largest of its device's that is held then. None: False for every block.
+    alternative: Optional[np.ndarray] = None  # bool [k]
 
 
 def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster] = None) -> MemoryBlocks:
@@ -134,11 +142,13 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     # and its rank as TF frees the block.
     parts: list[tuple] = []
 
-    def part(d, b, a, f, ra, rf, kind, op, slot, sf=None, sr=None) -> None:  # `kind`: one for all, or one each
+    def part(d, b, a, f, ra, rf, kind, op, slot, sf=None, sr=None, alternative=False) -> None:
+        # `kind`: one for all, or one each
         keep = np.asarray(b) > 0
         if keep.any():
             sf, sr = (f if sf is None else sf), (rf if sr is None else sr)
-            cols = [np.broadcast_to(np.asarray(x), keep.shape)[keep] for x in (d, b, a, f, ra, rf, op, slot, sf, sr)]
+            cols = [np.broadcast_to(np.asarray(x), keep.shape)[keep]
+                    for x in (d, b, a, f, ra, rf, op, slot, sf, sr, np.asarray(alternative, dtype=bool))]
             kinds = (kind,) * int(keep.sum()) if isinstance(kind, str) else tuple(
                 k for k, x in zip(kind, keep.tolist()) if x)
             parts.append((*cols[:6], kinds, *cols[6:]))
@@ -223,24 +233,34 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         handed_over[:] = False
     cut = handed_over & ~always_reused
     own = read & ((alias == OWN) | cut)
+    raced = handed_over & always_reused
+    fallback = fallback_inputs(graph, alias) if raced.any() else np.full(graph.num_tensors, -1, dtype=np.int64)
+    # The others, written in place by an op with no input to fall back on (not a view, which
+    # shares the buffer whatever holds it): a buffer of their own on their device in the steps
+    # where the sender still holds it when they start (`MemoryBlocks.alternative`).
+    view = np.fromiter((t in VIEW_OP_TYPES for t in graph.op_types), dtype=bool, count=n) if graph.op_types \
+        else np.zeros(n, dtype=bool)
+    alone = read & raced & (fallback < 0) & ~view[src]
 
     # Buffers by (tensor, device): the producer's own, then copies received elsewhere.
     keys: dict[tuple[int, int], int] = {}
-    # Columns: device, bytes, alloc, free, alloc rank, free rank, op, slot, free and rank as TF frees
-    cols: list[list] = [[] for _ in range(10)]
+    # Columns: device, bytes, alloc, free, alloc rank, free rank, op, slot, free and rank as TF
+    # frees it, alternative
+    cols: list[list] = [[] for _ in range(11)]
     kinds: list[str] = []
 
-    def buffer(t, d, alloc, free, ra, rf, kind: str, sf=None, sr=None) -> None:
+    def buffer(t, d, alloc, free, ra, rf, kind: str, sf=None, sr=None, alternative: bool = False) -> None:
         for k, key in enumerate(zip(t.tolist(), d.tolist()), start=len(kinds)):
             keys[key] = k
         sf, sr = (free if sf is None else sf), (rf if sr is None else sr)
         for c, x in zip(cols, (d, nbytes[t], alloc, free, ra, rf, src[t], slot_of[t], sf, sr)):
             c.extend(np.asarray(x).tolist())
+        cols[10].extend([alternative] * len(t))
         kinds.extend([kind] * len(t))
 
-    t_own = np.flatnonzero(own)
-    buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output",
-           sent_free[t_own], sent_rank[t_own])
+    for t_own, alternative in ((np.flatnonzero(own), False), (np.flatnonzero(alone), True)):
+        buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output",
+               sent_free[t_own], sent_rank[t_own], alternative)
     away = ~at_home
     if away.any():
         t_a, h_a, r_a = t_of[away], holder[away], reader[away]
@@ -267,9 +287,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     frees = list(zip(home_free.tolist(), last_rank.tolist(), sent_free.tolist(), sent_rank.tolist()))
     # An output written into a handed-over buffer holds its op's fallback input too, which is
     # then extended by the output's readers as well.
-    races = handed_over & always_reused
-    fallback = fallback_inputs(graph, alias) if races.any() else np.full(graph.num_tensors, -1, dtype=np.int64)
-    races &= fallback >= 0
+    races = raced & (fallback >= 0)
     fb_list, races_list = fallback.tolist(), races.tolist()
     for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
         d = h_list[t]
@@ -287,7 +305,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         if k is not None:
             for c, x in zip((3, 5, 8, 9), latest):
                 cols[c][k] = max(cols[c][k], x)
-    part(*(np.asarray(c) for c in cols[:6]), kinds, *(np.asarray(c) for c in cols[6:]))
+    part(*(np.asarray(c) for c in cols[:6]), kinds, *(np.asarray(c) for c in cols[6:10]), alternative=cols[10])
     return _stacked(parts)
 
 
@@ -301,6 +319,7 @@ def _stacked(parts: list[tuple]) -> MemoryBlocks:
     def col(i: int, dtype) -> np.ndarray:
         return np.concatenate([np.asarray(p[i], dtype=dtype) for p in parts]) if parts else np.zeros(0, dtype)
 
+    alternative = col(11, bool)
     return MemoryBlocks(
         device=col(0, np.int32),
         nbytes=col(1, np.int64),
@@ -313,18 +332,37 @@ def _stacked(parts: list[tuple]) -> MemoryBlocks:
         slot=col(8, np.int32),
         sent_free_us=col(9, np.float64),
         sent_free_rank=col(10, np.int64),
+        alternative=alternative if alternative.any() else None,
     )
 
 
 def memory_timeline(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[DeviceMemory, ...]:
-    """Per device of `cluster`, memory in use over the step as a step function."""
-    return blocks_timeline(memory_blocks(graph, schedule, cluster), cluster.num_devices)
+    """Per device of `cluster`, memory in use over the step as a step function: the rules' own
+    outcome, without `MemoryBlocks.alternative` blocks."""
+    blocks = memory_blocks(graph, schedule, cluster)
+    if blocks.alternative is not None:
+        blocks = _subset(blocks, ~blocks.alternative)
+    return blocks_timeline(blocks, cluster.num_devices)
 
 
 def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemory, ...]:
     """Per device ``0..num_devices-1``, memory in use over the step of any set of blocks (those of
     `memory_blocks`, or others of the same form), events of one instant in commit order."""
     return tuple(_sweep(blocks, d) for d in range(num_devices))
+
+
+def _subset(blocks: MemoryBlocks, keep: np.ndarray) -> MemoryBlocks:
+    """The blocks of `blocks` where `keep` (bool [k]) is True."""
+    columns = {}
+    for field in dataclasses.fields(blocks):
+        value = getattr(blocks, field.name)
+        if field.name == "kind":
+            columns["kind"] = tuple(k for k, x in zip(value, keep.tolist()) if x)
+        elif value is not None:
+            columns[field.name] = value[keep]
+    if columns.get("alternative") is not None and not columns["alternative"].any():
+        columns["alternative"] = None
+    return MemoryBlocks(**columns)
 
 
 def reordered_blocks(
@@ -374,6 +412,11 @@ def reordered_blocks(
     `at_once` largest of the ops that may run then (`at_once`, per device: how many of its ops TF
     may run at once; None, `running_at_once(pools)`). Without it, ops of large scratch, such as
     convolutions' gradients, would each count as held through their neighbours' runs too.
+
+    A block held only where TF does not do what the rules give (`MemoryBlocks.alternative`: a
+    buffer of its own for an output written into a handed-over buffer) moves as the others do
+    where the device's window is above 0, and is left out where it is 0: the simulated order is
+    the rules' outcome.
 
     `pools`, per device, names the pool of threads that runs its ops (`thread_pools`: the CPU
     devices of one process share one); None, each device its own. Devices of one pool take turns
@@ -432,9 +475,15 @@ def reordered_blocks(
     scoped = np.fromiter((k in ("temp", "output") for k in blocks.kind), dtype=bool, count=len(blocks.kind))
     scoped &= freed & (base_rank == blocks.alloc_rank) & (windows[blocks.device] > 0)
     scoped &= (blocks.alloc_us == start[blocks.op]) & (base_free == end[blocks.op])
-    return dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
-                               free_rank=free_rank, sent_free_us=None, sent_free_rank=None,
-                               at_once=np.where(scoped, running[blocks.device], 0))
+    alternative = blocks.alternative
+    if alternative is not None:
+        scoped &= ~alternative
+    reordered = dataclasses.replace(blocks, alloc_us=alloc_us, free_us=free_us, alloc_rank=alloc_rank,
+                                    free_rank=free_rank, sent_free_us=None, sent_free_rank=None,
+                                    at_once=np.where(scoped, running[blocks.device], 0))
+    if alternative is not None and (windows[blocks.device[alternative]] == 0).any():
+        reordered = _subset(reordered, ~alternative | (windows[blocks.device] > 0))
+    return reordered
 
 
 def order_windows(pools: Sequence[int]) -> tuple[int, ...]:
@@ -504,11 +553,21 @@ def reordered_peaks(
 
 def _sweep(blocks: MemoryBlocks, d: int) -> DeviceMemory:
     mask = blocks.device == d
+    alternative = None
+    if blocks.alternative is not None:
+        alternative = mask & blocks.alternative
+        mask &= ~blocks.alternative
+    held = None
     if blocks.at_once is not None:
         running = mask & (blocks.at_once > 0)
         if running.any():
-            return _with_running(_sweep_held(blocks, mask & ~running), blocks, running)
-    return _sweep_held(blocks, mask)
+            held = _with_running(_sweep_held(blocks, mask & ~running), blocks, running,
+                                 int(blocks.at_once[running].max()))
+    if held is None:
+        held = _sweep_held(blocks, mask)
+    if alternative is not None and alternative.any():
+        held = _with_running(held, blocks, alternative, 1)
+    return held
 
 
 def _sweep_held(blocks: MemoryBlocks, mask: np.ndarray) -> DeviceMemory:
@@ -540,13 +599,14 @@ def _sweep_held(blocks: MemoryBlocks, mask: np.ndarray) -> DeviceMemory:
     return DeviceMemory(times, values)
 
 
-def _with_running(held: DeviceMemory, blocks: MemoryBlocks, running: np.ndarray) -> DeviceMemory:
-    """`held` plus, at each time, the bytes of the `at_once` largest ops whose blocks in `running`
-    (`MemoryBlocks.at_once`, all of one device) may be held then: an op's blocks together, from
-    their earliest allocation up to their latest free (at that instant alone where the two are
-    one). The sum of two step functions, each instant's highest value and the value that stays
-    added apart, is at least the memory of any order in which each op runs within its span.
-    O(k log k) for k blocks, with a Python step per op."""
+def _with_running(held: DeviceMemory, blocks: MemoryBlocks, running: np.ndarray, largest: int) -> DeviceMemory:
+    """`held` plus, at each time, the bytes of the `largest` ops of most bytes among those whose
+    blocks in `running` (all of one device: blocks held while their op runs,
+    `MemoryBlocks.at_once`, or `MemoryBlocks.alternative` ones) may be held then: an op's blocks
+    together, from their earliest allocation up to their latest free (at that instant alone where
+    the two are one). The sum of two step functions, each instant's highest value and the value
+    that stays added apart, is at least the memory of any order in which each op runs within its
+    span. O(k log k) for k blocks, with a Python step per op."""
     ops, which = np.unique(blocks.op[running], return_inverse=True)
     nbytes = np.zeros(ops.size, dtype=np.int64)
     np.add.at(nbytes, which, blocks.nbytes[running])
@@ -554,7 +614,6 @@ def _with_running(held: DeviceMemory, blocks: MemoryBlocks, running: np.ndarray)
     np.minimum.at(first, which, blocks.alloc_us[running])
     last = np.full(ops.size, -np.inf)
     np.maximum.at(last, which, blocks.free_us[running])
-    k = int(blocks.at_once[running].max())
     # Events by time; at an instant, the spans that end then go first, then those that start,
     # then those of no length, which count at that instant alone.
     time = np.concatenate((first, last))
@@ -574,11 +633,11 @@ def _with_running(held: DeviceMemory, blocks: MemoryBlocks, running: np.ndarray)
                 bisect.insort(active, size[i])
             i += 1
         times.append(t)
-        at.append(sum(active[-k:]))
+        at.append(sum(active[-largest:]))
         while i < n and time[i] == t:  # the spans of no length leave
             del active[bisect.bisect_left(active, size[i])]
             i += 1
-        after.append(sum(active[-k:]))
+        after.append(sum(active[-largest:]))
     return _added(held, np.asarray(times), np.asarray(at, dtype=np.int64), np.asarray(after, dtype=np.int64))
 
 
