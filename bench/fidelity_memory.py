@@ -801,6 +801,8 @@ def _explain(result, ran_def, stats, measured, out) -> None:
             continue
         t_peak = float(tl.times_us[int(np.argmax(tl.bytes))])
         live = (blocks.device == d) & (blocks.alloc_us <= t_peak) & (blocks.free_us > t_peak)
+        if blocks.alternative is not None:
+            live &= ~blocks.alternative  # not in the simulated order (`memory_timeline`)
         by_kind: dict[str, int] = {}
         for i in np.flatnonzero(live).tolist():
             key = blocks.kind[i] + ("(never run)" if never[blocks.op[i]] else "")

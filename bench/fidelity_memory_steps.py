@@ -92,7 +92,8 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
 
     import fidelity_memory as fm
 
-    from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, reordered_blocks, thread_pools
+    from baechi_tf.placer.memory_timeline import (
+        blocks_held_at, blocks_timeline, memory_blocks, reordered_blocks, thread_pools)
 
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
     in_order = memory_blocks(graph, schedule, cluster)
@@ -113,7 +114,7 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
             continue
         tl = timelines[d]
         at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
-        live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at) & step_memory
+        live = blocks_held_at(blocks, d, at) & step_memory
         found.append((d, name, simulated, measured_bytes, k, per_step[k][name], live, at))
     return blocks, in_order, found
 

@@ -467,7 +467,7 @@ def test_scratch_is_counted_for_as_many_ops_as_run_at_once():
     """
     import os
 
-    from baechi_tf.placer.memory_timeline import running_at_once
+    from baechi_tf.placer.memory_timeline import blocks_held_at, running_at_once
 
     b = OpGraphBuilder()
     for i in range(6):
@@ -478,6 +478,9 @@ def test_scratch_is_counted_for_as_many_ops_as_run_at_once():
     for at_once, expected in ((1, 4 * MiB), (2, 8 * MiB), (6, 24 * MiB), (9, 24 * MiB)):
         blocks = reordered_blocks(g, s, given, 8, None, (at_once,))
         assert blocks_timeline(blocks, 1)[0].peak_bytes == expected, at_once
+        # The blocks the timeline counts at the third op's start: as many ops' as run at once.
+        counted = blocks_held_at(blocks, 0, float(s.start_us[2]))
+        assert int(blocks.nbytes[counted].sum()) == expected and len(set(blocks.op[counted].tolist())) == min(at_once, 6)
     assert reordered_peaks(g, c, s) == (4 * MiB,)  # a GPU: one op at a time
     # Devices of one pool run as many ops at once as the process has threads, TF's default: the
     # CPUs it may run on.

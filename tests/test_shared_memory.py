@@ -20,7 +20,8 @@ from baechi_tf.graph import HELD
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, engine, simulate
 from baechi_tf.placer.buffers import buffer_tables, fallback_inputs
-from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline, reordered_peaks
+from baechi_tf.placer.memory_timeline import (
+    blocks_held_at, memory_blocks, memory_timeline, reordered_blocks, reordered_peaks, thread_pools)
 
 MiB = graphs.MiB
 ENGINES = ["python"] + (["native"] if engine.native_available() else [])
@@ -166,6 +167,11 @@ def test_of_the_buffers_tf_may_allocate_for_handed_over_writes_one_at_a_time_is_
     assert sorted(held) == [(MiB, float(schedule.start_us[2]), end_c), (2 * MiB, float(schedule.start_us[3]), end_c)]
     assert reordered_peaks(graph, cluster, schedule, 0) == (3 * MiB, 4)
     assert reordered_peaks(graph, cluster, schedule)[1] == 2 * MiB + 4
+    # What the timeline counts at c's start on device 1: j's buffer (not i's as well) and c's output.
+    reordered = reordered_blocks(graph, schedule, blocks, None, thread_pools(cluster))
+    counted = blocks_held_at(reordered, 1, float(schedule.start_us[4]))
+    assert sorted((int(o), int(n)) for o, n in zip(reordered.op[counted], reordered.nbytes[counted])) == [
+        (3, 2 * MiB), (4, 4)]
 
 
 def _in_place_with_fallback(other_reader: bool = False, view: bool = False):

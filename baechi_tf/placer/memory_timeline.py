@@ -64,8 +64,9 @@ from baechi_tf.placer.order_bounds import order_bounds, timed_bounds
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
-    "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "DeviceMemory", "MemoryBlocks", "blocks_timeline", "memory_blocks",
-    "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once", "thread_pools",
+    "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "DeviceMemory", "MemoryBlocks", "blocks_held_at", "blocks_timeline",
+    "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once",
+    "thread_pools",
 ]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
@@ -349,6 +350,32 @@ def blocks_timeline(blocks: MemoryBlocks, num_devices: int) -> tuple[DeviceMemor
     """Per device ``0..num_devices-1``, memory in use over the step of any set of blocks (those of
     `memory_blocks`, or others of the same form), events of one instant in commit order."""
     return tuple(_sweep(blocks, d) for d in range(num_devices))
+
+
+def blocks_held_at(blocks: MemoryBlocks, device: int, at_us: float) -> np.ndarray:
+    """bool [k]: the blocks of `device` that `blocks_timeline` counts as held from `at_us` on: those
+    allocated at or before it and freed after it, but, of the blocks held only while their op
+    runs (`MemoryBlocks.at_once`), those of the `at_once` ops of most bytes among them, and of
+    the `MemoryBlocks.alternative` ones, those of the op of most bytes (ties to the op listed
+    first). O(k log k) for k blocks."""
+    mask = (blocks.device == device) & (blocks.alloc_us <= at_us) & (blocks.free_us > at_us)
+    groups = []
+    if blocks.alternative is not None:
+        groups.append((mask & blocks.alternative, 1))
+        mask &= ~blocks.alternative
+    if blocks.at_once is not None:
+        running = mask & (blocks.at_once > 0)
+        if running.any():
+            groups.append((running, int(blocks.at_once[running].max())))
+            mask &= ~running
+    for group, largest in groups:
+        if not group.any():
+            continue
+        ops, which = np.unique(blocks.op[group], return_inverse=True)
+        sizes = np.zeros(ops.size, dtype=np.int64)
+        np.add.at(sizes, which, blocks.nbytes[group])
+        mask |= group & np.isin(blocks.op, ops[np.argsort(-sizes, kind="stable")[:largest]])
+    return mask
 
 
 def _subset(blocks: MemoryBlocks, keep: np.ndarray) -> MemoryBlocks:
