@@ -498,10 +498,11 @@ def test_a_handed_over_tensor_waits_for_its_reader_in_the_order_of_the_process()
     A link of 50 us: u runs from 150 to 160 us. On its own device u is never held back, the device
     having nothing else to run, so g's buffer is freed at u's end. But stand-ins of one process
     take turns on its threads: in the order of both (g, h1, u, h2, h3 by start), u may end as late
-    as the op `window` places on, and g's buffer is held until then. Devices of their own (no
-    shared memory) run on pools of their own.
+    as the op `pool_window` places on (`ORDER_WINDOW_PROCESS` by default), and g's buffer is held
+    until then; with no window for the devices, not at all. Devices of their own (no shared
+    memory) run on pools of their own.
     """
-    from baechi_tf.placer.memory_timeline import reordered_blocks, reordered_peaks, thread_pools
+    from baechi_tf.placer.memory_timeline import ORDER_WINDOW_PROCESS, reordered_blocks, reordered_peaks, thread_pools
 
     b = OpGraphBuilder()
     b.add_op("g", 100, [MiB])
@@ -515,16 +516,19 @@ def test_a_handed_over_tensor_waits_for_its_reader_in_the_order_of_the_process()
     assert s.start_us.tolist() == [0.0, 150.0, 100.0, 200.0, 300.0]
     assert thread_pools(c) == (0, 0)
 
-    def freed(window, pools):
-        blocks = reordered_blocks(g, s, memory_blocks(g, s, c), window, pools)
+    def freed(window, pools, pool_window=None):
+        blocks = reordered_blocks(g, s, memory_blocks(g, s, c), window, pools, pool_window=pool_window)
         return {float(f) for k, o, d, f in zip(blocks.kind, blocks.op, blocks.device, blocks.free_us)
                 if k == "output" and g.names[o] == "g" and d == 0}
 
-    assert freed(0, (0, 0)) == freed(2, None) == {160.0}
-    assert freed(1, (0, 0)) == {300.0}  # h2's end
-    assert freed(2, (0, 0)) == {400.0}  # h3's end
+    assert freed(0, (0, 0)) == freed(2, None) == freed(0, (0, 0), 2) == {160.0}
+    assert freed(1, (0, 0), 1) == {300.0}  # h2's end
+    assert freed(1, (0, 0), 2) == freed(1, (0, 0)) == {400.0}  # h3's end
+    assert ORDER_WINDOW_PROCESS >= 2
     peaks = reordered_peaks(g, c, s, 2)
     assert peaks[0] == MiB + 3 * 1024 > s.peak_memory_bytes[0]
+    with pytest.raises(ValueError, match="pool_window must be at least 0, not -1"):
+        reordered_blocks(g, s, memory_blocks(g, s, c), 1, (0, 0), pool_window=-1)
     # Three stand-ins in two processes, and devices of their own.
     assert thread_pools(_cluster(3, shared=True, tasks=2)) == (0, 1, 0)
     assert thread_pools(_cluster(3, shared=False)) == (0, 1, 2)

@@ -64,9 +64,9 @@ from baechi_tf.placer.order_bounds import order_bounds, timed_bounds
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
-    "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "DeviceMemory", "MemoryBlocks", "blocks_held_at", "blocks_timeline",
-    "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once",
-    "thread_pools",
+    "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "ORDER_WINDOW_PROCESS", "DeviceMemory", "MemoryBlocks", "blocks_held_at",
+    "blocks_timeline", "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks",
+    "running_at_once", "thread_pools",
 ]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
@@ -78,6 +78,13 @@ in the order TensorFlow's executor takes (`reordered_blocks`), a chain of them w
 executor runs a device's ready ops in an order of its own, which no rule of the simulator has
 matched; the window was chosen on the measured peaks of `bench/fidelity_memory.py`
 (docs/fidelity.md, "Chains move as a whole")."""
+
+ORDER_WINDOW_PROCESS = 12
+"""How many places of one order of all the ops of the devices that share a pool of threads (the
+CPU devices of one process) a reader on one of them may end away from its simulated place, for
+the block it frees on another of them: a tensor one stand-in handed to another is held as long as
+its reader there may run late in the process's order (`reordered_blocks`). Chosen on the measured
+peaks of `bench/fidelity_memory.py` (docs/fidelity.md, "A reader in the process's order")."""
 
 ORDER_WINDOW_OWN_POOL = 4
 """`ORDER_WINDOW` for a device that runs its ops on a pool of its own (a GPU, a worker task), where
@@ -399,6 +406,7 @@ def reordered_blocks(
     window: Union[int, Sequence[int], None] = None,
     pools: Optional[Sequence[int]] = None,
     at_once: Optional[Sequence[int]] = None,
+    pool_window: Optional[int] = None,
 ) -> MemoryBlocks:
     """`blocks` of `schedule` (`memory_blocks`) held as long as an executor that runs each device's
     ops in another order, within `window` places of the simulated one, may hold them. `window` is
@@ -449,8 +457,9 @@ def reordered_blocks(
     devices of one process share one); None, each device its own. Devices of one pool take turns
     on its threads, so a block one of them holds for a reader on another of the pool is held as
     late as that reader may end in one order of all the pool's ops, by the same rule (places by
-    start over the pool, bounds by the pool's edges and its idle times), when that is later than
-    in its own device's order.
+    start over the pool, bounds by the pool's edges and its idle times) with `pool_window` places
+    (None: `ORDER_WINDOW_PROCESS`; none for a pool whose devices' windows are all 0), when that is
+    later than in its own device's order.
 
     Time O(V log V + (V + E) D + k) for V ops, E edges, k blocks and D devices.
     """
@@ -461,6 +470,8 @@ def reordered_blocks(
                          if at_once is None else at_once, dtype=np.int64)
     if running.size < windows.size or (running.size and running.min() < 1):
         raise ValueError(f"at_once must give each of the {windows.size} devices at least 1, not {running.tolist()}")
+    if pool_window is not None and pool_window < 0:
+        raise ValueError(f"pool_window must be at least 0, not {pool_window}")
     if not blocks.device.size:
         return blocks
     rank = np.empty(graph.num_ops, dtype=np.int64)
@@ -491,7 +502,9 @@ def reordered_blocks(
     pool = None if pools is None else np.asarray(pools, dtype=np.int64)
     if pool is not None and np.unique(pool).size < pool.size:  # some pool runs two devices
         pool_windows = np.zeros(int(pool.max()) + 1, dtype=np.int64)
-        np.maximum.at(pool_windows, pool, windows[:pool.size])  # the pool's devices share theirs
+        np.maximum.at(pool_windows, pool, windows[:pool.size])
+        process = ORDER_WINDOW_PROCESS if pool_window is None else pool_window
+        pool_windows = np.where(pool_windows > 0, process, 0)
         pool_latest = order_bounds(graph, pool[device_of], start, end, rank, pool_windows)[1]
         pool_late = np.maximum(end[pool_latest] - end, 0.0)
         handed = freed & (device_of[free_op] != blocks.device) & (pool[device_of[free_op]] == pool[blocks.device])
