@@ -92,8 +92,8 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
 
     import fidelity_memory as fm
 
-    from baechi_tf.placer.memory_timeline import (
-        blocks_held_at, blocks_timeline, memory_blocks, reordered_blocks, thread_pools)
+    from baechi_tf.placer.block_timeline import blocks_held_at
+    from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, reordered_blocks, thread_pools
 
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
     in_order = memory_blocks(graph, schedule, cluster)

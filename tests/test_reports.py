@@ -467,7 +467,8 @@ def test_scratch_is_counted_for_as_many_ops_as_run_at_once():
     """
     import os
 
-    from baechi_tf.placer.memory_timeline import blocks_held_at, running_at_once
+    from baechi_tf.placer.block_timeline import blocks_held_at
+    from baechi_tf.placer.memory_timeline import running_at_once
 
     b = OpGraphBuilder()
     for i in range(6):

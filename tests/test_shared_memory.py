@@ -20,8 +20,8 @@ from baechi_tf.graph import HELD
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, engine, simulate
 from baechi_tf.placer.buffers import buffer_tables, fallback_inputs
-from baechi_tf.placer.memory_timeline import (
-    blocks_held_at, memory_blocks, memory_timeline, reordered_blocks, reordered_peaks, thread_pools)
+from baechi_tf.placer.block_timeline import blocks_held_at
+from baechi_tf.placer.memory_timeline import memory_blocks, memory_timeline, reordered_blocks, reordered_peaks, thread_pools
 
 MiB = graphs.MiB
 ENGINES = ["python"] + (["native"] if engine.native_available() else [])
