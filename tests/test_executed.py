@@ -1,11 +1,13 @@
 """What a traced step ran, named by the graph's ops (baechi_tf.cost_model.executed): Grappler's
 nodes, fused nodes and the runtime's."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import step_stats_pb2
 
 from baechi_tf.cost_model.executed import fused_ops, source_op, where_ops_ran
+from baechi_tf.rewriter.devices import session_config, standin_cluster
 
 pytestmark = pytest.mark.tf
 
@@ -116,3 +118,36 @@ def test_where_ops_ran_reads_executors_and_puts_fused_ops_with_their_node():
     stats.dev_stats.add(device="/device:GPU:0/stream:all").node_stats.add(node_name="s:Kernel")
     where = where_ops_ran(stats, graph, [ran])
     assert where == {op: {cpu1.device} for op in ("bias", "mm", "s")}
+
+
+def test_ops_merged_with_an_equal_op_or_replicated_are_no_fused_readers_ops():
+    # Two equal constants of CPU:4, each read by one batch norm, on CPU:1 and CPU:2 (oneDNN's
+    # kernels: fused nodes by type). Common-subexpression elimination keeps one; TF replicates it
+    # (a constant of at most 16 elements) onto both devices, where the batch norms read it.
+    # Neither constant was replaced by its batch norm: the one merged away ran nowhere, the one
+    # kept only as replicas, which are the runtime's nodes.
+    task = "/job:localhost/replica:0/task:0"
+    cpu = {i: f"{task}/device:CPU:{i}" for i in (1, 2, 4)}
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [2, 4, 4, 3], name="x")
+        with tf.device(cpu[4]):
+            zeros = {1: tf.zeros([0], name="zeros"), 2: tf.zeros([0], name="zeros_1")}
+            scale, offset = tf.ones([3], name="scale"), tf.zeros([3], name="offset")
+        outs = []
+        for i in (1, 2):
+            with tf.device(cpu[i]):
+                y = tf1.nn.fused_batch_norm(x, scale, offset, mean=zeros[i], variance=zeros[i], name=f"bn{i}")[0]
+                outs.append(tf.reduce_sum(y, name=f"out{i}"))
+    config = session_config(standin_cluster(4, prefix=task))
+    with tf1.Session(graph=graph, config=config) as sess:
+        metadata = tf1.RunMetadata()
+        sess.run(outs, {x: np.ones([2, 4, 4, 3], np.float32)}, run_metadata=metadata, options=tf1.RunOptions(
+            trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True))
+    graph_def = graph.as_graph_def()
+    ran = {n.name for p in metadata.partition_graphs for n in p.node}
+    assert len({"zeros", "zeros_1"} - ran) == 2 and any("zeros" in n and "/replicate/" in n for n in ran), ran
+    where = where_ops_ran(metadata.step_stats, graph_def, metadata.partition_graphs)
+    assert where["bn1"] == {cpu[1]} and where["bn2"] == {cpu[2]}
+    assert "zeros" not in where and "zeros_1" not in where
+    assert not {"zeros", "zeros_1"} & set(fused_ops(graph_def, metadata.partition_graphs))

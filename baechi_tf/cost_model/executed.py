@@ -45,6 +45,7 @@ RUNTIME_TYPES = frozenset({
 # Names the executor gives its nodes: '<op>/_12' (copies, control-edge helpers, replicated
 # constants '<op>/replicate/_3'), '<op>_S12' (a distributed session's control-edge helpers),
 # '_SOURCE', '_SINK'; and the dependency optimizer's NoOps that group control edges.
+_REPLICA = re.compile(r"(.+)/replicate/_\d+\Z")
 _RUNTIME_NAME = re.compile(r"(.+/_\d+|.+_S\d+|_SOURCE|_SINK|GroupCrossDeviceControlEdges_\d+/.*)\Z")
 # Path components Grappler's optimizers put in the names of the nodes they add.
 _MARKERS = frozenset({
@@ -144,14 +145,17 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
             if not text.startswith("^"):
                 readers.setdefault(_input_op(text), []).append(node.name)
     read = {_tensor(t) for n in graph_def.node for t in n.input}
-    through = _read_through(nodes, ran)
+    copied = _copied_ops(ran)
+    through = _read_through(nodes, ran, copied)
+    # Not replaced by a fused reader: ops read in the place of another, and ops read as copies.
+    elsewhere = {op for ops in through.values() for op in ops} | set(copied.values())
     out: dict[str, str] = {}
     for name in sorted(ran):
         node, executed = nodes.get(name), ran[name]
         if node is None:
             root = _rewritten_root(name, executed, nodes, ran)
             if root is not None:  # Grappler's node under a new name, in the place of `root`
-                for op in _replaced(root, nodes, ran, readers):
+                for op in _replaced(root, nodes, ran, readers, elsewhere):
                     out.setdefault(op, root)
             continue
         if executed.op == node.op or executed.op == "Const":
@@ -161,7 +165,7 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
             if host in nodes and host in ran and "Fused" in ran[host].op and ran[host].op != nodes[host].op:
                 out.setdefault(name, host)
             continue
-        for op in _replaced(name, nodes, ran, readers):
+        for op in _replaced(name, nodes, ran, readers, elsewhere):
             out.setdefault(op, name)
         for op in through.get(name, ()):
             out.setdefault(op, name)
@@ -204,12 +208,13 @@ def _rewritten_root(name: str, executed: Any, nodes: Mapping[str, Any], ran: Map
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "Snapshot", "Reshape", "Squeeze", "ExpandDims", "StopGradient"})
 
 
-def _read_through(nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> dict[str, list[str]]:
+def _read_through(nodes: Mapping[str, Any], ran: Mapping[str, Any], copied: Mapping[str, str]) -> dict[str, list[str]]:
     """Node that ran -> the graph ops that did not run and whose readers read it in their
     place: an op fused with a sibling (oneDNN's ``Conv2DBackpropFilter`` with the
     ``BiasAddGrad`` of the same layer, one node with both outputs under the filter gradient's
     name). Found by comparing, input by input, each reader as written and as it ran, through the
-    pass-through ops (`_PASS_THROUGH`) that did not run either."""
+    pass-through ops (`_PASS_THROUGH`) that did not run either, and through the copies between
+    devices and the replicas of constants (`copied`, from `_copied_ops`)."""
     out: dict[str, list[str]] = {}
     for name, executed in ran.items():
         node = nodes.get(name)
@@ -219,11 +224,28 @@ def _read_through(nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> dict[str,
         done = [_input_op(t) for t in executed.input if not t.startswith("^")]
         if len(written) != len(done):
             continue
-        for text, host in zip(written, done):
-            op = _replaced_output(text, nodes, ran)
-            if op is not None and host != op and host in ran and host in nodes:
+        for text, node_read in zip(written, done):
+            op, host = _replaced_output(text, nodes, ran), copied.get(node_read, node_read)
+            # A host copied to the reader ran, as the copy, where no reader of its own device is.
+            if op is not None and host != op and host in nodes and (host in ran or node_read in copied):
                 out.setdefault(host, []).append(op)
     return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def _copied_ops(ran: Mapping[str, Any]) -> dict[str, str]:
+    """Node of the runtime's that holds another node's output on a reader's device -> that node:
+    a ``_Recv`` -> the input of the ``_Send`` of the same ``tensor_name`` (one per copy between
+    two devices, over all the step's partitions); a constant replicated where it is read,
+    ``<op>/replicate/_3``, -> ``<op>``."""
+    sends = {n.attr["tensor_name"].s: _input_op(n.input[0])
+             for n in ran.values() if n.op in ("_Send", "_HostSend") and n.input}
+    out = {name: sends[n.attr["tensor_name"].s] for name, n in ran.items()
+           if n.op in ("_Recv", "_HostRecv") and n.attr["tensor_name"].s in sends}
+    for name, n in ran.items():
+        match = _REPLICA.match(name)
+        if match and n.op == "Const":
+            out[name] = match.group(1)
+    return out
 
 
 def _replaced_output(text: str, nodes: Mapping[str, Any], ran: Mapping[str, Any]) -> Optional[str]:
@@ -244,13 +266,15 @@ def _replaced_output(text: str, nodes: Mapping[str, Any], ran: Mapping[str, Any]
     return None
 
 
-def _replaced(root: str, nodes: Mapping[str, Any], ran: Mapping[str, Any], readers: Mapping[str, list[str]]) -> list[str]:
-    """The ops the fused node `root` replaced (`fused_ops`), in graph order."""
+def _replaced(root: str, nodes: Mapping[str, Any], ran: Mapping[str, Any], readers: Mapping[str, list[str]],
+              elsewhere: Collection[str]) -> list[str]:
+    """The ops the fused node `root` replaced (`fused_ops`), in graph order; not those in
+    `elsewhere`, whose readers read another node in their place (`_read_through`)."""
     found: set[str] = set()
     stack = [_input_op(t) for t in nodes[root].input if not t.startswith("^")]
     while stack:
         op = stack.pop()
-        if op in found or op in ran or op not in nodes or nodes[op].op in _NOT_FUSED:
+        if op in found or op in ran or op in elsewhere or op not in nodes or nodes[op].op in _NOT_FUSED:
             continue
         found.add(op)
         stack.extend(_input_op(t) for t in nodes[op].input if not t.startswith("^"))
@@ -271,8 +295,11 @@ def where_ops_ran(step_stats: Any, graph_def: Any, partition_graphs: Iterable[An
 
     An op runs where a node mapped to it by `source_op` ran (Grappler's nodes made from it
     too); an op a fused node replaced (`fused_ops`, from `partition_graphs` of the same step)
-    where that node ran. Runtime nodes (`is_runtime`) are no op's. Only executor entries are read
-    (a GPU's ``stream:*`` and ``memcpy`` entries repeat them).
+    where that node ran. An op whose readers read another node in its place ran nowhere
+    (`_read_through`: Grappler's common-subexpression elimination keeps one of equal ops of a
+    device, and TF replicates a constant where it is read), nor does one folded. Runtime nodes
+    (`is_runtime`) are no op's. Only executor entries are read (a GPU's ``stream:*`` and
+    ``memcpy`` entries repeat them).
     """
     names = {n.name for n in graph_def.node}
     out: dict[str, set[str]] = {}
