@@ -130,6 +130,8 @@ def fused_ops(graph_def: Any, partition_graphs: Iterable[Any]) -> dict[str, str]
     `_rewritten_root`), which replaced the ops that fed only that op, under that op's name; and a
     node that ran as another type and reads what another op's node left for it (oneDNN's
     ``MaxPoolGrad`` reads its ``MaxPool``'s workspace, `_extra_input`), which goes with that op.
+    An input a fused node read as another node (an equal op common-subexpression elimination kept
+    instead, through a copy or not) or as a replica of a constant is not among the ops it replaced.
 
     `partition_graphs`: ``RunMetadata.partition_graphs`` of a step of `graph_def`. Deterministic;
     O(nodes + inputs) time, times the longest chain of removed pass-through ops.
