@@ -61,7 +61,12 @@ def test_round_trip_changes_devices_only(lstm):
     assert report.makespan_us >= report.lower_bound_us > 0
     assert report.result.cluster == setup.cluster  # nothing needed the host
     assert set(report.step_seconds) == {"import", "place", "apply"}
-    assert "profile covers" in report.summary() and "traced time no op accounts for" in report.summary()
+    summary = report.summary()
+    assert "profile covers" in summary and "traced time no op accounts for" in summary
+    # The initialisers ran in no traced step: the summary says so once, naming the first of them.
+    unrun = len(report.coverage.unrun_ops)
+    assert unrun and summary.count(f"{unrun} ops ran in no traced step") == 1
+    assert f"{unrun} ops ran in no traced step (first: " in summary
 
 
 def test_same_inputs_same_placed_bytes(lstm):

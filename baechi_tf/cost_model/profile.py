@@ -160,12 +160,15 @@ class Coverage:
             return min(1.0, max(0.0, 1.0 - unmatched / self.traced_compute_us))
         return min(1.0, self.profiled_compute_us / self.traced_compute_us)
 
-    def describe(self) -> str:
+    def describe(self, *, unrun: bool = True) -> str:
+        """One line: ops profiled, share of the traced time, ops estimated and, with `unrun`, how
+        many ran in no traced step (leave it out where a note names them already)."""
         return (
             f"profile covers {self.num_profiled_ops} of {self.num_graph_ops} ops "
             f"({100 * self.op_share:.1f}%) and {100 * self.compute_share:.1f}% of the traced "
             f"compute time; {len(self.estimated_ops)} ops have estimated costs"
-            + (f"; {len(self.unrun_ops)} ops ran in no traced step and cost nothing" if self.unrun_ops else "")
+            + (f"; {len(self.unrun_ops)} ops ran in no traced step and cost nothing"
+               if unrun and self.unrun_ops else "")
         )
 
     def figures(self, default_compute_ops: int = 0) -> dict[str, Any]:

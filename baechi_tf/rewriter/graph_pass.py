@@ -87,7 +87,8 @@ class PlacementReport:
     def summary(self) -> str:
         from baechi_tf.report import summary_table
 
-        lines = [summary_table(self.result), "", self.coverage.describe()]
+        # The importer's note names the ops that ran in no traced step, with the first of them.
+        lines = [summary_table(self.result), "", self.coverage.describe(unrun=False)]
         unmatched = self.coverage.unmatched_by_type()
         if unmatched:
             lines.append(f"traced time no op accounts for: {unmatched}")
