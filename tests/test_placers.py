@@ -736,6 +736,56 @@ def test_a_placement_that_fits_only_because_ops_wait_for_memory_is_warned_of(cap
     assert not [r for r in caplog.records if "holds ops back" in r.getMessage()]
 
 
+def _chain(n: int):
+    """c0 -> c1 -> ... (10 us and 1 MiB each): at most an op's input and output held, 2 MiB."""
+    b = OpGraphBuilder()
+    for i in range(n):
+        b.add_op(f"c{i}", 10, [graphs.MiB])
+        if i:
+            b.add_edge(f"c{i - 1}", f"c{i}")
+    return b.build()
+
+
+def test_a_schedule_that_can_hold_no_op_back_gives_its_own_peak_as_run():
+    """Six ops of 1 MiB in a chain on one device of 4 MiB: the device does not hold the whole
+    graph (6 MiB), but its peak (2 MiB) and the largest allocation of an op (1 MiB) fit, so no op
+    can have waited for memory: the peak as run is the schedule's own, which a simulation with
+    memory to spare gives too. At 2.5 MiB an op may have waited, and the pipeline simulates."""
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.placer.pipeline import _none_held_back, memory_as_run
+
+    MiB = graphs.MiB
+    graph = _chain(6)
+    roomy = Cluster((Device("/device:GPU:0", 8 * MiB),))
+    for capacity, held_back_possible in ((4 * MiB, False), (5 * MiB // 2, True)):
+        cluster = Cluster((Device("/device:GPU:0", capacity),))
+        result = place(graph, cluster, PlacementOptions(placement_method="single"))
+        schedule = result.schedule
+        assert graph.total_bytes > capacity and schedule.peak_memory_bytes == (2 * MiB,)
+        assert _none_held_back(graph, cluster, schedule) is not held_back_possible
+        as_run = simulate(graph, roomy, schedule.placement).peak_memory_bytes
+        assert memory_as_run(graph, cluster, schedule.placement, schedule) == tuple(as_run)
+        assert result.unheld_peak_bytes == tuple(as_run)
+
+
+def test_an_op_that_reads_from_another_device_may_wait_for_its_copy_too():
+    """The chain of six placed on two devices in turn: each op but the first allocates its output
+    and the copy of its input, 2 MiB, so a device whose peak leaves 1.5 MiB free may hold one
+    back, and one that leaves 2 MiB may not."""
+    from baechi_tf.cluster import Cluster, Device
+    from baechi_tf.placer.pipeline import _none_held_back
+
+    MiB = graphs.MiB
+    graph = _chain(6)
+    placement = Placement(np.array([0, 1, 0, 1, 0, 1], dtype=np.int32), "expert")
+    roomy = Cluster((Device("/device:GPU:0", 8 * MiB), Device("/device:GPU:1", 8 * MiB)))
+    schedule = simulate(graph, roomy, placement)
+    peak = max(schedule.peak_memory_bytes)
+    for free, held_back_possible in ((3 * MiB // 2, True), (2 * MiB, False)):
+        cluster = Cluster(tuple(Device(f"/device:GPU:{d}", peak + free) for d in range(2)))
+        assert _none_held_back(graph, cluster, schedule) is not held_back_possible
+
+
 def test_the_summary_shows_the_peak_with_no_op_held_back_where_it_differs():
     """The two chains of `_two_chains` on a device of 1.5 MiB: 1 MiB (and 8 B) simulated, 2 MiB
     with no op held back, in a column of its own; on 8 MiB the peaks are the same, and the column

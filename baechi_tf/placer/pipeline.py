@@ -339,7 +339,9 @@ def _place(
         )
     seen, on = (graph, cluster) if host is None else (host.graph, host.cluster)
     checked_on = placer_cluster if judge is None else judge.cluster
-    unheld = step("memory", lambda: memory_as_run(seen, checked_on, placement))
+    # The schedule is of (graph, placer_cluster), which memory_as_run sees only without a judge.
+    own = schedule if judge is None and host is None else None
+    unheld = step("memory", lambda: memory_as_run(seen, checked_on, placement, own))
     warned = {d for d, p in enumerate(unheld or ()) if p > checked_on.devices[d].memory_bytes}
     # A device that holds the whole graph cannot run out in any order (`memory_as_run`).
     reordered = None if unheld is None else step(
@@ -364,11 +366,15 @@ def _place(
     )
 
 
-def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Optional[tuple[int, ...]]:
+def memory_as_run(
+    graph: OpGraph, cluster: Cluster, placement: Placement, schedule: Optional[Schedule] = None
+) -> Optional[tuple[int, ...]]:
     """Per device, the peak of `placement` simulated with no op held back for memory; None when
     the simulator can have held none back: every device of `cluster` holds the whole graph (a
     device never holds more than every tensor once, as its own or a copy, and every op's scratch
-    and persistent bytes).
+    and persistent bytes). `schedule`, when given, is a schedule of `placement` on `graph` and
+    `cluster`: where it can have held no op back (`_none_held_back`), its own peaks are returned,
+    with no simulation.
 
     The simulator starts an op only once its memory fits, so a placement whose schedule fits
     `cluster` may fit only because ops waited. TensorFlow's executor does not order ops by
@@ -379,6 +385,8 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
     whole = graph.total_bytes
     if all(d.memory_bytes >= whole for d in cluster.devices):
         return None
+    if schedule is not None and _none_held_back(graph, cluster, schedule):
+        return tuple(int(p) for p in schedule.peak_memory_bytes)
     roomy = dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=max(d.memory_bytes, whole)) for d in cluster.devices))
     peaks = simulate(graph, roomy, placement).peak_memory_bytes
@@ -393,6 +401,23 @@ def memory_as_run(graph: OpGraph, cluster: Cluster, placement: Placement) -> Opt
             placement.method, _peaks_over(cluster, over),
         )
     return peaks
+
+
+def _none_held_back(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> bool:
+    """Whether `schedule` can have held no op back for memory: on every device, its peak plus the
+    most bytes an op of it may allocate when it starts (scratch, outputs, and the tensors it reads
+    from other devices) fits. An op waits only where the memory in use, at most the peak, and its
+    allocation exceed the device. O(V + E)."""
+    device_of = schedule.placement.device_of.astype(np.int64)
+    start_bytes = graph.temp_bytes.astype(np.int64) + graph.output_total_bytes.astype(np.int64)
+    data = graph.edge_src_output >= 0
+    src, dst = graph.edge_src[data], graph.edge_dst[data]
+    crossing = device_of[src] != device_of[dst]
+    np.add.at(start_bytes, dst[crossing], graph.tensor_bytes[graph.edge_tensor[data][crossing]].astype(np.int64))
+    largest = np.zeros(cluster.num_devices, dtype=np.int64)
+    np.maximum.at(largest, device_of, start_bytes)
+    return all(int(peak) + int(most) <= d.memory_bytes
+               for peak, most, d in zip(schedule.peak_memory_bytes, largest.tolist(), cluster.devices))
 
 
 def memory_reordered(
