@@ -45,8 +45,9 @@ RUNTIME_TYPES = frozenset({
 # Names the executor gives its nodes: '<op>/_12' (copies, control-edge helpers, replicated
 # constants '<op>/replicate/_3'), '<op>_S12' (a distributed session's control-edge helpers),
 # '_SOURCE', '_SINK'; and the dependency optimizer's NoOps that group control edges.
-_REPLICA = re.compile(r"(.+)/replicate/_\d+\Z")
 _RUNTIME_NAME = re.compile(r"(.+/_\d+|.+_S\d+|_SOURCE|_SINK|GroupCrossDeviceControlEdges_\d+/.*)\Z")
+# A constant replicated onto a device that reads it, and the constant's op (`_copied_ops`).
+_REPLICA = re.compile(r"(.+)/replicate/_\d+\Z")
 # Path components Grappler's optimizers put in the names of the nodes they add.
 _MARKERS = frozenset({
     "ArithmeticOptimizer", "ConstantFolding", "ConstantFoldingCtrl", "DependencyOptimizer",

@@ -386,7 +386,7 @@ def memory_as_run(
     if all(d.memory_bytes >= whole for d in cluster.devices):
         return None
     if schedule is not None and _none_held_back(graph, cluster, schedule):
-        return tuple(int(p) for p in schedule.peak_memory_bytes)
+        return schedule.peak_memory_bytes
     roomy = dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=max(d.memory_bytes, whole)) for d in cluster.devices))
     peaks = simulate(graph, roomy, placement).peak_memory_bytes
