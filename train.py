@@ -683,6 +683,7 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     """Profiles the model under its expert layout and writes the profile to --cost_path."""
     import tensorflow as tf
 
+    from baechi_tf.cost_model.machine_load import LoadMeter, busy_warning
     from baechi_tf.cost_model.profile import save_profile
     from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.rewriter.apply import apply_placement
@@ -698,12 +699,17 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     used = {canonical_device(d) for d in layout.values()}
     print(f"Profiling on {_describe_devices(setup)}, with the model's expert layout over "
           f"{len(used)} of them")
-    timed, traces = run_graph(
-        run, session_config, target=target, tag="costgen", label="profiling", warmup=FLAGS.profile_warmup_steps,
-        steps=FLAGS.profile_steps, trace_every=FLAGS.profile_every_n_steps)
+    with LoadMeter() as meter:
+        timed, traces = run_graph(
+            run, session_config, target=target, tag="costgen", label="profiling",
+            warmup=FLAGS.profile_warmup_steps, steps=FLAGS.profile_steps, trace_every=FLAGS.profile_every_n_steps)
+    busy = busy_warning(meter.load, "the profiling steps")
+    if busy:
+        print(f"train: {busy}", file=sys.stderr, flush=True)
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, built.graph_def, tf_version=tf.__version__),
         built.spec.graph)
+    profile = dataclasses.replace(profile, machine_load=meter.load)
     save_profile(profile, FLAGS.cost_path)
     if timed:
         print(f"Original runtime: {1e3 * sum(timed) / len(timed):.3f} ms per step "

@@ -416,7 +416,7 @@ def test_missing_directory_and_future_format(tmp_path):
     with pytest.raises(ProfileError, match="format 9"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 1  # digests of types and inputs only: a profile to take again
-    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2, 3, 4 and 5; profile the graph again"):
+    with pytest.raises(ProfileError, match="profile format 1, this baechi_tf reads formats 2, 3, 4, 5 and 6; profile the graph again"):
         profile_from_bytes(pb.SerializeToString())
     pb.format_version = 2
     pb.ops.add(name="a", compute_us=-1.0)
@@ -552,7 +552,7 @@ def test_outputs_that_reuse_a_buffer_are_read_from_the_trace():
     again = profile_from_bytes(profile_to_bytes(profile))
     assert dict(again.ops) == dict(profile.ops)
     pb = cost_profile_pb2.CostProfile.FromString(profile_to_bytes(profile))
-    assert pb.format_version == 5
+    assert pb.format_version == 6
     pb.format_version = 3
     for op in pb.ops:
         del op.output_alias[:]

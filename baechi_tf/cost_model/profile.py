@@ -5,8 +5,9 @@ output's bytes, of temporary and of persistent memory (Baechi, SoCC 2020; `profi
 an op that a fused node replaced, the op it ran as (``fused_into``); per output, whether it reused
 a buffer (``output_alias``: an input's, or one its op did not allocate); memory its kernel kept
 past its end until a reader of its outputs ended (``held_bytes``, ``held_until``: a oneDNN max
-pool's workspace); and the traced time that no op of the graph accounts for, by node type
-(``unmatched_compute_us``). It
+pool's workspace); the traced time that no op of the graph accounts for, by node type
+(``unmatched_compute_us``); and the CPU time other work took on the machine while the steps ran
+(``machine_load``, `machine_load.MachineLoad`). It
 remembers which graph it was taken on (a fingerprint over every node's name, type, inputs and
 attributes, so that the same model at another size does not match; device fields and TF's
 internal ``_`` attributes are left out, so that a placed copy of a graph matches its unplaced
@@ -30,6 +31,7 @@ import statistics
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from baechi_tf._files import atomic_write
+from baechi_tf.cost_model.machine_load import MachineLoad
 from baechi_tf.errors import ProfileError
 
 __all__ = [
@@ -63,8 +65,10 @@ _END = "end"
 #    nothing fused, unmatched time unknown).
 # 4: ops carry output_alias, the outputs that reused a buffer (formats 2 and 3 are read: none did).
 # 5: ops carry held_bytes and held_until, memory kept past their end (formats 2-4 are read: none).
-_FORMAT_VERSION = 5
-_READ_VERSIONS = (2, 3, 4, 5)
+# 6: the profile carries machine_load, the CPU time other work took while its steps ran (formats
+#    2-5 are read: unknown).
+_FORMAT_VERSION = 6
+_READ_VERSIONS = (2, 3, 4, 5, 6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +127,8 @@ class CostProfile:
     # traced time of one step that no op of the graph accounts for, by node type (median over
     # steps); None when unknown (a profile of format 2)
     unmatched_compute_us: Optional[Mapping[str, float]] = None
+    # CPU time other work took on the machine while the steps ran; None when not measured
+    machine_load: Optional[MachineLoad] = None
 
     @property
     def profiled_compute_us(self) -> float:
@@ -142,6 +148,7 @@ class Coverage:
     # the profile's `CostProfile.unmatched_compute_us` (None: unknown)
     unmatched_compute_us: Optional[Mapping[str, float]] = None
     unrun_ops: tuple[str, ...] = ()  # graph ops no profiled step runs (`unrun_ops`): no cost
+    machine_load: Optional[MachineLoad] = None  # the profile's `CostProfile.machine_load`
 
     @property
     def op_share(self) -> float:
@@ -175,8 +182,10 @@ class Coverage:
         """The coverage as plain JSON values: num_graph_ops, num_profiled_ops, num_estimated_ops,
         num_shape_estimated_ops (`default_compute_ops`: estimated from shapes, no op of their type
         measured), compute_share, traced_compute_us, unmatched_compute_us (node type -> us of one
-        step; None when the profile does not know)."""
+        step; None when the profile does not know), machine_load (`MachineLoad`'s fields and its
+        share; None when not measured)."""
         unmatched = self.unmatched_compute_us
+        load = self.machine_load
         return {
             "num_graph_ops": self.num_graph_ops,
             "num_profiled_ops": self.num_profiled_ops,
@@ -185,6 +194,7 @@ class Coverage:
             "compute_share": float(self.compute_share),
             "traced_compute_us": float(self.traced_compute_us),
             "unmatched_compute_us": None if unmatched is None else {k: float(unmatched[k]) for k in sorted(unmatched)},
+            "machine_load": None if load is None else {**dataclasses.asdict(load), "share": load.share},
         }
 
     def unmatched_by_type(self, limit: int = 5) -> str:
@@ -307,6 +317,7 @@ def profile_coverage(profile: CostProfile, graph_def) -> Coverage:
         traced_compute_us=profile.traced_compute_us,
         unmatched_compute_us=profile.unmatched_compute_us,
         unrun_ops=tuple(n for n in names if n in unrun),
+        machine_load=profile.machine_load,
     )
 
 
@@ -373,13 +384,16 @@ def merge_profiles(old: CostProfile, new: CostProfile) -> CostProfile:
 
     Ops both measured take `new`'s costs; the graph identity is `new`'s; the traced steps the
     fewer of the two (0 when a fetch was placed without tracing: what its steps run is not
-    known). The unmatched time of each node type is the larger of the two (unknown when either
-    is); the traced time is the merged ops' compute plus the unmatched time, or plus the larger of
-    the two runtime overheads when it is unknown.
+    known); the machine's load the higher of the two (`MachineLoad.share`). The unmatched time of
+    each node type is the larger of the two (unknown when either is); the traced time is the
+    merged ops' compute plus the unmatched time, or plus the larger of the two runtime overheads
+    when it is unknown.
     """
     ops = dict(old.ops)
     ops.update(new.ops)
     steps = min(old.num_traced_steps, new.num_traced_steps)
+    loads = [p.machine_load for p in (new, old) if p.machine_load is not None]
+    new = dataclasses.replace(new, machine_load=max(loads, key=lambda m: m.share) if loads else None)
     if old.unmatched_compute_us is not None and new.unmatched_compute_us is not None:
         unmatched = _merged_unmatched(old.unmatched_compute_us, new.unmatched_compute_us)
         merged = dataclasses.replace(new, ops=ops, unmatched_compute_us=unmatched, num_traced_steps=steps)
@@ -441,6 +455,10 @@ def profile_to_bytes(profile: CostProfile) -> bytes:
         )
     for node_type, us in sorted((profile.unmatched_compute_us or {}).items()):
         pb.unmatched.add(node_type=node_type, compute_us=us)
+    load = profile.machine_load
+    if load is not None:
+        pb.machine_load.CopyFrom(_pb2().MachineLoad(
+            wall_s=load.wall_s, cpus=load.cpus, others_cpu_s=load.others_cpu_s, steal_s=load.steal_s))
     return pb.SerializeToString(deterministic=True)
 
 
@@ -506,6 +524,13 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
             held_bytes=int(c.held_bytes),
             held_until=c.held_until,
         )
+    load = None
+    if pb.HasField("machine_load"):
+        m = pb.machine_load
+        if not (m.wall_s >= 0 and m.others_cpu_s >= 0 and m.steal_s >= 0):
+            raise ProfileError(f"{source} gives a negative or non-numeric machine load; the file is corrupt")
+        load = MachineLoad(wall_s=float(m.wall_s), cpus=int(m.cpus), others_cpu_s=float(m.others_cpu_s),
+                           steal_s=float(m.steal_s))
     return CostProfile(
         ops=ops,
         graph_fingerprint=pb.graph_fingerprint,
@@ -518,6 +543,7 @@ def profile_from_bytes(data: bytes, source: str = "the cost profile") -> CostPro
         unmatched_compute_us=(
             {u.node_type: float(u.compute_us) for u in pb.unmatched} if pb.format_version >= 3 else None
         ),
+        machine_load=load,
     )
 
 

@@ -45,6 +45,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 
 from baechi_tf import interrupts
 from baechi_tf.progress import Progress
+from baechi_tf.cost_model.machine_load import LoadMeter, busy_warning
 from baechi_tf.cost_model.profile import (
     NO_BUFFER,
     OWN_BUFFER,
@@ -497,6 +498,10 @@ def profile_fetch(
     valid only so many times, such as one asserting on the step count, fails when run again and
     again); when no step was traced yet, `ProfilingCutShort` is raised instead of the error. The
     first run's error is raised as it is: the fetch fails from the state it started in.
+
+    The profile keeps the CPU time other work took on this machine over the runs
+    (`CostProfile.machine_load`); where it was `machine_load.BUSY_SHARE` of the machine or more,
+    a warning says so.
     """
     import tensorflow as tf
 
@@ -514,6 +519,7 @@ def profile_fetch(
     first_traced.output_partition_graphs = True  # what ran, for the ops fused nodes replaced
     traces = []
     partitions: list[Any] = []
+    meter = LoadMeter().start()  # over the warm-up too: a longer span, in the same conditions
     with Progress("profiling", warmup_steps + traced_steps, unit="steps", tick=True) as bar:
         for step in range(warmup_steps + traced_steps):
             traced = step >= warmup_steps
@@ -543,11 +549,17 @@ def profile_fetch(
                 traces.append(metadata.step_stats)
                 partitions = partitions or list(metadata.partition_graphs)
             bar.update(advance=1, note="traced" if traced else "warm-up")
+    load = meter.stop()
+    runs = warmup_steps + len(traces)
+    busy = busy_warning(load, f"the {runs} profiling run{'s' if runs != 1 else ''}")
+    if busy:
+        log.warning("%s", busy)
     profile = fit_outputs_to_graph(
         profile_from_step_stats(traces, graph_def, tf_version=tf.__version__, partition_graphs=partitions),
         session.graph,
     )
     profile = with_types_not_run(profile, graph_def, _fetch_closure(session.graph, fetches, feed_dict))
+    profile = dataclasses.replace(profile, machine_load=load)
     log.info(
         "profiled %d ops over %d traced steps (%.0f us traced per step)",
         len(profile.ops),

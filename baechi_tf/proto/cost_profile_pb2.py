@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"baechi_tf/proto/cost_profile.proto\x12\tbaechi_tf\"\xf4\x01\n\x06OpCost\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07op_type\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x12\n\ncompute_us\x18\x04 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x05 \x03(\x03\x12\x12\n\ntemp_bytes\x18\x06 \x01(\x03\x12\x18\n\x10persistent_bytes\x18\x07 \x01(\x03\x12\x11\n\tnum_steps\x18\x08 \x01(\r\x12\x12\n\nfused_into\x18\t \x01(\t\x12\x14\n\x0coutput_alias\x18\n \x03(\x11\x12\x12\n\nheld_bytes\x18\x0b \x01(\x03\x12\x12\n\nheld_until\x18\x0c \x01(\t\"6\n\rUnmatchedTime\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\x12\n\ncompute_us\x18\x02 \x01(\x01\"A\n\tGraphNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07op_type\x18\x02 \x01(\t\x12\x15\n\rinputs_digest\x18\x03 \x01(\x06\"\xa4\x02\n\x0b\x43ostProfile\x12\r\n\x05magic\x18\x01 \x01(\t\x12\x16\n\x0e\x66ormat_version\x18\x02 \x01(\r\x12\x19\n\x11graph_fingerprint\x18\x03 \x01(\t\x12\x12\n\ntf_version\x18\x04 \x01(\t\x12\x18\n\x10num_traced_steps\x18\x05 \x01(\r\x12\x19\n\x11traced_compute_us\x18\x06 \x01(\x01\x12)\n\x0bgraph_nodes\x18\x07 \x03(\x0b\x32\x14.baechi_tf.GraphNode\x12\x1e\n\x03ops\x18\x08 \x03(\x0b\x32\x11.baechi_tf.OpCost\x12+\n\tunmatched\x18\t \x03(\x0b\x32\x18.baechi_tf.UnmatchedTime\x12\x12\n\nend_marker\x18\x0f \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"baechi_tf/proto/cost_profile.proto\x12\tbaechi_tf\"\xf4\x01\n\x06OpCost\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07op_type\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x12\n\ncompute_us\x18\x04 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x05 \x03(\x03\x12\x12\n\ntemp_bytes\x18\x06 \x01(\x03\x12\x18\n\x10persistent_bytes\x18\x07 \x01(\x03\x12\x11\n\tnum_steps\x18\x08 \x01(\r\x12\x12\n\nfused_into\x18\t \x01(\t\x12\x14\n\x0coutput_alias\x18\n \x03(\x11\x12\x12\n\nheld_bytes\x18\x0b \x01(\x03\x12\x12\n\nheld_until\x18\x0c \x01(\t\"6\n\rUnmatchedTime\x12\x11\n\tnode_type\x18\x01 \x01(\t\x12\x12\n\ncompute_us\x18\x02 \x01(\x01\"R\n\x0bMachineLoad\x12\x0e\n\x06wall_s\x18\x01 \x01(\x01\x12\x0c\n\x04\x63pus\x18\x02 \x01(\r\x12\x14\n\x0cothers_cpu_s\x18\x03 \x01(\x01\x12\x0f\n\x07steal_s\x18\x04 \x01(\x01\"A\n\tGraphNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07op_type\x18\x02 \x01(\t\x12\x15\n\rinputs_digest\x18\x03 \x01(\x06\"\xd2\x02\n\x0b\x43ostProfile\x12\r\n\x05magic\x18\x01 \x01(\t\x12\x16\n\x0e\x66ormat_version\x18\x02 \x01(\r\x12\x19\n\x11graph_fingerprint\x18\x03 \x01(\t\x12\x12\n\ntf_version\x18\x04 \x01(\t\x12\x18\n\x10num_traced_steps\x18\x05 \x01(\r\x12\x19\n\x11traced_compute_us\x18\x06 \x01(\x01\x12)\n\x0bgraph_nodes\x18\x07 \x03(\x0b\x32\x14.baechi_tf.GraphNode\x12\x1e\n\x03ops\x18\x08 \x03(\x0b\x32\x11.baechi_tf.OpCost\x12+\n\tunmatched\x18\t \x03(\x0b\x32\x18.baechi_tf.UnmatchedTime\x12,\n\x0cmachine_load\x18\n \x01(\x0b\x32\x16.baechi_tf.MachineLoad\x12\x12\n\nend_marker\x18\x0f \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPCOST']._serialized_end=294
   _globals['_UNMATCHEDTIME']._serialized_start=296
   _globals['_UNMATCHEDTIME']._serialized_end=350
-  _globals['_GRAPHNODE']._serialized_start=352
-  _globals['_GRAPHNODE']._serialized_end=417
-  _globals['_COSTPROFILE']._serialized_start=420
-  _globals['_COSTPROFILE']._serialized_end=712
+  _globals['_MACHINELOAD']._serialized_start=352
+  _globals['_MACHINELOAD']._serialized_end=434
+  _globals['_GRAPHNODE']._serialized_start=436
+  _globals['_GRAPHNODE']._serialized_end=501
+  _globals['_COSTPROFILE']._serialized_start=504
+  _globals['_COSTPROFILE']._serialized_end=842
 # @@protoc_insertion_point(module_scope)

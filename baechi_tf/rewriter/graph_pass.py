@@ -26,6 +26,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from baechi_tf.cluster import Cluster, Device
+from baechi_tf.cost_model.machine_load import busy_warning
 from baechi_tf.cost_model.profile import CostProfile, Coverage, ProfileMismatch, load_profile
 from baechi_tf._startup import collector_paused
 from baechi_tf._steps import Steps
@@ -97,6 +98,9 @@ class PlacementReport:
                 f"{len(self.default_compute_ops)} unprofiled ops of types never profiled were "
                 "estimated from their shapes (bytes, FLOPs)"
             )
+        busy = busy_warning(self.coverage.machine_load, "the profile's steps")
+        if busy:
+            lines.append(busy)
         if self.mismatch is not None:
             lines.append(f"profile mismatch (allowed): {self.mismatch.describe()}")
         lines.extend(self.notes)

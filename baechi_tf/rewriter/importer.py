@@ -400,6 +400,7 @@ def import_graph_def(
         traced_compute_us=profile.traced_compute_us,
         unmatched_compute_us=profile.unmatched_compute_us,
         unrun_ops=tuple(n for n in names if n in unrun),
+        machine_load=profile.machine_load,
     )
     log.info("%s", coverage.describe())
     return ImportResult(
