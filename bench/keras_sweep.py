@@ -10,7 +10,9 @@ stand-ins over it runs the same steps. The first of them profiles, places and im
 
 It prints a line per application and method: the graph's ops, the method the placement used,
 the placement's seconds (`PlacementResult.placement_seconds`) and simulated step, the seconds to
-the end of the first placed step (profile, place, import, the step), the median of the other
+the end of the first placed step (profile, place, import, the step), the share of the
+machine's CPUs other work kept busy while the profile was taken (`CostProfile.machine_load`;
+``-`` where not measured: a profile taken then is suspect), the median of the other
 steps against the plain session's, and whether the losses equal the plain session's (``equal``,
 or the largest relative difference), or the error that stopped the method. A line ``plain
 again`` says how far a second plain session's losses are from the first's: TF's CPU kernels
@@ -83,7 +85,7 @@ def sweep_model(model: str, methods, args, out=sys.stdout) -> None:
     with tf.compat.v1.Session(graph=graph, config=config) as sess:  # how far two plain runs differ
         sess.run(init)
         again, _ = _steps(sess, train_op, loss, feeds, args.steps)
-    print(f"{model:<17} {ops:>6} {'plain again':<26} {'':>7} {'':>9} {'':>7}  {'':>19}  "
+    print(f"{model:<17} {ops:>6} {'plain again':<26} {'':>7} {'':>9} {'':>7} {'':>5}  {'':>19}  "
           f"{_agreement(again, plain)}", file=out, flush=True)
     for method in methods:
         sess = tf.compat.v1.Session(graph=graph, config=config)
@@ -97,8 +99,10 @@ def sweep_model(model: str, methods, args, out=sys.stdout) -> None:
             result = placed.placement.result
             step = (f"{statistics.median(seconds) * 1e3:8.1f} / {statistics.median(plain_s[1:]) * 1e3:8.1f}"
                     if seconds else f"{'-':>8} / {'-':>8}")
+            load = placed.placement.coverage.machine_load
+            busy = f"{100 * load.share:.0f}%" if load is not None else "-"
             print(f"{model:<17} {ops:>6} {method:<7} {result.placement.method:<18} "
-                  f"{result.placement_seconds:>7.2f} {result.makespan_us / 1e3:>9.1f} {first_s:>7.1f}  "
+                  f"{result.placement_seconds:>7.2f} {result.makespan_us / 1e3:>9.1f} {first_s:>7.1f} {busy:>5}  "
                   f"{step}  {_agreement(losses + more, plain)}", file=out, flush=True)
             placed.close()
         except Exception as e:  # a failure is a row of its own, said as such
@@ -121,7 +125,7 @@ def main(argv=None) -> int:
     if not keras_graphs.start_tensorflow("keras_sweep.py", ["nasnetmobile"]):  # any application: tf_keras
         return 1
 
-    print(f"{'model':<17} {'ops':>6} {'method':<7} {'placed by':<18} {'place s':>7} {'sim ms':>9} {'first s':>7}  "
+    print(f"{'model':<17} {'ops':>6} {'method':<7} {'placed by':<18} {'place s':>7} {'sim ms':>9} {'first s':>7} {'busy':>5}  "
           f"step ms (placed / plain)  losses against plain")
     for model in models:
         sweep_model(model, methods, args)

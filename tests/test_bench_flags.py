@@ -34,8 +34,8 @@ def unexplained_flags(help_text):
 
 @pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
                                     "keras_sweep.py", "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
-                                    "placement_scaling.py", "placement_speed.py", "quality.py", "reports_scaling.py",
-                                    "run_overhead.py", "scale.py", "tight_memory.py"])
+                                    "placement_scaling.py", "placement_speed.py", "profile_under_load.py", "quality.py",
+                                    "reports_scaling.py", "run_overhead.py", "scale.py", "tight_memory.py"])
 def test_help_explains_every_flag(script):
     # --sizes, --methods, --refine_seconds, --ops, --out_dir, ... were listed without a word.
     done = bench(script, "--help")
@@ -85,6 +85,9 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("control_edges.py", ["--methods", "m_etff"],
      "--methods 'm_etff': unknown method(s) m_etff; choose from m_topo, m_etf, m_sct, auto"),
     ("keras_sweep.py", ["--steps", "1"], "argument --steps: '1': give a whole number of at least 2"),
+    ("profile_under_load.py", ["--graphs", "rnn,lstm"],
+     "--graphs 'rnn,lstm': unknown graph(s) lstm; choose from gnmt_v2, inception_v3, transformer, resnet50, "
+     "mobilenetv2, rnn"),
     ("keras_graphs.py", ["--models", "densenet"],
      "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, nasnetmobile, "
      "gnmt_v2"),
