@@ -62,3 +62,33 @@ def test_exit_now_keeps_the_status_the_output_and_the_atexit_handlers(tmp_path):
     assert done.stdout == "x" * 200000
     assert done.stderr == "warned"
     assert marker.read_text() == "ran"
+
+
+@pytest.mark.tf
+def test_tensorflow_imported_for_a_program_leaves_keras_to_its_first_import():
+    """The Keras optimizers TF's import loads at once are left out of the programs' import of it
+    (a fifth of its time), and load as before when Keras is imported: ``tf.keras`` and ``import
+    keras`` work, and the block is gone."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys\n"
+        "from baechi_tf._startup import import_tensorflow_quietly\n"
+        "import_tensorflow_quietly()\n"
+        "assert 'tensorflow' in sys.modules\n"
+        "assert 'keras.src.optimizers' not in sys.modules, 'loaded, or still blocked'\n"
+        "import tensorflow as tf\n"
+        "assert type(tf.keras.layers.Dense(2)).__name__ == 'Dense'\n"
+        "import keras\n"
+        "assert keras.optimizers.Adam(0.1).learning_rate is not None\n"
+        "assert 'keras.src.optimizers' in sys.modules\n"
+        "g = tf.Graph()\n"
+        "with g.as_default():\n"
+        "    y = tf.matmul(tf.ones([2, 2]), tf.ones([2, 2]))\n"
+        "with tf.compat.v1.Session(graph=g) as s:\n"
+        "    print(s.run(y).sum())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "8.0"
