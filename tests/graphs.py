@@ -64,6 +64,26 @@ def fork_join(width: int = 4, branch_us: float = 1000.0, nbytes: int = 4096) -> 
     return b.build()
 
 
+def control_scope(updates: int = 12, scoped: int = 40, compute_us: float = 50.0) -> OpGraph:
+    """Ops made under one control scope, as tf_keras's batch-norm updates make them: `updates`
+    chains ``x{i} -> update{i}``, and `scoped` constants ``const{j}`` with a control input from
+    every update, each read by ``use{j}`` (which also reads ``x{j % updates}``). The constants'
+    inputs are the same, in the same order."""
+    b = OpGraphBuilder()
+    for i in range(updates):
+        b.add_op(f"x{i}", compute_us * (1 + i % 3), [4096])
+        b.add_op(f"update{i}", compute_us)
+        b.add_edge(f"x{i}", f"update{i}")
+    for j in range(scoped):
+        b.add_op(f"const{j}", 1.0, [64])
+        for i in range(updates):
+            b.add_control_edge(f"update{i}", f"const{j}")
+        b.add_op(f"use{j}", compute_us, [4096])
+        b.add_edge(f"const{j}", f"use{j}")
+        b.add_edge(f"x{j % updates}", f"use{j}")
+    return b.build()
+
+
 def independent(n: int = 4, compute_us: float = 1000.0) -> OpGraph:
     """n ops and no edges:  x0  x1  x2  x3"""
     b = OpGraphBuilder()

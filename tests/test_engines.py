@@ -342,6 +342,8 @@ def test_random_dags_give_the_same_schedules(case):
 
 def _catalogue():
     yield "chain", graphs.chain(6), graphs.cluster(2)
+    # Ops of the same inputs share their dry runs (`GraphTables.memo_of`).
+    yield "control_scope", graphs.control_scope(), graphs.cluster(4)
     yield "diamond", graphs.diamond(), graphs.cluster(2)
     yield "fork_join", graphs.fork_join(6), graphs.cluster(3)
     yield "independent", graphs.independent(6), graphs.cluster(4)

@@ -110,6 +110,41 @@ def test_memo_is_used():
     assert any(hits) and not all(hits)
 
 
+@pytest.mark.parametrize("policy", ["m_etf", "fixed"])
+def test_ops_of_the_same_inputs_share_their_dry_runs(policy):
+    """Constants with a control input from each of a dozen updates on other devices (tf_keras's
+    batch-norm scope) wait for the same copies: one dry run answers for all of them until a
+    channel changes. The schedule is the one made with a dry run per op, or with none
+    remembered, in fewer slot searches."""
+    graph = graphs.control_scope(updates=12, scoped=40)
+    cluster = graphs.cluster(4)
+    names = graph.names
+
+    def make():
+        if policy == "m_etf":
+            return EarliestStartPolicy()
+        return FixedPolicy([0 if names[op].startswith(("const", "use")) else 1 + op % 3
+                            for op in range(graph.num_ops)])
+
+    def run(**kwargs):
+        scheduler = ListScheduler(graph, cluster, Groups.singletons(graph), make())
+        if kwargs.get("forget"):
+            scheduler.state.ready_memo = _Forgetful()
+        if kwargs.get("alone"):  # each op its own dry runs
+            scheduler.state.memo_of = tuple(range(graph.num_ops))
+        scheduler.run()
+        return _result(scheduler), scheduler.state.copy_slots
+
+    shared, shared_slots = run()
+    consts = [op for op in range(graph.num_ops) if names[op].startswith("const")]
+    memo_of = ListScheduler(graph, cluster, Groups.singletons(graph), make()).state.memo_of
+    assert {memo_of[op] for op in consts} == {consts[0]}
+    assert run(forget=True)[0] == shared
+    alone, alone_slots = run(alone=True)
+    assert alone == shared
+    assert shared_slots < alone_slots, (shared_slots, alone_slots)
+
+
 def test_pinned_group_devices():
     from baechi_tf.errors import ConfigError
     from baechi_tf.graph_builder import OpGraphBuilder

@@ -121,6 +121,16 @@ class GraphTables:
             aliased[self.tensor_src[t]].append(t)
         self.aliased = tuple(tuple(a) for a in aliased)
         self.persistent = tuple(graph.persistent_bytes.tolist())
+        # per op, the op whose dry runs (`SchedulerState.ready_memo`) it shares: the first op of
+        # the same inputs, in order, where neither has an output in an input's buffer (a dry run
+        # depends on nothing else of its op); else itself. The ops a framework put under one
+        # control scope (tf_keras's batch-norm updates: hundreds of control inputs each, on
+        # other devices) wait for the same copies, and each of their dry runs would search a slot
+        # for every one of them again.
+        first: dict[tuple[tuple[int, int, int], ...], int] = {}
+        self.memo_of = tuple(
+            op if aliased[op] else first.setdefault(ins, op) for op, ins in enumerate(self.inputs)
+        )
 
 
 class SchedulerState:
@@ -158,6 +168,7 @@ class SchedulerState:
         # A copy holds its channels slope * bytes + held us, in latency us later (channel_tables).
         self.slope, self.intercept, self.latency = cluster.channel_tables()
         self.inputs = tables.inputs
+        self.memo_of = tables.memo_of
         self.readers = tables.readers
         self.tensor_bytes = tables.tensor_bytes
         self.tensor_consumers_left = list(tables.consumers)
@@ -311,11 +322,12 @@ class SchedulerState:
         device = self.device
         version = self.chan_version
         key = copied = 0
+        memo_op = self.memo_of[op]  # the dry runs of ops of the same inputs are one
         if not commit:
             key = version[dev]
             for p, _, _ in self.inputs[op]:
                 key += version[device[p]]
-            memo = self.ready_memo.get((op, dev))
+            memo = self.ready_memo.get((memo_op, dev))
             if memo is not None and memo[0] == key:
                 ready, new_bytes, self.tail_copy = memo[1]
                 return ready, new_bytes
@@ -376,8 +388,8 @@ class SchedulerState:
         else:
             self.tail_copy = self._at_tail(copies, dev, ready)
             if self.preds_left[op] == 0:  # inputs all placed: the key covers everything read
-                self.ready_memo[(op, dev)] = (key, (ready, new_bytes, self.tail_copy))
-                self.memo_devices.setdefault(op, set()).add(dev)
+                self.ready_memo[(memo_op, dev)] = (key, (ready, new_bytes, self.tail_copy))
+                self.memo_devices.setdefault(memo_op, set()).add(dev)
         return ready, new_bytes
 
     def _at_tail(self, copies: list, dev: int, ready: float) -> Optional[tuple]:
@@ -569,8 +581,9 @@ class SchedulerState:
         end = start + self.compute[op] + self.recv_charge
         self.twins.touch(dev)
         self.device[op] = dev
-        for d in self.memo_devices.pop(op, ()):  # not every device: O(devices) per op
-            self.ready_memo.pop((op, d), None)
+        memo_op = self.memo_of[op]
+        for d in self.memo_devices.pop(memo_op, ()):  # not every device: O(devices) per op
+            self.ready_memo.pop((memo_op, d), None)
         self.start[op] = start
         self.end[op] = end
         self.order.append(op)

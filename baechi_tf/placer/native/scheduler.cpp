@@ -94,6 +94,9 @@ struct Tables {
     // whose last holder its op is in every order (GraphTables.always_reused), and the input its op
     // writes into instead when that buffer is not free after all, or -1 (GraphTables.fallback)
     std::vector<i64> tensor_alias, tensor_src, tensor_bytes, al_ptr, al_t, constant, always_reused, fallback;
+    // GraphTables.memo_of: per op, the first op of the same inputs in order (neither with an
+    // output in an input's buffer), whose dry runs it shares; else itself.
+    std::vector<i64> memo_of;
 
     Tables(i64 n_, i64 nt, F64Array compute_, I64Array topo_, I64Array topo_order_, I64Array in_ptr_,
            I64Array in_src_, I64Array in_t_, I64Array in_bytes_, I64Array consumers_, I64Array rd_ptr_,
@@ -108,7 +111,31 @@ struct Tables {
           free_at_end(to_vector(free_at_end_)), tensor_alias(to_vector(tensor_alias_)),
           tensor_src(to_vector(tensor_src_)), tensor_bytes(to_vector(tensor_bytes_)),
           al_ptr(to_vector(al_ptr_)), al_t(to_vector(al_t_)), constant(to_vector(constant_)),
-          always_reused(to_vector(always_reused_)), fallback(to_vector(fallback_)) {}
+          always_reused(to_vector(always_reused_)), fallback(to_vector(fallback_)) {
+        memo_of.resize(n);
+        std::unordered_map<std::uint64_t, std::vector<i64>> firsts;  // hash of the inputs -> ops
+        for (i64 op = 0; op < n; ++op) {
+            memo_of[op] = op;
+            if (al_ptr[op + 1] > al_ptr[op]) continue;
+            const i64 lo = in_ptr[op], hi = in_ptr[op + 1];
+            std::uint64_t h = 1469598103934665603ull ^ (std::uint64_t)(hi - lo);
+            for (i64 k = lo; k < hi; ++k) {  // FNV-1a over (producer, tensor)
+                h = (h ^ (std::uint64_t)in_src[k]) * 1099511628211ull;
+                h = (h ^ (std::uint64_t)in_t[k]) * 1099511628211ull;
+            }
+            auto& ops = firsts[h];
+            for (i64 other : ops) {
+                const i64 olo = in_ptr[other];
+                if (in_ptr[other + 1] - olo == hi - lo &&
+                    std::equal(in_src.begin() + lo, in_src.begin() + hi, in_src.begin() + olo) &&
+                    std::equal(in_t.begin() + lo, in_t.begin() + hi, in_t.begin() + olo)) {
+                    memo_of[op] = other;
+                    break;
+                }
+            }
+            if (memo_of[op] == op) ops.push_back(op);
+        }
+    }
 };
 
 constexpr i64 kOwn = -1, kHeldView = -2;  // list_scheduler.OWN, HELD_VIEW
@@ -434,7 +461,7 @@ class Scheduler {
     std::unordered_map<i64, int> pair_index_;
     std::vector<std::vector<int>> pairs_of_;
     std::vector<i64> chan_version_;
-    std::vector<std::vector<std::pair<int, Memo>>> ready_memo_;  // per op, (device, dry run)
+    std::vector<std::vector<std::pair<int, Memo>>> ready_memo_;  // per memo_of op, (device, dry run)
     TailCopyPtr tail_copy_;
     std::vector<i64> usage_, peak_;
     std::vector<std::vector<Pending>> pending_;
@@ -708,10 +735,11 @@ class Scheduler {
     std::pair<double, i64> ready_time(i64 op, int dev, bool commit) {
         i64 key = 0, copied = 0;
         const i64 lo = T_->in_ptr[op], hi = T_->in_ptr[op + 1];
+        const i64 memo_op = T_->memo_of[op];  // the dry runs of ops of the same inputs are one
         if (!commit) {
             key = chan_version_[dev];
             for (i64 k = lo; k < hi; ++k) key += chan_version_[device_[T_->in_src[k]]];
-            for (const auto& [d, memo] : ready_memo_[op]) {
+            for (const auto& [d, memo] : ready_memo_[memo_op]) {
                 if (d == dev) {
                     if (memo.key == key) {
                         tail_copy_ = memo.tail;
@@ -776,14 +804,14 @@ class Scheduler {
             if (preds_left_[op] == 0) {
                 Memo memo{key, ready, new_bytes, tail_copy_};
                 bool found = false;
-                for (auto& [d, old] : ready_memo_[op]) {
+                for (auto& [d, old] : ready_memo_[memo_op]) {
                     if (d == dev) {
                         old = std::move(memo);
                         found = true;
                         break;
                     }
                 }
-                if (!found) ready_memo_[op].push_back({dev, std::move(memo)});
+                if (!found) ready_memo_[memo_op].push_back({dev, std::move(memo)});
             }
         }
         return {ready, new_bytes};
@@ -908,7 +936,7 @@ class Scheduler {
         double end = start + T_->compute[op] + recv_charge_;
         touch(dev);
         device_[op] = dev;
-        std::vector<std::pair<int, Memo>>().swap(ready_memo_[op]);
+        std::vector<std::pair<int, Memo>>().swap(ready_memo_[T_->memo_of[op]]);
         start_[op] = start;
         end_[op] = end;
         order_.push_back(op);
