@@ -79,6 +79,7 @@ from absl import app, flags  # noqa: E402
 
 from baechi_tf import interrupts  # noqa: E402
 from baechi_tf._startup import flag_parser, import_tensorflow_quietly, run_main  # noqa: E402
+from baechi_tf.cost_model.machine_load import LoadMeter, busy_warning  # noqa: E402
 from baechi_tf.errors import ConfigError  # noqa: E402
 from baechi_tf.models import MODEL_NAMES  # noqa: E402  (TensorFlow loads only in main)
 from baechi_tf.options import FLAGS as OPTION_FLAGS, define_absl_flags, options_from  # noqa: E402
@@ -683,7 +684,6 @@ def costgen(config: TrainConfig, setup: Any, session_config: Any, target: str = 
     """Profiles the model under its expert layout and writes the profile to --cost_path."""
     import tensorflow as tf
 
-    from baechi_tf.cost_model.machine_load import LoadMeter, busy_warning
     from baechi_tf.cost_model.profile import save_profile
     from baechi_tf.cost_model.profiler import fit_outputs_to_graph, profile_from_step_stats
     from baechi_tf.rewriter.apply import apply_placement
@@ -801,11 +801,16 @@ def place_and_run(
               "colocated with their forward ops")
     else:
         run = import_placed(built, placed_def)
-    timed, traced = run_graph(
-        run, session_config, target=target, tag="placed", label="timing placed graph", warmup=FLAGS.warmup_steps,
-        steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1, result=report.result)
+    with LoadMeter() as meter:
+        timed, traced = run_graph(
+            run, session_config, target=target, tag="placed", label="timing placed graph",
+            warmup=FLAGS.warmup_steps, steps=FLAGS.timed_steps + 1, trace_every=FLAGS.timed_steps + 1,
+            result=report.result)
     print(f"Average step time (measured): {1e3 * sum(timed) / len(timed):.3f} ms "
           f"(mean of {counted(len(timed), 'step')})")
+    busy = busy_warning(meter.load, "the placed graph's steps", "they ran slower than on an idle machine")
+    if busy:
+        print(f"train: {busy}", file=sys.stderr, flush=True)
     _print_where_ops_ran(traced[0], run.graph, placed_def)
     if FLAGS.report_dir:
         trace = add_tf_timeline(report.result, FLAGS.report_dir, traced[0])

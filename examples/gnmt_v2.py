@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow loads in main, once the flags are checked: a bad flag or --help is answered at once.
 from baechi_tf import PlacementOptions, interrupts  # noqa: E402
 from baechi_tf._startup import import_tensorflow_quietly  # noqa: E402
+from baechi_tf.cost_model.machine_load import LoadMeter, busy_warning  # noqa: E402
 from baechi_tf.errors import BaechiError  # noqa: E402
 from baechi_tf.models import GNMTHParams, build_model  # noqa: E402
 from baechi_tf.placer.pipeline import PLACEMENT_METHODS  # noqa: E402
@@ -117,15 +118,19 @@ def main(argv=None) -> int:
         print(f"first step (profile {counted(args.profile_steps, 'step')}, place, run): {first:.1f} s; "
               f"placement {report.result.placement_seconds:.2f} s; loss {loss:.3f}", flush=True)
         times = []
-        for step in range(1, args.steps + 1):
-            t0 = time.perf_counter()
-            loss, _ = sess.run([spec.loss, train_op], feed_dict=spec.feeds)
-            times.append(time.perf_counter() - t0)
-            interrupts.check()  # a Ctrl-C that TensorFlow printed and dropped still stops here
-            print(f"step {step}: loss {loss:.3f}, {1e3 * times[-1]:.1f} ms", flush=True)
+        with LoadMeter() as meter:
+            for step in range(1, args.steps + 1):
+                t0 = time.perf_counter()
+                loss, _ = sess.run([spec.loss, train_op], feed_dict=spec.feeds)
+                times.append(time.perf_counter() - t0)
+                interrupts.check()  # a Ctrl-C that TensorFlow printed and dropped still stops here
+                print(f"step {step}: loss {loss:.3f}, {1e3 * times[-1]:.1f} ms", flush=True)
     if times:
         print(f"average step time {1e3 * sum(times) / len(times):.1f} ms over "
               f"{counted(len(times), 'step')}; simulated {report.makespan_us / 1e3:.1f} ms")
+        busy = busy_warning(meter.load, "the steps", "they ran slower than on an idle machine")
+        if busy:
+            print(f"note: {busy}")
     return 0
 
 

@@ -67,6 +67,10 @@ def test_share_busy_and_the_warning():
     text = busy_warning(half, "the 7 profiling runs")
     assert text.startswith("while the 7 profiling runs ran, other work kept 1.00 of this machine's 2 CPUs busy (50%)")
     assert "Profile again with the machine otherwise idle" in text
+    # Measured step times (train.py, examples/gnmt_v2.py) say what follows for them.
+    timed = busy_warning(half, "the steps", "they ran slower than on an idle machine")
+    assert timed == ("while the steps ran, other work kept 1.00 of this machine's 2 CPUs busy (50%) over 2.0 s: "
+                     "they ran slower than on an idle machine")
     calm = dataclasses.replace(half, others_cpu_s=0.1, steal_s=0.0)
     assert calm.share < BUSY_SHARE and not calm.busy and busy_warning(calm) is None
     short = dataclasses.replace(half, wall_s=MIN_SPAN_S / 2, others_cpu_s=0.5, steal_s=0.0)

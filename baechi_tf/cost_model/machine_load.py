@@ -178,13 +178,17 @@ class LoadMeter:
         self.stop()
 
 
-def busy_warning(load: Optional[MachineLoad], what: str = "the traced steps") -> Optional[str]:
-    """The warning for a profile whose steps ran while other work took much of the machine
-    (`MachineLoad.busy`), naming `what` ran then; None otherwise."""
+_PROFILE_SUSPECT = (
+    "the op times they measured include waiting for the CPUs, unevenly, and the placement rests "
+    "on them. Profile again with the machine otherwise idle"
+)
+
+
+def busy_warning(load: Optional[MachineLoad], what: str = "the traced steps",
+                 consequence: str = _PROFILE_SUSPECT) -> Optional[str]:
+    """The warning for steps that ran while other work took much of the machine
+    (`MachineLoad.busy`), naming `what` ran then and what follows (by default, for a profile's
+    steps: their op times are suspect); None otherwise."""
     if load is None or not load.busy:
         return None
-    return (
-        f"while {what} ran, {load.describe()}: the op times they measured include waiting for "
-        "the CPUs, unevenly, and the placement rests on them. Profile again with the machine "
-        "otherwise idle"
-    )
+    return f"while {what} ran, {load.describe()}: {consequence}"
