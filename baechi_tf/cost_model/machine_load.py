@@ -105,7 +105,8 @@ def _read_counters() -> Optional[tuple[int, int, int]]:
 
 
 def _own_cpu_s(tick: float) -> float:
-    """CPU seconds of this process, of its children it waited for, and of its live descendants."""
+    """CPU seconds of this process, of its children it waited for, and of its live descendants
+    with theirs. O(processes on the machine): a read of each one's ``/proc/<pid>/stat``."""
     times = os.times()
     own = times.user + times.system + times.children_user + times.children_system
     parent: dict[int, int] = {}
@@ -123,11 +124,11 @@ def _own_cpu_s(tick: float) -> float:
         except OSError:  # gone meanwhile, or not ours to read
             continue
         fields = text[text.rfind(")") + 2:].split()  # after the command, which may hold spaces
-        if len(fields) < 13:
+        if len(fields) < 15:
             continue
         pid = int(entry)
         parent[pid] = int(fields[1])
-        ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime
+        ticks[pid] = sum(int(v) for v in fields[11:15])  # utime, stime, and its waited children's
     me = os.getpid()
     for pid, cpu in ticks.items():
         seen = 0
