@@ -33,7 +33,8 @@ Steps:
 4. **Run** each placement in its own session (state isolated, Grappler off as when profiled),
    warm it up, then time ``--rounds`` rounds of ``--steps`` steps, the placements in a new
    seeded order each round; the measured step is the median. How much of the cores other
-   processes took meanwhile is printed (`CpuMeter`): on a shared machine it is the noise.
+   processes took meanwhile is printed (`machine_load.LoadMeter`): on a shared machine it is
+   the noise.
 
 Printed per placement: simulated and measured step, the relative error (simulated over measured,
 minus 1) and the spread of the measured steps; per graph Spearman's rank correlation of the two
@@ -71,12 +72,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import flags  # noqa: E402  (bench/flags.py: no TensorFlow)
+from baechi_tf.cost_model.machine_load import LoadMeter  # noqa: E402  (no TensorFlow)
 
 __all__ = [
     "FIXED_LAYOUTS",
     "METHODS",
     "MODELS",
-    "CpuMeter",
     "Measured",
     "TimeOptions",
     "TimedGraph",
@@ -432,7 +433,8 @@ def measure_graph(
     """(rows, others' CPU share): profiles `graph` on one task (unless `profile` is given),
     places it with each of `methods` on `tasks.cluster`, and times every placement: `warmup`
     untimed steps, then `rounds` rounds of `steps` steps each, the placements in a new order
-    (seeded by `seed`) every round. The share is that of `CpuMeter` over the rounds."""
+    (seeded by `seed`) every round. The share is `MachineLoad.share` over the rounds (nan where
+    not measured)."""
     import tensorflow as tf
 
     if profile is None:
@@ -462,8 +464,7 @@ def measure_graph(
             log(f"  {graph.name} {method}: {used} device{'s' * (used != 1)}, simulated "
                 f"{row.sim_ms:.2f} ms")
         order = random.Random(seed)
-        meter = CpuMeter(tasks.workers.pids)
-        meter.start()
+        meter = LoadMeter().start()  # the worker tasks are this process's children: its own work
         for r in range(rounds):
             turn = list(rows)
             order.shuffle(turn)
@@ -474,7 +475,8 @@ def measure_graph(
                     sess.run(fetches, feed_dict=feeds)
                     row.times_s.append(time.perf_counter() - t0)
             log(f"  {graph.name}: round {r + 1}/{rounds}")
-        others = meter.share()
+        load = meter.stop()
+        others = load.share if load is not None else float("nan")
         if diagnose:
             for row in rows:
                 row.diagnosis = diagnose_placement(graph, sessions[row.method], row)
@@ -719,55 +721,6 @@ def print_diagnosis(rows: Sequence[Measured], out=sys.stdout) -> None:
 
 
 # ---------------------------------------------------------------------------- the machine
-
-
-class CpuMeter:
-    """Share of this machine's cores that processes other than these (`pids`) and this one
-    took between `start()` and `share()`: how much a shared machine disturbed the timing."""
-
-    def __init__(self, pids: Sequence[int]) -> None:
-        self.pids = list(pids) + [os.getpid()]
-        self._start: Optional[tuple[float, float, float]] = None
-
-    @staticmethod
-    def _busy_s() -> float:
-        with open("/proc/stat") as f:
-            parts = f.readline().split()[1:]
-        values = [int(v) for v in parts]
-        idle = values[3] + (values[4] if len(values) > 4 else 0)
-        return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    def _ours_s(self) -> float:
-        total = 0
-        for pid in self.pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-            except (OSError, IndexError, ValueError):
-                pass
-        return total / os.sysconf("SC_CLK_TCK")
-
-    def start(self) -> None:
-        try:
-            self._start = (time.monotonic(), self._busy_s(), self._ours_s())
-        except OSError:
-            self._start = None
-
-    def share(self) -> float:
-        """Others' CPU time over (wall time x cores) since `start`, in [0, 1] (counted in clock
-        ticks: a fraction of a second is rough); nan when unknown."""
-        if self._start is None:
-            return float("nan")
-        t0, busy0, ours0 = self._start
-        try:
-            busy, ours = self._busy_s() - busy0, self._ours_s() - ours0
-        except OSError:
-            return float("nan")
-        wall = (time.monotonic() - t0) * (os.cpu_count() or 1)
-        if wall <= 0:
-            return float("nan")
-        return min(1.0, max(0.0, busy - ours) / wall)  # clock ticks round both sides
 
 
 def step_overhead_us(tasks: TwoTasks, steps: int = 50) -> dict:
