@@ -3,10 +3,10 @@ record of it, and the warnings that tell a user the op times are suspect."""
 
 import dataclasses
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
@@ -30,24 +30,57 @@ ctxt 456
 """
 
 
-def _spinners(marker: str) -> None:
-    """As many busy processes as the machine has CPUs, of another program (a shell that exits)."""
-    cpus = cpu_counters(open("/proc/stat").read())[2]
-    spin = f"import time; t = time.time()\nwhile time.time() - t < 60: pass  # {marker}"
-    for _ in range(cpus):
-        subprocess.run(["sh", "-c", f'{sys.executable} -c "{spin}" >/dev/null 2>&1 &'], check=True)
-    time.sleep(0.3)
+_WAIT_S = 60.0  # a bound on waiting for a process's word, not a wait: past it, the test fails
 
 
-def _stop_spinners(marker: str) -> None:
-    """Kills the processes whose command line holds `marker` (`_spinners`')."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ValueError):  # gone meanwhile, or not a process
-            continue
+def _said(fd: int, count: int, word: bytes, what: str) -> None:
+    """Reads `fd` until `word` has come `count` times; fails after `_WAIT_S` without it."""
+    seen = 0
+    while seen < count:
+        ready, _, _ = select.select([fd], [], [], _WAIT_S)
+        if not ready:
+            pytest.fail(f"{what}: no word {word!r} in {_WAIT_S:.0f} s ({seen} of {count})")
+        seen += os.read(fd, 64).count(word)
+
+
+class _Spinners:
+    """As many busy processes as the machine has CPUs, of another program (a shell that exits
+    leaves them to init), each saying through a FIFO that it started (``s``) and that it has
+    used `burn_s` CPU seconds (``b``); killed on exit."""
+
+    def __init__(self, tmp_path, burn_s: float = 2.0) -> None:
+        self.cpus = cpu_counters(open("/proc/stat").read())[2]
+        self.fifo = str(tmp_path / "spinners.fifo")
+        self.marker = f"baechi_load_{uuid.uuid4().hex}"
+        self.burn_s = burn_s
+
+    def __enter__(self) -> "_Spinners":
+        os.mkfifo(self.fifo)
+        self.read = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.hold = os.open(self.fifo, os.O_WRONLY)  # a writer always there: no end of file
+        spin = (f"import os, time\nfd = os.open({self.fifo!r}, os.O_WRONLY)\nos.write(fd, b's')\n"
+                f"t = time.process_time()\nwhile time.process_time() - t < {self.burn_s}: pass\n"
+                f"os.write(fd, b'b')\nend = time.time() + 600\nwhile time.time() < end: pass  # {self.marker}")
+        for _ in range(self.cpus):
+            subprocess.run(["sh", "-c", f'{sys.executable} -c "{spin}" >/dev/null 2>&1 &'], check=True)
+        return self
+
+    def started(self) -> None:
+        _said(self.read, self.cpus, b"s", "the busy processes starting")
+
+    def burned(self) -> None:
+        _said(self.read, self.cpus, b"b", f"the busy processes using {self.burn_s} CPU seconds")
+
+    def __exit__(self, *exc) -> None:
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if self.marker.encode() in f.read():
+                        os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError):  # gone meanwhile, or not a process
+                continue
+        os.close(self.read)
+        os.close(self.hold)
 
 
 def test_the_counters_are_the_busy_columns_the_steal_and_the_cpus():
@@ -79,28 +112,31 @@ def test_share_busy_and_the_warning():
 
 
 @pytest.mark.skipif(not _LINUX, reason="the machine's CPU counters are read from Linux's /proc/stat")
-def test_a_busy_process_elsewhere_is_measured_and_one_of_ours_is_not():
-    marker = f"baechi_load_{uuid.uuid4().hex}"
-    try:
-        _spinners(marker)
+def test_a_busy_process_elsewhere_is_measured_and_one_of_ours_is_not(tmp_path):
+    # Measured from when every busy process has started until each has used 2 CPU seconds.
+    with _Spinners(tmp_path, burn_s=2.0) as spinners:
+        spinners.started()
         with LoadMeter() as meter:
-            time.sleep(1.5)
-        load = meter.load
-        assert load is not None and load.cpus == cpu_counters(open("/proc/stat").read())[2]
-        assert load.wall_s >= 1.5
-        assert load.share >= BUSY_SHARE and load.busy, load
-    finally:
-        _stop_spinners(marker)
-    # A process of ours (a worker task it started) is its own work, not other work.
+            spinners.burned()
+    load = meter.load
+    assert load is not None and load.cpus == spinners.cpus
+    assert load.wall_s >= 1.5
+    assert load.share >= BUSY_SHARE and load.busy, load
+    # A process of ours (a worker task it started) is its own work, not other work: measured
+    # once the child says it has used half a CPU second, this process waiting for its word.
     before = machine_load._own_cpu_s(machine_load._tick())
-    child = subprocess.Popen([sys.executable, "-c", "import time; t = time.time()\nwhile time.time() - t < 60: pass"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, time\nt = time.process_time()\n"
+         "while time.process_time() - t < 0.5: pass\nos.write(1, b'b')\nend = time.time() + 600\n"
+         "while time.time() < end: pass"], stdout=subprocess.PIPE)
     try:
-        time.sleep(1.5)
+        _said(child.stdout.fileno(), 1, b"b", "the child using half a CPU second")
         after = machine_load._own_cpu_s(machine_load._tick())
     finally:
         child.kill()
         child.wait()
-    assert after - before >= 0.3  # the child's CPU time counted as ours (this process slept)
+        child.stdout.close()
+    assert after - before >= 0.3  # the child's CPU time counted as ours (this process waited)
 
 
 def _profile(load):
@@ -146,13 +182,10 @@ def test_profiling_on_a_busy_machine_warns_and_the_placement_summary_says_so(tmp
         for i in range(6):
             y = tf.tanh(tf.matmul(y, x, name=f"mm{i}"))
         fetch = tf.reduce_sum(y)
-    marker = f"baechi_load_{uuid.uuid4().hex}"
-    try:
-        _spinners(marker)
+    with _Spinners(tmp_path) as spinners:
+        spinners.started()
         with tf.compat.v1.Session(graph=graph) as sess, caplog.at_level("WARNING", logger="baechi_tf"):
             profile = profile_fetch(sess, fetch, warmup_steps=2, traced_steps=10)
-    finally:
-        _stop_spinners(marker)
     load = profile.machine_load
     assert load is not None and load.wall_s >= MIN_SPAN_S, f"the runs took too short a span to judge: {load}"
     assert load.busy, load

@@ -736,16 +736,6 @@ def test_a_placement_that_fits_only_because_ops_wait_for_memory_is_warned_of(cap
     assert not [r for r in caplog.records if "holds ops back" in r.getMessage()]
 
 
-def _chain(n: int):
-    """c0 -> c1 -> ... (10 us and 1 MiB each): at most an op's input and output held, 2 MiB."""
-    b = OpGraphBuilder()
-    for i in range(n):
-        b.add_op(f"c{i}", 10, [graphs.MiB])
-        if i:
-            b.add_edge(f"c{i - 1}", f"c{i}")
-    return b.build()
-
-
 def test_a_schedule_that_can_hold_no_op_back_gives_its_own_peak_as_run():
     """Six ops of 1 MiB in a chain on one device of 4 MiB: the device does not hold the whole
     graph (6 MiB), but its peak (2 MiB) and the largest allocation of an op (1 MiB) fit, so no op
@@ -755,7 +745,7 @@ def test_a_schedule_that_can_hold_no_op_back_gives_its_own_peak_as_run():
     from baechi_tf.placer.pipeline import _none_held_back, memory_as_run
 
     MiB = graphs.MiB
-    graph = _chain(6)
+    graph = graphs.chain(6, compute_us=10, nbytes=graphs.MiB)  # 2 MiB held at most
     roomy = Cluster((Device("/device:GPU:0", 8 * MiB),))
     for capacity, held_back_possible in ((4 * MiB, False), (5 * MiB // 2, True)):
         cluster = Cluster((Device("/device:GPU:0", capacity),))
@@ -776,7 +766,7 @@ def test_an_op_that_reads_from_another_device_may_wait_for_its_copy_too():
     from baechi_tf.placer.pipeline import _none_held_back
 
     MiB = graphs.MiB
-    graph = _chain(6)
+    graph = graphs.chain(6, compute_us=10, nbytes=graphs.MiB)  # 2 MiB held at most
     placement = Placement(np.array([0, 1, 0, 1, 0, 1], dtype=np.int32), "expert")
     roomy = Cluster((Device("/device:GPU:0", 8 * MiB), Device("/device:GPU:1", 8 * MiB)))
     schedule = simulate(graph, roomy, placement)
