@@ -282,3 +282,19 @@ def test_a_views_outputs_reuse_the_buffer_whatever_else_holds_it(op_type):
         b.add_edge("a", "s")
 
     assert _always_reused(build) == {"s": op_type == "SplitV"}
+
+
+def test_a_graphs_buffer_tables_are_made_once_and_read_only():
+    g = _view_chain()
+    tables = buffers.graph_buffers(g)
+    assert buffers.graph_buffers(g) is tables
+    own, alias, reused = buffer_tables(g)
+    assert tables.own.tolist() == own.tolist() and tables.alias.tolist() == alias.tolist()
+    assert tables.reused == reused
+    assert tables.always_reused.tolist() == always_reused_tensors(g, alias).tolist()
+    assert tables.fallback.tolist() == buffers.fallback_inputs(g, alias).tolist()
+    assert tables.constant.tolist() == buffers.constant_tensors(g, alias).tolist()
+    for array in (tables.own, tables.alias, tables.always_reused, tables.fallback, tables.constant):
+        with pytest.raises(ValueError, match="read-only"):
+            array[:1] = 0
+    assert buffers.graph_buffers(_view_chain()) is not tables  # another graph, its own tables

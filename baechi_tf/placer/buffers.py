@@ -10,13 +10,16 @@ count the same bytes. Time and memory O(V + E) for V ops and E edges.
 
 from __future__ import annotations
 
+import typing
+import weakref
+
 import numpy as np
 
 from baechi_tf.graph import HELD, VIEW_OP_TYPES, OpGraph
 
 __all__ = [
-    "HELD_VIEW", "OWN", "always_reused_tensors", "buffer_tables", "constant_tensors", "fallback_inputs",
-    "free_at_end_bytes",
+    "HELD_VIEW", "OWN", "GraphBuffers", "always_reused_tensors", "buffer_tables", "constant_tensors",
+    "fallback_inputs", "free_at_end_bytes", "graph_buffers",
 ]
 
 OWN, HELD_VIEW = -1, -2  # `buffer_tables`' alias of a tensor with a buffer of its own, of a held view
@@ -66,6 +69,34 @@ def buffer_tables(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, frozenset[tup
             if t is not None:
                 alias[t] = source
     return own, alias, frozenset(reused)
+
+
+class GraphBuffers(typing.NamedTuple):
+    """`buffer_tables` and the tables derived from its alias, of one graph (read-only arrays)."""
+
+    own: np.ndarray
+    alias: np.ndarray
+    reused: frozenset[tuple[int, int]]
+    always_reused: np.ndarray  # `always_reused_tensors`
+    fallback: np.ndarray  # `fallback_inputs`
+    constant: np.ndarray  # `constant_tensors`
+
+
+_graph_buffers: "weakref.WeakKeyDictionary[OpGraph, GraphBuffers]" = weakref.WeakKeyDictionary()
+
+
+def graph_buffers(graph: OpGraph) -> GraphBuffers:
+    """`GraphBuffers` of `graph`, computed once per graph (an `OpGraph` does not change) and kept
+    while the graph lives: the memory timeline reads them for every schedule of the graph."""
+    cached = _graph_buffers.get(graph)
+    if cached is None:
+        own, alias, reused = buffer_tables(graph)
+        tables = (own, alias, always_reused_tensors(graph, alias), fallback_inputs(graph, alias),
+                  constant_tensors(graph, alias))
+        for a in tables:
+            a.setflags(write=False)
+        cached = _graph_buffers[graph] = GraphBuffers(own, alias, reused, *tables[2:])
+    return cached
 
 
 def free_at_end_bytes(graph: OpGraph) -> list[int]:

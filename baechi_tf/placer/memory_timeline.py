@@ -59,7 +59,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import VIEW_OP_TYPES, OpGraph
 from baechi_tf.placer.block_timeline import DeviceMemory, MemoryBlocks, blocks_timeline, subset_blocks
-from baechi_tf.placer.buffers import OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs
+from baechi_tf.placer.buffers import OWN, graph_buffers
 from baechi_tf.placer.order_bounds import order_bounds, timed_bounds
 from baechi_tf.placer.schedule import Schedule
 
@@ -130,7 +130,8 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
 
     # Outputs no data edge reads: held while their op runs, kept when it is a sink. Output slots
     # are numbered op by op (`first_slot[op] + slot`).
-    _, alias, reused = buffer_tables(graph)
+    tables = graph_buffers(graph)
+    alias, reused = tables.alias, tables.reused
     counts = np.fromiter((len(outs) for outs in graph.output_bytes), dtype=np.int64, count=n)
     first_slot = np.concatenate(([0], np.cumsum(counts)[:-1])) if n else np.zeros(0, np.int64)
     slot_bytes = np.fromiter(
@@ -183,7 +184,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     sent_free = np.where(held >= 0, held, home_free)
     sent_rank = np.where(held < 0, last_rank, np.where(home_end, rank[np.maximum(last_home, 0)], rank[src]))
 
-    always_reused = always_reused_tensors(graph, alias)
+    always_reused = tables.always_reused
     alias_home = np.where(alias >= 0, home[np.maximum(alias, 0)], -1)
     # Outputs reusing a buffer another device of their device's memory handed over: counted both
     # ways where the order decides (`SchedulerState._cut`), else holding their op's fallback input
@@ -196,7 +197,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     cut = handed_over & ~always_reused
     own = read & ((alias == OWN) | cut)
     raced = handed_over & always_reused
-    fallback = fallback_inputs(graph, alias) if raced.any() else np.full(graph.num_tensors, -1, dtype=np.int64)
+    fallback = tables.fallback
     # The others, written in place by an op with no input to fall back on (not a view, which
     # shares the buffer whatever holds it): a buffer of their own on their device in the steps
     # where the sender still holds it when they start (`MemoryBlocks.alternative`).
@@ -234,7 +235,7 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         buffer(t_g, h_g, start[first], np.maximum(latest_end, last_start[t_g]), rank[first], last_rank[t_g],
                "received")
     # A constant's value read on a device of its producer's memory: a replica there, all step.
-    constant = constant_tensors(graph, alias)
+    constant = tables.constant
     if shares is not None:
         rep = constant[t_of] & (reader_dev != home[t_of]) & shares[home[t_of], reader_dev]
         if rep.any():
@@ -273,7 +274,8 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
 
 def _latest(a: tuple, b: tuple) -> tuple:
     """Element by element, the later of two (free, rank, free as TF frees it, rank) tuples."""
-    return tuple(max(x, y) for x, y in zip(a, b))
+    return (a[0] if a[0] >= b[0] else b[0], a[1] if a[1] >= b[1] else b[1],
+            a[2] if a[2] >= b[2] else b[2], a[3] if a[3] >= b[3] else b[3])
 
 
 def _stacked(parts: list[tuple]) -> MemoryBlocks:
@@ -385,9 +387,13 @@ def reordered_blocks(
     rank = np.empty(graph.num_ops, dtype=np.int64)
     rank[schedule.order] = np.arange(graph.num_ops, dtype=np.int64)
     start, end = schedule.start_us, schedule.end_us
-    earliest_op, latest_op = order_bounds(graph, device_of, start, end, rank, windows)
     took = end - start
-    earliest, latest = timed_bounds(graph, start[earliest_op], end[latest_op], took)
+    if windows.max(initial=0) > 0:
+        earliest_op, latest_op = order_bounds(graph, device_of, start, end, rank, windows)
+        earliest, latest = timed_bounds(graph, start[earliest_op], end[latest_op], took)
+    else:  # each op at its own place: the bounds are its own times
+        earliest_op = latest_op = np.arange(graph.num_ops)
+        earliest, latest = start.astype(float), end.astype(float)
     early = np.maximum(start - earliest, 0.0)
     late = np.maximum(latest - end, 0.0)
 
