@@ -10,7 +10,8 @@ TF_EXTRA ?= $$(sh tools/tf_extra.sh)
 
 .PHONY: demo test test-core docs bench bench-optimality clean tf-extra
 
-$(STAMP): Makefile setup.py pyproject.toml tools/tf_extra.sh baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/gaps.hpp \
+$(STAMP): Makefile setup.py pyproject.toml tools/tf_extra.sh baechi_tf/placer/native/scheduler.cpp baechi_tf/placer/native/executor.hpp \
+		baechi_tf/placer/native/gaps.hpp \
 		baechi_tf/placer/native/pieces.hpp baechi_tf/placer/native/sct_policy.hpp \
 		baechi_tf/placer/native/windows.hpp
 	extra=$(TF_EXTRA); case "$$extra" in cpu|gpu) ;; \

@@ -10,6 +10,7 @@ native = Pybind11Extension(
     "baechi_tf.placer._native",
     ["baechi_tf/placer/native/scheduler.cpp"],
     depends=[
+        "baechi_tf/placer/native/executor.hpp",
         "baechi_tf/placer/native/gaps.hpp",
         "baechi_tf/placer/native/pieces.hpp",
         "baechi_tf/placer/native/sct_policy.hpp",

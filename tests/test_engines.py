@@ -893,3 +893,53 @@ def test_the_compiled_order_bounds_run_under_native(monkeypatch):
     with engine.selected("python"):
         assert memory_timeline.reordered_peaks(graph, cluster, schedule) == compiled
     assert calls == [1]
+
+
+# ---------------------------------------------------------------- TF's executor, emulated
+
+
+@native
+@pytest.mark.parametrize("seed", range(10))
+def test_both_engines_emulate_the_executor_alike(seed):
+    """`executor_order.emulated_times`, compiled and in Python: the same start and end of every op
+    for random DAGs, placements, op types (inexpensive or not), pools and threads, with the same
+    draws; under ``native`` the compiled one runs."""
+    from baechi_tf.placer import executor_order
+
+    rng = np.random.default_rng(seed)
+    graph = graphs.random_dag(seed, 80, edge_prob=0.05 + 0.02 * (seed % 5))
+    types = [("Identity", "MatMul", "NoOp", "Conv2D")[k] for k in rng.integers(0, 4, graph.num_ops)]
+    graph = dataclasses.replace(graph, op_types=tuple(types))
+    devices = 1 + seed % 4
+    device_of = rng.integers(0, devices, graph.num_ops)
+    pools = [0] * devices if seed % 2 == 0 else list(range(devices))
+    threads = [1 + seed % 3] * devices
+    duration = np.round(rng.uniform(0, 50, graph.num_ops), 1) * (rng.random(graph.num_ops) > 0.1)
+    draws = rng.random(2 * graph.num_ops)
+    with engine.selected("python"):
+        expected = executor_order.emulated_times(graph, device_of, duration, pools, threads, draws)
+    with engine.selected("native"):
+        got = executor_order.emulated_times(graph, device_of, duration, pools, threads, draws)
+    assert [x.tolist() for x in got] == [x.tolist() for x in expected], seed
+    start, end = expected
+    for u, v in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+        assert start[v] >= end[u]
+
+
+@native
+def test_the_compiled_emulation_runs_under_native(monkeypatch):
+    from baechi_tf.placer import executor_order
+
+    graph = graphs.random_dag(7, 50, edge_prob=0.1)
+    cluster = Cluster(tuple(Device(f"/job:w/replica:0/task:0/device:CPU:{i}", GiB, "CPU", shared_memory=True)
+                            for i in range(3)), CommCost())
+    schedule = simulate(graph, cluster, Placement(np.arange(50, dtype=np.int32) % 3, "hand"))
+    calls = []
+    real = executor_order._emulated_times
+    monkeypatch.setattr(executor_order, "_emulated_times", lambda *a: calls.append(1) or real(*a))
+    with engine.selected("native"):
+        compiled = executor_order.emulated_peaks(graph, cluster, schedule, threads=[2, 2, 2])
+    assert calls == []
+    with engine.selected("python"):
+        assert executor_order.emulated_peaks(graph, cluster, schedule, threads=[2, 2, 2]) == compiled
+    assert calls == [1] * (executor_order.EMULATED_STEPS + 1)

@@ -473,9 +473,9 @@ def test_any_spelling_of_the_host_pins_to_the_host(pin, method):
     result = place_with_host(graph, Cluster.homogeneous(2, 1 << 30), host, options)
     assert result.op_to_device()["h"] == "/device:CPU:0"
     # The peak out of the simulated order, of the placement with the host's op on the host.
-    from baechi_tf.placer.memory_timeline import reordered_peaks
+    from baechi_tf.placer.executor_order import expected_peaks
 
-    assert result.reordered_peak_bytes == reordered_peaks(graph, result.cluster, result.schedule)
+    assert result.reordered_peak_bytes == expected_peaks(graph, result.cluster, result.schedule)
     assert len(result.reordered_peak_bytes) == 3
 
 

@@ -30,7 +30,8 @@ from baechi_tf.placer.bounds import lower_bound_us
 from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
-from baechi_tf.placer.memory_timeline import order_windows, reordered_peaks, thread_pools
+from baechi_tf.placer.executor_order import expected_peaks
+from baechi_tf.placer.memory_timeline import order_windows, thread_pools
 from baechi_tf.placer.methods import PLACEMENT_METHODS
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.scheduler_state import format_bytes
@@ -182,15 +183,17 @@ class PlacementResult:
 
     @functools.cached_property
     def reordered_peak_bytes(self) -> tuple[int, ...]:
-        """Per device, the peak of `schedule` where TF runs each device's ops up to its
-        `memory_timeline.order_windows` places out of the simulated order and makes its copies as
-        it does, a received one from the earliest its producer may end, a sent tensor freed once
-        copied
-        (`memory_timeline.reordered_peaks`): the peak the model expects TF to reach, above or
-        below the schedule's own. O(V + E) on first use, where placing did not need it."""
+        """Per device, the peak the model expects TF to reach, above or below the schedule's own
+        (`executor_order.expected_peaks`): the higher of the peak where TF runs each device's ops
+        up to its `memory_timeline.order_windows` places out of the simulated order and makes its
+        copies as it does, a received one from the earliest its producer may end, a sent tensor
+        freed once copied (`memory_timeline.reordered_peaks`), and, on CPU devices that share
+        their process's pool of threads, the highest peak of steps of TF's executor emulated on
+        that pool (`executor_order.emulated_peaks`). On first use, where placing did not need
+        it."""
         if self.reordered_peaks_known is not None:
             return self.reordered_peaks_known
-        return reordered_peaks(self.graph, self.cluster, self.schedule)
+        return expected_peaks(self.graph, self.cluster, self.schedule)
 
     def op_to_device(self) -> dict[str, str]:
         return self.placement.op_to_device(self.graph, self.cluster)
@@ -423,17 +426,17 @@ def _none_held_back(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> boo
 def memory_reordered(
     graph: OpGraph, cluster: Cluster, schedule: Schedule, warned: Collection[int] = ()
 ) -> tuple[int, ...]:
-    """Per device, the peak of `schedule` held as an executor that runs each device's ops up to
-    its `memory_timeline.order_windows` places out of the simulated order may hold it
-    (`reordered_peaks`).
+    """Per device, the peak of `schedule` that TF's executor may reach, running each device's ops
+    up to its `memory_timeline.order_windows` places out of the simulated order or, on CPU devices
+    of a shared pool of threads, as that pool takes them (`executor_order.expected_peaks`).
 
     TensorFlow's executor runs a device's ready ops in an order of its own, so the step's peak
     lies around the simulated one, above it as often as below. Where this peak is above a
     device's memory (but on the devices in `warned`, named already), a warning names the
     devices; none can be where the device holds the whole graph (`OpGraph.total_bytes`: a
     device never holds more than every tensor once and every op's scratch and persistent bytes,
-    in any order). One more pass over the schedule's memory (`reordered_peaks`)."""
-    peaks = reordered_peaks(graph, cluster, schedule)
+    in any order). A pass over the schedule's memory, and one for each emulated step."""
+    peaks = expected_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
         device_windows = order_windows(thread_pools(cluster))
@@ -441,8 +444,9 @@ def memory_reordered(
         log.warning(
             "%s's placement fits the devices' memory in the simulated order of its ops, but "
             "TensorFlow runs a device's ready ops in an order of its own: with each op up to %s "
-            "places away from its simulated place, it peaks at %s; a device of that size may run "
-            "out of memory (place with --placer_memory_fraction below 1 to keep room)",
+            "places away from its simulated place, or as a shared pool of threads takes them, it "
+            "peaks at %s; a device of that size may run out of memory (place with "
+            "--placer_memory_fraction below 1 to keep room)",
             schedule.placement.method, " or ".join(map(str, windows)), _peaks_over(cluster, over),
         )
     return peaks

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "executor.hpp"
 #include "gaps.hpp"
 #include "pieces.hpp"
 #include "sct_policy.hpp"
@@ -1527,13 +1528,27 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
     return py::make_tuple(lo_out, hi_out);
 }
 
+// executor_order.emulated_times on the compiled engine (native/executor.hpp).
+py::tuple emulated_times(I64Array succ_ptr, I64Array succ, I64Array dev, I64Array pool, I64Array inline_op,
+                         F64Array took, I64Array size, F64Array draws) {
+    const i64 n = (i64)dev.size();
+    std::vector<i64> sizes(size.data(), size.data() + size.size());
+    baechi::EmulatedStep step;
+    {
+        py::gil_scoped_release release;
+        step = baechi::emulate_step(n, succ_ptr.data(), succ.data(), dev.data(), pool.data(), inline_op.data(),
+                                    took.data(), sizes, draws.data(), (i64)draws.size());
+    }
+    return py::make_tuple(as_array(step.start), as_array(step.end));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 16;
+    m.attr("INTERFACE") = 17;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
@@ -1542,6 +1557,7 @@ PYBIND11_MODULE(_native, m) {
         .def(py::init<F64Array, F64Array, F64Array, const std::vector<bool>&, const std::vector<bool>&>());
     m.def("balance_windows", &balance_windows);
     m.def("chained_bounds", &chained_bounds);
+    m.def("emulated_times", &emulated_times);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
         .def(py::init<>())
