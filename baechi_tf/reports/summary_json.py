@@ -14,7 +14,7 @@ def summary(result: Any, critical: Optional[Sequence[int]] = None) -> dict[str, 
     single_device_makespan_us (None when the graph does not fit one device), placement_seconds,
     step_seconds, memory_fraction (the share of each device's memory the placer could fill,
     ``--placer_memory_fraction``), devices (per device: name, ops, compute_us, peak_memory_bytes,
-    reordered_peak_bytes: the peak with ops out of the simulated order,
+    reordered_peak_bytes: the peak with ops out of the simulated order (`expected_peaks`),
     capacity_bytes, placer_share_bytes: that share of capacity_bytes), num_transfers,
     transfer_bytes, critical_path (op names, first to last), critical_path_us (compute time of
     its ops), candidates (``auto``: makespan per placer it ran, null for one that failed or that
