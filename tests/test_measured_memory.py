@@ -257,3 +257,32 @@ def test_a_fed_value_is_held_on_the_master_task_and_received_where_it_is_read(tw
     assert _allocated(measured[d0]) - _allocated(without_fed[d0]) == 32 * KiB  # q until sent, r until read
     assert list(measured[d1].level_bytes) == list(without_fed[d1].level_bytes)  # q's copy, received, once
     assert _allocated(measured[d1]) >= 16 * KiB
+
+
+def test_a_received_tensor_is_there_by_its_first_readers_start_whatever_its_rpc_end_says():
+    """A hand-made trace whose ``RecvTensor`` of ``c`` ends (150 us) after its reader ``b`` on
+    task 1 started (120 us): ``c`` was there when ``b`` started, and is held with ``b``'s own
+    output (2 KiB, 120 to 135 us) until ``b`` is done (130 us)."""
+    d0 = "/job:worker/replica:0/task:0/device:CPU:0"
+    d1 = "/job:worker/replica:0/task:1/device:CPU:0"
+    g = tf.Graph()
+    with g.as_default():
+        with tf.device(d0):
+            c = tf.ones([16, 16], name="c")
+        with tf.device(d1):
+            tf.identity(tf.matmul(c, c, name="b"), name="s")
+    step = tf1.RunMetadata().step_stats
+    received = step.dev_stats.add(device=d1)
+    recv = received.node_stats.add(node_name="RecvTensor", all_start_micros=100, all_end_rel_micros=50,
+                                   timeline_label=f"[1KiB] edge_5_c from {d0} to {d1}")
+    recv.output.add().tensor_description.allocation_description.requested_bytes = 1024
+    b = received.node_stats.add(node_name="b", all_start_micros=120, all_end_rel_micros=10)
+    records = b.memory.add(allocator_name="cpu").allocation_records
+    records.add(alloc_micros=120, alloc_bytes=2048)
+    records.add(alloc_micros=135, alloc_bytes=-2048)
+    out = b.output.add().tensor_description.allocation_description
+    out.requested_bytes = out.allocated_bytes = 2048
+    out.ptr = 1
+    task1 = measured_memory(step, g.as_graph_def())[d1]
+    assert task1.step_peak_bytes == 3072
+    assert task1.live_at_peak == {"c": 1024, "b": 2048}

@@ -26,7 +26,8 @@ runtime's nodes included), in time order, and adds what the records cannot see:
   as each GPU has its own memory). A tensor received from another task (a ``RecvTensor`` entry
   of the step, its ``timeline_label`` naming ``edge_<n>_<op> from <device> to <device>``) is
   allocated on the receiving device by gRPC, outside any kernel's tracking allocator: it is
-  counted there from the end of its ``RecvTensor`` until the last node on that device that reads
+  counted there from the end of its ``RecvTensor`` (or the start of its first reader there, where
+  that is earlier: the trace may log the call's end late) until the last node on that device that reads
   an output of the op is done, or reads the buffer where a reader there passed it on as an output
   of its own (an element-wise op written in place, an Identity: an output that allocated nothing,
   of the tensor's bytes, at no other input's address), and so on. A value fed to the step
@@ -120,11 +121,12 @@ def _resolver(names: Any) -> Callable[[str], Optional[str]]:
 
 
 def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, list[str]],
-              ends: Mapping[str, int], ran_on: Mapping[str, str], fed: Mapping[str, int],
-              resolve: Callable[[str], Optional[str]]) -> list[tuple[str, int, int, str]]:
+              op_starts: Mapping[str, int], ends: Mapping[str, int], ran_on: Mapping[str, str],
+              fed: Mapping[str, int], resolve: Callable[[str], Optional[str]]) -> list[tuple[str, int, int, str]]:
     """Two (device, time, bytes, op) events for each tensor that came to a device without an
     allocation record, a tensor of `op` received from another task or a value fed to `op`
-    (module docstring): its bytes at its arrival, and their negation when its last reader there
+    (module docstring): its bytes at its arrival (the end of its ``RecvTensor``, or the start of
+    its first reader there where that is earlier), and their negation when its last reader there
     is done."""
     out: list[tuple[str, int, int, str]] = []
     sent: dict[tuple[str, str], int] = {}  # (op, sending device) -> end of its last RecvTensor
@@ -187,6 +189,10 @@ def _arrivals(executors: Any, nodes: Mapping[str, Any], readers: Mapping[str, li
             receiver = resolve(label["receiver"]) or dev.device
             sender = resolve(label["sender"])
             arrived = int(ns.all_start_micros + ns.all_end_rel_micros)
+            # It was there by the time a reader on the receiver started, whenever the RPC's own
+            # end was traced (the trace may log it later, on a busy machine).
+            arrived = min([arrived] + [op_starts[r] for r in readers.get(op, ())
+                                       if ran_on.get(r) == receiver and r in op_starts])
             if sender is not None:
                 sent[(op, sender)] = max(sent.get((op, sender), arrived), arrived)
             described = ns.output[0].tensor_description.allocation_description
@@ -227,6 +233,7 @@ def measured_memory(
     executors = [d for d in step_stats.dev_stats if _EXECUTOR.match(d.device.split("/")[-1])]
     ran = [(d.device, ns) for d in executors for ns in d.node_stats if ns.node_name != "RecvTensor"]
     ends = {ns.node_name: int(ns.all_start_micros + ns.all_end_rel_micros) for _, ns in ran}
+    starts = {ns.node_name: int(ns.all_start_micros) for _, ns in ran}
     ran_on = {ns.node_name: device for device, ns in ran}
     readers: dict[str, list[str]] = {}
     for node in graph_def.node:
@@ -267,7 +274,7 @@ def measured_memory(
             device = resolve(node.device)
             if device is not None:
                 variables[device] += variable_bytes(node)
-    for device, t, nbytes, op in _arrivals(executors, nodes, readers, ends, ran_on, fed, resolve):
+    for device, t, nbytes, op in _arrivals(executors, nodes, readers, starts, ends, ran_on, fed, resolve):
         events[device].append((t, nbytes, op))
     out = {}
     for name in events:
