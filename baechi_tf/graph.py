@@ -304,6 +304,14 @@ class OpGraph:
         return _neighbours(self.edge_src, self.edge_dst, self.num_ops)
 
     @functools.cached_property
+    def successor_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """`successors` as int64 rows, read-only: op v's are ids[ptr[v]:ptr[v + 1]]."""
+        ptr = np.zeros(self.num_ops + 1, dtype=np.int64)
+        np.cumsum([len(s) for s in self.successors], out=ptr[1:])
+        ids = np.fromiter((w for s in self.successors for w in s), dtype=np.int64, count=int(ptr[-1]))
+        return _frozen(ptr), _frozen(ids)
+
+    @functools.cached_property
     def predecessors(self) -> tuple[tuple[int, ...], ...]:
         """Distinct predecessor ops of each op, ascending."""
         return _neighbours(self.edge_dst, self.edge_src, self.num_ops)

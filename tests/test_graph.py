@@ -28,6 +28,8 @@ def test_builder_arrays_and_tensors():
     assert g.input_tensors == ((), (0,), (0, 1, 2))
     assert g.output_tensors == ((0, 1), (2,), ())
     assert g.successors == ((1, 2), (2,), ())
+    ptr, ids = g.successor_rows
+    assert ptr.tolist() == [0, 2, 3, 3] and ids.tolist() == [1, 2, 2] and not ids.flags.writeable
     assert g.predecessors == ((), (0,), (0, 1))
     assert g.output_total_bytes.tolist() == [300, 8, 0]
     assert g.topo_order.tolist() == [0, 1, 2]

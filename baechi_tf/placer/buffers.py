@@ -102,7 +102,7 @@ def graph_buffers(graph: OpGraph) -> GraphBuffers:
 def free_at_end_bytes(graph: OpGraph) -> list[int]:
     """Per op, the bytes freed when it ends: its scratch, plus the outputs nobody reads that have
     a buffer of their own (`buffer_tables`; a sink keeps its outputs)."""
-    own, alias, _ = buffer_tables(graph)
+    own, alias = graph_buffers(graph)[:2]
     read = np.zeros(graph.num_ops, dtype=np.int64)
     data = (graph.tensor_src_output >= 0) & (alias == OWN)
     np.add.at(read, graph.tensor_src[data], graph.tensor_bytes[data])

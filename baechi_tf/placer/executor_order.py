@@ -107,7 +107,8 @@ def emulated_times(
     draws = np.asarray(draws, dtype=np.float64)
     if max(size) > 1 and draws.size < 2 * n:
         raise ValueError(f"draws has {draws.size} numbers; a pool of more than one thread needs 2 per op, {2 * n}")
-    inline, succ_ptr, succ = _graph_tables(graph)
+    inline = _inline_ops(graph)
+    succ_ptr, succ = graph.successor_rows
     pool_of = pool_of_device[device_of]
     took = np.asarray(duration, dtype=np.float64)
     module = engine.native_module() if engine.current() == "native" else None
@@ -119,20 +120,16 @@ def emulated_times(
                            draws.tolist())
 
 
-_tables: "weakref.WeakKeyDictionary[OpGraph, tuple]" = weakref.WeakKeyDictionary()
+_inline: "weakref.WeakKeyDictionary[OpGraph, np.ndarray]" = weakref.WeakKeyDictionary()
 
 
-def _graph_tables(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(int64 1 per op of `INLINE_OP_TYPES`, else 0; `OpGraph.successors` as int64 (ptr, ids)
-    rows), once per graph."""
-    cached = _tables.get(graph)
+def _inline_ops(graph: OpGraph) -> np.ndarray:
+    """int64 per op: 1 for an op of `INLINE_OP_TYPES`, else 0; once per graph."""
+    cached = _inline.get(graph)
     if cached is None:
-        n, types, succs = graph.num_ops, graph.op_types, graph.successors
-        inline = np.fromiter((bool(types) and types[v] in INLINE_OP_TYPES for v in range(n)), dtype=np.int64, count=n)
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([len(s) for s in succs], out=ptr[1:])
-        ids = np.fromiter((w for s in succs for w in s), dtype=np.int64, count=int(ptr[-1]))
-        cached = _tables[graph] = (inline, ptr, ids)
+        types, n = graph.op_types, graph.num_ops
+        cached = _inline[graph] = np.fromiter((bool(types) and types[v] in INLINE_OP_TYPES for v in range(n)),
+                                              dtype=np.int64, count=n)
     return cached
 
 

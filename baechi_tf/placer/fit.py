@@ -40,7 +40,7 @@ import numpy as np
 
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
-from baechi_tf.placer.buffers import buffer_tables
+from baechi_tf.placer.buffers import graph_buffers
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import ListScheduler
 from baechi_tf.placer.pins import pinned_group_devices
@@ -105,7 +105,7 @@ class FitSearch:
         persistent memory than all devices hold."""
         graph, groups = self.graph, self.groups
         persistent = groups.byte_sums(graph.persistent_bytes)
-        holds = buffer_tables(graph)[0] + graph.temp_bytes  # outputs that reuse a buffer hold none
+        holds = graph_buffers(graph).own + graph.temp_bytes  # outputs that reuse a buffer hold none
         inputs = np.zeros(graph.num_ops, dtype=np.int64)
         np.add.at(inputs, graph.edge_dst, graph.edge_bytes)  # an op's edges carry distinct tensors
         largest = np.zeros(groups.num_groups, dtype=np.int64)

@@ -19,9 +19,7 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
-from baechi_tf.placer.buffers import (
-    always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs, free_at_end_bytes,
-)
+from baechi_tf.placer.buffers import free_at_end_bytes, graph_buffers
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.list_scheduler import ListScheduler
 from baechi_tf.placer.pins import place_pinned
@@ -96,12 +94,10 @@ def _native_tables(graph: OpGraph, module) -> tuple:
     by_tensor = np.argsort(edge_tensor, kind="stable")  # GraphTables.readers
     rd_ptr = np.zeros(graph.num_tensors + 1, dtype=i64)
     np.cumsum(np.bincount(edge_tensor, minlength=graph.num_tensors), out=rd_ptr[1:])
-    succ = graph.successors
-    succ_ptr = np.zeros(n + 1, dtype=i64)
-    np.cumsum([len(x) for x in succ], out=succ_ptr[1:])
-    succ_flat = np.fromiter((s for x in succ for s in x), dtype=i64, count=int(succ_ptr[-1]))
+    succ_ptr, succ_flat = graph.successor_rows
     num_preds = np.asarray([len(p) for p in graph.predecessors], dtype=i64)
-    own, tensor_alias, _ = buffer_tables(graph)
+    buffers = graph_buffers(graph)
+    own, tensor_alias = buffers.own, buffers.alias
     alloc = (own + graph.temp_bytes).astype(i64)
     free_at_end = np.asarray(free_at_end_bytes(graph), dtype=i64)
     reusing = np.flatnonzero(tensor_alias >= 0)  # GraphTables.aliased, by producer
@@ -118,8 +114,8 @@ def _native_tables(graph: OpGraph, module) -> tuple:
         tensor_bytes[edge_tensor[by_dst]], np.bincount(edge_tensor, minlength=graph.num_tensors),
         rd_ptr, dst[by_tensor], succ_ptr, succ_flat, num_preds, alloc, free_at_end,
         tensor_alias.astype(i64), graph.tensor_src.astype(i64), tensor_bytes, al_ptr,
-        reusing.astype(i64), constant_tensors(graph, tensor_alias).astype(i64),
-        always_reused_tensors(graph, tensor_alias).astype(i64), fallback_inputs(graph, tensor_alias).astype(i64),
+        reusing.astype(i64), buffers.constant.astype(i64), buffers.always_reused.astype(i64),
+        buffers.fallback.astype(i64),
     )
     cached = _native_graphs[graph] = (tables, bytes_bound, alloc.tolist())
     return cached

@@ -20,7 +20,7 @@ from baechi_tf.cluster import Cluster
 from baechi_tf.errors import InfeasiblePlacementError
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer.buffers import (
-    HELD_VIEW, OWN, always_reused_tensors, buffer_tables, constant_tensors, fallback_inputs, free_at_end_bytes,
+    HELD_VIEW, OWN, free_at_end_bytes, graph_buffers,
 )
 from baechi_tf.placer.grouping import Groups
 from baechi_tf.placer.schedule import Transfer
@@ -104,17 +104,18 @@ class GraphTables:
         self.readers = tuple(tuple(r) for r in readers)  # per tensor, the ops reading it
         self.succ = graph.successors  # a tuple of tuples, cached on the graph
         self.num_preds = tuple(len(p) for p in graph.predecessors)
-        own, alias, _ = buffer_tables(graph)
+        buffers = graph_buffers(graph)
+        own, alias = buffers.own, buffers.alias
         self.alloc = tuple((own + graph.temp_bytes).tolist())
         self.free_at_end = tuple(free_at_end_bytes(graph))
         # per tensor, OWN, HELD_VIEW or the tensor whose buffer it is on its producer's device
         self.tensor_alias = tuple(alias.tolist())
         self.tensor_src = tuple(graph.tensor_src.tolist())
-        self.constant = tuple(constant_tensors(graph, alias).tolist())  # per tensor: a constant's value
+        self.constant = tuple(buffers.constant.tolist())  # per tensor: a constant's value
         # per tensor: reuses an input's buffer whose last holder its op is in any order
-        self.always_reused = tuple(always_reused_tensors(graph, alias).tolist())
+        self.always_reused = tuple(buffers.always_reused.tolist())
         # per tensor written in place: the writer's input it writes into instead, or -1
-        self.fallback = tuple(fallback_inputs(graph, alias).tolist())
+        self.fallback = tuple(buffers.fallback.tolist())
         # per op, its outputs that are read and reuse an input's buffer (`tensor_alias`)
         aliased: list[list[int]] = [[] for _ in range(graph.num_ops)]
         for t in np.flatnonzero(alias >= 0).tolist():
