@@ -115,9 +115,11 @@ def test_two_threads_hold_two_outputs_where_the_simulator_holds_one():
     cluster = _standins(2)
     schedule = simulate(g, cluster, Placement(np.zeros(g.num_ops, dtype=np.int32), "given"))
     assert schedule.peak_memory_bytes[0] == MiB + 4
-    peaks = emulated_peaks(g, cluster, schedule, steps=0, threads=[2, 2])
+    peaks = emulated_peaks(g, cluster, schedule, steps=0, threads=[2, 2], window=0)
     assert peaks == (2 * MiB + 4, 0)
-    assert emulated_peaks(g, cluster, schedule, steps=0, threads=[1, 1]) == (MiB + 4, 0)
+    assert emulated_peaks(g, cluster, schedule, steps=0, threads=[1, 1], window=0) == (MiB + 4, 0)
+    # Two places out of the emulated order: each sink may run after the other two outputs.
+    assert emulated_peaks(g, cluster, schedule, steps=0, threads=[1, 1], window=2) == (3 * MiB + 4, 0)
 
 
 def test_peaks_are_the_same_for_the_same_placement_and_zero_on_pools_of_their_own():
@@ -128,9 +130,22 @@ def test_peaks_are_the_same_for_the_same_placement_and_zero_on_pools_of_their_ow
         first = emulated_peaks(g, cluster, schedule, threads=[2, 2, 2])
         assert first == emulated_peaks(g, cluster, schedule, threads=[2, 2, 2])
         assert all(p > 0 for p in first) if pooled else first == (0, 0, 0)
+        # A shared pool's devices expect the emulated peak, pools of their own the window's.
         expected = expected_peaks(g, cluster, schedule)
-        assert expected == tuple(max(a, b) for a, b in zip(reordered_peaks(g, cluster, schedule),
-                                                           emulated_peaks(g, cluster, schedule)))
+        assert expected == (emulated_peaks(g, cluster, schedule) if pooled else reordered_peaks(g, cluster, schedule))
+
+
+def test_a_cluster_of_both_expects_each_device_by_its_own_pool():
+    """Two stand-ins of one process's pool and a GPU of its own: the stand-ins expect the emulated
+    peak, the GPU the window's on the simulated order."""
+    g = graphs.random_dag(11, 60)
+    devices = tuple(Device(f"/job:w/replica:0/task:0/device:CPU:{i}", 1 << 30, "CPU", shared_memory=True)
+                    for i in range(2)) + (Device("/job:w/replica:0/task:0/device:GPU:0", 1 << 30, "GPU"),)
+    cluster = Cluster(devices, CommCost())
+    schedule = simulate(g, cluster, Placement((np.arange(g.num_ops) % 3).astype(np.int32), "given"))
+    emulated, windowed = emulated_peaks(g, cluster, schedule), reordered_peaks(g, cluster, schedule)
+    assert emulated[2] == 0 and min(emulated[:2]) > 0
+    assert expected_peaks(g, cluster, schedule) == emulated[:2] + windowed[2:]
 
 
 def test_bad_arguments_are_refused():
@@ -139,5 +154,7 @@ def test_bad_arguments_are_refused():
     schedule = simulate(g, cluster, Placement(np.zeros(3, dtype=np.int32), "given"))
     with pytest.raises(ValueError, match="at least 0"):
         emulated_peaks(g, cluster, schedule, steps=-1)
+    with pytest.raises(ValueError, match="window must be at least 0, not 0, 1.0 and -1"):
+        emulated_peaks(g, cluster, schedule, steps=0, window=-1)
     with pytest.raises(ValueError, match="threads must give each of the 2 devices at least 1"):
         emulated_peaks(g, cluster, schedule, threads=[2])

@@ -548,6 +548,22 @@ def test_a_sent_tensor_is_freed_on_its_producer_once_its_copy_is_done():
     assert reordered_peaks(g, c, local)[0] >= 3 * MiB
 
 
+def test_a_shared_pool_warns_of_the_peak_its_threads_may_reach(caplog):
+    # The two pairs on the first of two CPU stand-ins of one process's pool: the pool may run a
+    # and b at once on its threads, 2 MiB, where the simulated order holds one output at a time.
+    from baechi_tf.cluster import Cluster, Device
+
+    g = _two_pairs()
+    c = Cluster(tuple(Device(f"/job:w/replica:0/task:0/device:CPU:{i}", MiB + MiB // 2, "CPU", shared_memory=True)
+                      for i in range(2)), CommCost())
+    options = PlacementOptions(placement_method="expert", expert={name: c.names[0] for name in g.names})
+    with caplog.at_level("WARNING", logger="baechi_tf"):
+        result = place(g, c, options)
+    assert result.schedule.peak_memory_bytes[0] == 2048 + MiB + 8
+    assert result.reordered_peak_bytes[0] == 2048 + 2 * MiB + 8
+    assert "in an order of its own: as a shared pool of threads takes them, it peaks at 2.00 MiB on " in caplog.text
+
+
 def test_the_placement_reports_the_reordered_peak_and_warns_above_memory(caplog):
     # Two outputs of 1 MiB fit a device of 1.5 MiB one after the other; in a window of another
     # order they are held at once, 2 MiB: the result says so, and a warning names the device.

@@ -30,8 +30,15 @@ median 1) where `jitter` is above 0, and threads of other pools (a GPU, a worker
 the random choices move the order; `emulated_peaks` takes, per device of a shared pool, the
 highest peak over `EMULATED_STEPS` emulated steps, each of its own durations and choices, and one
 of the schedule's own durations. The memory rules are the model's (`memory_blocks`), applied to
-the emulated times in place of the simulated ones, as TF frees memory
-(`memory_timeline.reordered_blocks` with a window of 0).
+the emulated times in place of the simulated ones, with each op up to `EMULATED_WINDOW` places out
+of its emulated order (`memory_timeline.reordered_blocks`): what the emulation leaves out (the
+order a partition's executor schedules its first ops in, the moment a thread takes to wake) moves
+an op by a place or two.
+
+On a device of a shared pool, the emulated peak is the peak the model expects TF to reach
+(`expected_peaks`); the simulated order with its window (`memory_timeline.reordered_peaks`) is
+the expectation where a device's pool is its own. Chosen on the measured peaks of
+`bench/fidelity_memory.py` (docs/fidelity.md, "TF's executor, emulated").
 
 Time O(S (V + E) log V) for S emulated steps of V ops and E edges, and S passes over the
 memory's blocks; memory O(V + E).
@@ -52,7 +59,10 @@ from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
 from baechi_tf.placer.schedule import Schedule
 
-__all__ = ["EMULATED_STEPS", "INLINE_OP_TYPES", "JITTER", "SEED", "emulated_peaks", "emulated_times", "expected_peaks"]
+__all__ = [
+    "EMULATED_STEPS", "EMULATED_WINDOW", "INLINE_OP_TYPES", "JITTER", "SEED", "emulated_peaks", "emulated_times",
+    "expected_peaks",
+]
 
 INLINE_OP_TYPES = frozenset({
     "Const", "HostConst", "Identity", "IdentityN", "StopGradient", "Snapshot", "NoOp", "Shape", "ShapeN",
@@ -62,16 +72,20 @@ INLINE_OP_TYPES = frozenset({
 """Op types whose CPU kernels tell TF's executor they are inexpensive (`OpKernel::IsExpensive`),
 so that it runs them on the thread that made them ready rather than as a task of the pool."""
 
-EMULATED_STEPS = 16
+EMULATED_STEPS = 32
 """How many emulated steps, each of its own jittered durations and random choices, `emulated_peaks`
-takes the highest peak of (besides one of the schedule's own durations). Chosen with `JITTER` on
-the measured peaks of `bench/fidelity_memory.py` (docs/fidelity.md, "TF's executor,
-emulated")."""
+takes the highest peak of (besides one of the schedule's own durations). Chosen with `JITTER` and
+`EMULATED_WINDOW` on the measured peaks of `bench/fidelity_memory.py` (docs/fidelity.md, "TF's
+executor, emulated")."""
 
-JITTER = 0.6
+JITTER = 1.0
 """The spread (standard deviation of its logarithm) of the random factor each op's duration is
 multiplied by in an emulated step: a traced op's time varies from step to step, and with it the
 order the pool takes."""
+
+EMULATED_WINDOW = 2
+"""How many places out of its emulated order each op may run, in the memory an emulated step holds
+(`memory_timeline.reordered_blocks`)."""
 
 SEED = 0
 """The seed of `emulated_peaks`' random choices: the same placement gives the same peaks."""
@@ -241,22 +255,23 @@ def emulated_peaks(
     jitter: float = JITTER,
     seed: int = SEED,
     threads: Optional[Sequence[int]] = None,
+    window: int = EMULATED_WINDOW,
 ) -> tuple[int, ...]:
     """Per device of `cluster`, the highest peak of memory over `steps` emulated steps of
     `schedule`'s placement (each op's duration `schedule`'s, times a lognormal factor of spread
-    `jitter`) and one of its own durations, by the model's memory rules at the emulated times; 0
-    on a device whose pool of threads runs no other device's ops (a GPU, a worker task), where the
-    emulation is not the executor's order. `threads`, per device, the threads of its pool (None:
-    `memory_timeline.running_at_once`, the CPUs this process may run on for a shared pool). The
-    same arguments give the same peaks (`seed`)."""
+    `jitter`) and one of its own durations, by the model's memory rules at the emulated times with
+    each op up to `window` places out of its emulated order; 0 on a device whose pool of threads
+    runs no other device's ops (a GPU, a worker task), where the emulation is not the executor's
+    order. `threads`, per device, the threads of its pool (None: `memory_timeline.running_at_once`,
+    the CPUs this process may run on for a shared pool). The same arguments give the same peaks
+    (`seed`)."""
     from baechi_tf.placer.memory_timeline import (blocks_timeline, memory_blocks, reordered_blocks,
                                                   running_at_once, thread_pools)
 
-    if steps < 0 or jitter < 0:
-        raise ValueError(f"steps and jitter must be at least 0, not {steps} and {jitter}")
+    if steps < 0 or jitter < 0 or window < 0:
+        raise ValueError(f"steps, jitter and window must be at least 0, not {steps}, {jitter} and {window}")
     pools = thread_pools(cluster)
-    counts = collections.Counter(pools)
-    shared = [counts[p] > 1 for p in pools]
+    shared = _shared(pools)
     peaks = [0] * cluster.num_devices
     if not any(shared) or graph.num_ops == 0:
         return tuple(peaks)
@@ -270,7 +285,7 @@ def emulated_peaks(
         factor = 1.0 if k == 0 else np.exp(rng.normal(0.0, jitter, graph.num_ops))
         start, end = emulated_times(graph, device_of, took * factor, pools, threads, rng.random(2 * graph.num_ops))
         emulated = _as_schedule(schedule, start, end)
-        blocks = reordered_blocks(graph, emulated, memory_blocks(graph, emulated, cluster), 0, pools)
+        blocks = reordered_blocks(graph, emulated, memory_blocks(graph, emulated, cluster), window, pools)
         for d, line in enumerate(blocks_timeline(blocks, cluster.num_devices)):
             if shared[d]:
                 peaks[d] = max(peaks[d], int(line.peak_bytes))
@@ -279,15 +294,24 @@ def emulated_peaks(
 
 def expected_peaks(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[int, ...]:
     """Per device of `cluster`, the peak the model expects TF to reach with `schedule`'s
-    placement: the higher of the peak with each op up to its window of places out of the
-    simulated order (`memory_timeline.reordered_peaks`) and, on a device of a shared pool of
-    threads, the highest of the emulated steps' (`emulated_peaks`). The first covers orders near
-    the simulated one; the second the orders TF's pool takes, which may run an op far from its
-    simulated place, or two ops of one device at once."""
-    from baechi_tf.placer.memory_timeline import reordered_peaks
+    placement: on a device of a shared pool of threads, the highest of the emulated steps'
+    (`emulated_peaks`), the orders that pool takes, which may run an op far from its simulated
+    place, or two ops of one device at once; on a device with a pool of its own, the peak with
+    each op up to its window of places out of the simulated order
+    (`memory_timeline.reordered_peaks`). Each is computed only where some device needs it."""
+    from baechi_tf.placer.memory_timeline import reordered_peaks, thread_pools
 
-    return tuple(max(a, b) for a, b in zip(reordered_peaks(graph, cluster, schedule),
-                                           emulated_peaks(graph, cluster, schedule)))
+    shared = _shared(thread_pools(cluster))
+    emulated = emulated_peaks(graph, cluster, schedule) if any(shared) else None
+    windowed = reordered_peaks(graph, cluster, schedule) if not all(shared) else None
+    return tuple(emulated[d] if shared[d] else windowed[d] for d in range(cluster.num_devices))
+
+
+def _shared(pools: Sequence[int]) -> list[bool]:
+    """Per device, whether its pool of threads (`memory_timeline.thread_pools`) runs another
+    device's ops too."""
+    counts = collections.Counter(pools)
+    return [counts[p] > 1 for p in pools]
 
 
 def _as_schedule(schedule: Schedule, start: np.ndarray, end: np.ndarray) -> Schedule:

@@ -184,13 +184,13 @@ class PlacementResult:
     @functools.cached_property
     def reordered_peak_bytes(self) -> tuple[int, ...]:
         """Per device, the peak the model expects TF to reach, above or below the schedule's own
-        (`executor_order.expected_peaks`): the higher of the peak where TF runs each device's ops
+        (`executor_order.expected_peaks`): on CPU devices that share their process's pool of
+        threads, the highest peak of steps of TF's executor emulated on that pool
+        (`executor_order.emulated_peaks`); on the others, the peak where TF runs each device's ops
         up to its `memory_timeline.order_windows` places out of the simulated order and makes its
         copies as it does, a received one from the earliest its producer may end, a sent tensor
-        freed once copied (`memory_timeline.reordered_peaks`), and, on CPU devices that share
-        their process's pool of threads, the highest peak of steps of TF's executor emulated on
-        that pool (`executor_order.emulated_peaks`). On first use, where placing did not need
-        it."""
+        freed once copied (`memory_timeline.reordered_peaks`). On first use, where placing did
+        not need it."""
         if self.reordered_peaks_known is not None:
             return self.reordered_peaks_known
         return expected_peaks(self.graph, self.cluster, self.schedule)
@@ -439,15 +439,19 @@ def memory_reordered(
     peaks = expected_peaks(graph, cluster, schedule)
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
-        device_windows = order_windows(thread_pools(cluster))
-        windows = sorted({device_windows[d] for d, _ in over})
+        pools = thread_pools(cluster)
+        shared = {p for p in pools if pools.count(p) > 1}
+        device_windows = order_windows(pools)
+        windows = sorted({device_windows[d] for d, _ in over if pools[d] not in shared})
+        ways = ([f"with each op up to {' or '.join(map(str, windows))} places away from its simulated place"]
+                if windows else []) + (["as a shared pool of threads takes them"]
+                                       if any(pools[d] in shared for d, _ in over) else [])
         log.warning(
             "%s's placement fits the devices' memory in the simulated order of its ops, but "
-            "TensorFlow runs a device's ready ops in an order of its own: with each op up to %s "
-            "places away from its simulated place, or as a shared pool of threads takes them, it "
-            "peaks at %s; a device of that size may run out of memory (place with "
-            "--placer_memory_fraction below 1 to keep room)",
-            schedule.placement.method, " or ".join(map(str, windows)), _peaks_over(cluster, over),
+            "TensorFlow runs a device's ready ops in an order of its own: %s, it peaks at %s; a "
+            "device of that size may run out of memory (place with --placer_memory_fraction below "
+            "1 to keep room)",
+            schedule.placement.method, ", or ".join(ways), _peaks_over(cluster, over),
         )
     return peaks
 
