@@ -64,7 +64,8 @@ class Row:
     met: str  # 'yes', 'no' or '-' (nothing measured, or not at the target's size)
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median wall time of `repeats` calls of `fn`."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -104,7 +105,7 @@ class Layered:
 
         graph, groups = self.get(num_ops)
         options = PlacementOptions(placement_method=method)
-        return _median_seconds(lambda: PLACEMENT_METHODS[method](graph, self.cluster, groups, options), repeats)
+        return median_seconds(lambda: PLACEMENT_METHODS[method](graph, self.cluster, groups, options), repeats)
 
     def pipeline_seconds(self, method: str, num_ops: int, repeats: int) -> float:
         """The whole pipeline (`place`: group, place, check, one-device baseline) with `method`."""
@@ -112,7 +113,7 @@ class Layered:
 
         graph, _ = self.get(num_ops)
         options = PlacementOptions(placement_method=method)
-        return _median_seconds(lambda: place(graph, self.cluster, options), repeats)
+        return median_seconds(lambda: place(graph, self.cluster, options), repeats)
 
     def auto_seconds(self, num_ops: int, repeats: int) -> float:
         return self.pipeline_seconds("auto", num_ops, repeats)
@@ -201,9 +202,9 @@ def engines_ratio(layered: Layered, num_ops: int, repeats: int) -> tuple[str, Op
     for name in ("python", "native"):
         with engine.selected(name):
             placement = PLACEMENT_METHODS["m_etf"](graph, layered.cluster, groups, options)
-            seconds[name, "m_etf"] = _median_seconds(
+            seconds[name, "m_etf"] = median_seconds(
                 lambda: PLACEMENT_METHODS["m_etf"](graph, layered.cluster, groups, options), repeats)
-            seconds[name, "simulate"] = _median_seconds(
+            seconds[name, "simulate"] = median_seconds(
                 lambda: simulate(graph, layered.cluster, placement), repeats)
     parts, met = [], True
     for what in ("m_etf", "simulate"):

@@ -32,7 +32,7 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
+@pytest.mark.parametrize("script", ["auto_jobs.py", "emulation_cost.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
                                     "keras_sweep.py", "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "profile_under_load.py", "quality.py",
                                     "reports_scaling.py", "run_overhead.py", "scale.py", "tight_memory.py"])
@@ -92,6 +92,9 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
      "--models 'densenet': unknown model(s) densenet; choose from densenet121, resnet50, mobilenetv2, nasnetmobile, "
      "gnmt_v2"),
     ("placement_speed.py", ["--repeats", "0"], "argument --repeats: '0': give a whole number of at least 1"),
+    ("emulation_cost.py", ["--graphs", "densenet"],
+     "--graphs 'densenet': unknown graph(s) densenet; choose from densenet121, resnet50, mobilenetv2, nasnetmobile, "
+     "gnmt_v2"),
     ("run_overhead.py", ["--models", "nasnet"],
      "--models 'nasnet': unknown model(s) nasnet; choose from resnet50, densenet121, nasnetmobile, gnmt_v2"),
     ("run_overhead.py", ["--rounds", "0"], "argument --rounds: '0': give a whole number of at least 1"),

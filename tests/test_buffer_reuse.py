@@ -13,7 +13,7 @@ import pytest
 
 import graphs
 from baechi_tf.errors import InvalidGraphError
-from baechi_tf.graph import HELD
+from baechi_tf.graph import HELD, VIEW_OP_TYPES
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, engine, simulate
 from baechi_tf.placer import buffers
@@ -298,3 +298,32 @@ def test_a_graphs_buffer_tables_are_made_once_and_read_only():
         with pytest.raises(ValueError, match="read-only"):
             array[:1] = 0
     assert buffers.graph_buffers(_view_chain()) is not tables  # another graph, its own tables
+
+
+def test_a_graphs_edge_tables_are_made_once_and_read_only():
+    """`memory_blocks` reads what no schedule changes once per graph: each data edge's (tensor,
+    reader) once, the outputs nothing reads, and the views."""
+    from baechi_tf.placer import memory_timeline
+
+    b = OpGraphBuilder()
+    b.add_op("a", 10, [MiB], op_type="MatMul")
+    b.add_op("i", 10, [MiB], output_alias=[("a", 0)], op_type="Identity")
+    b.add_op("c", 10, [4, 8], op_type="Relu")
+    b.add_op("k", 1, [4], op_type="NoOp")
+    for src, dst in [("a", "i"), ("a", "c"), ("i", "c")]:
+        b.add_edge(src, dst)
+    b.add_control_edge("c", "k")
+    g = b.build()
+    edges = memory_timeline._edge_tables(g)
+    assert memory_timeline._edge_tables(g) is edges
+    data = g.edge_src_output >= 0
+    pairs = sorted(set(zip(g.edge_tensor[data].tolist(), g.edge_dst[data].tolist())))
+    assert list(zip(edges.t_of.tolist(), edges.reader.tolist())) == pairs
+    assert edges.read.tolist() == [t in {p[0] for p in pairs} for t in range(g.num_tensors)]
+    assert edges.view.tolist() == [False, "Identity" in VIEW_OP_TYPES, False, False]
+    # c's two outputs and k's are read by no data edge; c is no sink (k follows it), k is.
+    assert [(int(o), int(s)) for o, s in zip(edges.unread_ops, edges.unread_slot_of)] == [(2, 0), (2, 1), (3, 0)]
+    assert edges.unread_bytes.tolist() == [4, 8, 4] and edges.unread_sink.tolist() == [False, False, True]
+    for array in edges:
+        with pytest.raises(ValueError, match="read-only"):
+            array[:1] = 0

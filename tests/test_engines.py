@@ -879,6 +879,36 @@ def test_both_engines_bound_the_order_alike(seed):
 
 
 @native
+@pytest.mark.parametrize("seed", range(6))
+def test_both_engines_carry_timed_bounds_alike(seed):
+    """`order_bounds.timed_bounds`, compiled and in Python: the same earliest start and latest end
+    of every op for random DAGs (control edges among them), bounds and
+    durations; with a schedule's own times as the bounds, those times."""
+    from baechi_tf.placer import order_bounds
+
+    rng = np.random.default_rng(seed)
+    graph = graphs.random_dag(seed, 90, edge_prob=0.04 + 0.03 * (seed % 3))
+    n = graph.num_ops
+    earliest = np.round(rng.uniform(0, 500, n), 1)
+    latest = earliest + np.round(rng.uniform(0, 2000, n), 1)
+    took = np.round(rng.uniform(0, 80, n), 1) * (rng.random(n) > 0.2)
+    with engine.selected("python"):
+        expected = order_bounds.timed_bounds(graph, earliest, latest, took)
+    with engine.selected("native"):
+        got = order_bounds.timed_bounds(graph, earliest, latest, took)
+    assert [x.tolist() for x in got] == [x.tolist() for x in expected], seed
+    starts, ends = expected
+    assert (starts >= earliest).all() and (ends <= latest).all()
+    for u, v in zip(graph.edge_src.tolist(), graph.edge_dst.tolist()):
+        assert starts[v] >= starts[u] + took[u] and ends[u] <= ends[v] - took[v]
+    schedule = simulate(graph, graphs.cluster(2), Placement(np.arange(n, dtype=np.int32) % 2, "hand"))
+    with engine.selected("native"):
+        own = order_bounds.timed_bounds(graph, schedule.start_us, schedule.end_us,
+                                        schedule.end_us - schedule.start_us)
+    assert own[0].tolist() == schedule.start_us.tolist() and own[1].tolist() == schedule.end_us.tolist()
+
+
+@native
 def test_the_compiled_order_bounds_run_under_native(monkeypatch):
     from baechi_tf.placer import memory_timeline, order_bounds
 

@@ -30,7 +30,7 @@ ENGINES = ("native", "python")
 # The version of the interface between list_scheduler.py and the compiled module that this code
 # speaks (`INTERFACE` in native/scheduler.cpp): a module of another one, left behind when a
 # rebuild failed, counts as missing.
-_INTERFACE = 17
+_INTERFACE = 18
 
 _logger = logging.getLogger(__name__)
 _engine: contextvars.ContextVar[str] = contextvars.ContextVar("baechi_tf_engine", default="native")

@@ -52,6 +52,7 @@ import collections
 import dataclasses
 import itertools
 import os
+import weakref
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -119,32 +120,17 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     part(dev, graph.persistent_bytes, 0.0, KEPT, -1, -1, "persistent", ops, -1)
     part(dev, graph.temp_bytes, start, end, rank, rank, "temp", ops, -1)
 
-    # Data edges, one per (tensor, reader).
-    data = graph.edge_src_output >= 0
-    pair = np.unique(graph.edge_tensor[data].astype(np.int64) * max(n, 1) + graph.edge_dst[data])
-    t_of, reader = pair // max(n, 1), pair % max(n, 1)
-    read = np.zeros(graph.num_tensors, dtype=bool)
-    read[t_of] = True
+    # Data edges, one per (tensor, reader); outputs no data edge reads: held while their op runs,
+    # kept when it is a sink.
+    tables = graph_buffers(graph)
+    alias = tables.alias
+    edges = _edge_tables(graph)
+    t_of, reader, read = edges.t_of, edges.reader, edges.read
     src = graph.tensor_src.astype(np.int64)
     slot_of = graph.tensor_src_output.astype(np.int64)
-
-    # Outputs no data edge reads: held while their op runs, kept when it is a sink. Output slots
-    # are numbered op by op (`first_slot[op] + slot`).
-    tables = graph_buffers(graph)
-    alias, reused = tables.alias, tables.reused
-    counts = np.fromiter((len(outs) for outs in graph.output_bytes), dtype=np.int64, count=n)
-    first_slot = np.concatenate(([0], np.cumsum(counts)[:-1])) if n else np.zeros(0, np.int64)
-    slot_bytes = np.fromiter(
-        itertools.chain.from_iterable(graph.output_bytes), dtype=np.int64, count=int(counts.sum()))
-    slot_op = np.repeat(np.arange(n, dtype=np.int64), counts)
-    unread = slot_bytes > 0
-    unread[first_slot[src[read]] + slot_of[read]] = False
-    unread[[first_slot[op] + slot for op, slot in reused]] = False
-    u = np.flatnonzero(unread)
-    op_u = slot_op[u]
-    sink = np.bincount(graph.edge_src, minlength=n)[op_u] == 0
-    part(dev[op_u], slot_bytes[u], start[op_u], np.where(sink, KEPT, end[op_u]), rank[op_u], rank[op_u], "output",
-         op_u, u - first_slot[op_u])
+    op_u = edges.unread_ops
+    part(dev[op_u], edges.unread_bytes, start[op_u], np.where(edges.unread_sink, KEPT, end[op_u]), rank[op_u],
+         rank[op_u], "output", op_u, edges.unread_slot_of)
     if not t_of.size:
         return _stacked(parts)
 
@@ -201,29 +187,15 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
     # The others, written in place by an op with no input to fall back on (not a view, which
     # shares the buffer whatever holds it): a buffer of their own on their device in the steps
     # where the sender still holds it when they start (`MemoryBlocks.alternative`).
-    view = np.fromiter((t in VIEW_OP_TYPES for t in graph.op_types), dtype=bool, count=n) if graph.op_types \
-        else np.zeros(n, dtype=bool)
-    alone = read & raced & (fallback < 0) & ~view[src]
+    alone = read & raced & (fallback < 0) & ~edges.view[src]
 
-    # Buffers by (tensor, device): the producer's own, then copies received elsewhere.
-    keys: dict[tuple[int, int], int] = {}
-    # Columns: device, bytes, alloc, free, alloc rank, free rank, op, slot, free and rank as TF
-    # frees it, alternative
-    cols: list[list] = [[] for _ in range(11)]
-    kinds: list[str] = []
-
-    def buffer(t, d, alloc, free, ra, rf, kind: str, sf=None, sr=None, alternative: bool = False) -> None:
-        for k, key in enumerate(zip(t.tolist(), d.tolist()), start=len(kinds)):
-            keys[key] = k
-        sf, sr = (free if sf is None else sf), (rf if sr is None else sr)
-        for c, x in zip(cols, (d, nbytes[t], alloc, free, ra, rf, src[t], slot_of[t], sf, sr)):
-            c.extend(np.asarray(x).tolist())
-        cols[10].extend([alternative] * len(t))
-        kinds.extend([kind] * len(t))
-
+    # Buffers by (tensor, device): the producer's own, then copies received elsewhere. Columns:
+    # tensor, device, alloc, free, alloc rank, free rank, free and rank as TF frees it,
+    # alternative.
+    groups: list[tuple] = []
     for t_own, alternative in ((np.flatnonzero(own), False), (np.flatnonzero(alone), True)):
-        buffer(t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own], "output",
-               sent_free[t_own], sent_rank[t_own], alternative)
+        groups.append((t_own, home[t_own], start[src[t_own]], home_free[t_own], rank[src[t_own]], last_rank[t_own],
+                       sent_free[t_own], sent_rank[t_own], np.full(t_own.size, alternative), "output"))
     away = ~at_home
     if away.any():
         t_a, h_a, r_a = t_of[away], holder[away], reader[away]
@@ -232,8 +204,9 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
         firsts = np.flatnonzero(np.append(True, (t_a[1:] != t_a[:-1]) | (h_a[1:] != h_a[:-1])))
         latest_end = np.maximum.reduceat(end[r_a], firsts)
         t_g, h_g, first = t_a[firsts], h_a[firsts], r_a[firsts]
-        buffer(t_g, h_g, start[first], np.maximum(latest_end, last_start[t_g]), rank[first], last_rank[t_g],
-               "received")
+        free_g, rank_g = np.maximum(latest_end, last_start[t_g]), last_rank[t_g]
+        groups.append((t_g, h_g, start[first], free_g, rank[first], rank_g, free_g, rank_g,
+                       np.zeros(t_g.size, dtype=bool), "received"))
     # A constant's value read on a device of its producer's memory: a replica there, all step.
     constant = tables.constant
     if shares is not None:
@@ -242,40 +215,122 @@ def memory_blocks(graph: OpGraph, schedule: Schedule, cluster: Optional[Cluster]
             t_r, d_r = np.unique(np.stack([t_of[rep], reader_dev[rep]]), axis=1)
             part(d_r, nbytes[t_r], 0.0, KEPT, -1, -1, "persistent", src[t_r], slot_of[t_r])
 
-    # An output reusing a buffer holds it until its own readers are done: latest producers first,
-    # so that a buffer reused by a reusing output is extended by both.
-    reusing = np.flatnonzero(read & (alias >= 0))
-    extend: dict[tuple[int, int], tuple[float, int, float, int]] = {}  # free, rank; as TF frees
-    h_list, a_list = home.tolist(), alias.tolist()
-    frees = list(zip(home_free.tolist(), last_rank.tolist(), sent_free.tolist(), sent_rank.tolist()))
-    # An output written into a handed-over buffer holds its op's fallback input too, which is
-    # then extended by the output's readers as well.
-    races = raced & (fallback >= 0)
-    fb_list, races_list = fallback.tolist(), races.tolist()
-    for t in reusing[np.argsort(-rank[src[reusing]], kind="stable")].tolist():
-        d = h_list[t]
-        held_until = _latest(extend.get((t, d), frees[t]), frees[t])
-        if races_list[t]:
-            fb = fb_list[t]
-            key = (fb, h_list[fb] if shares[h_list[fb], d] else d)
-            extend[key] = _latest(extend.get(key, held_until), held_until)
-        source = a_list[t]
-        source_home = h_list[source]
-        key = (source, source_home if shares is not None and shares[source_home, d] else d)
-        extend[key] = _latest(extend.get(key, held_until), held_until)
-    for key, latest in extend.items():
-        k = keys.get(key)
-        if k is not None:
-            for c, x in zip((3, 5, 8, 9), latest):
-                cols[c][k] = max(cols[c][k], x)
-    part(*(np.asarray(c) for c in cols[:6]), kinds, *(np.asarray(c) for c in cols[6:10]), alternative=cols[10])
+    cols = [np.concatenate([np.asarray(g[i]) for g in groups]) for i in range(9)]
+    kinds = tuple(k for g in groups for k in (g[9],) * len(g[0]))
+    buffer_t, buffer_d = cols[0].astype(np.int64), cols[1].astype(np.int64)
+    free_cols = [cols[i].astype(np.float64) for i in (3, 5, 6, 7)]  # free, rank; as TF frees them
+    # An output reusing a buffer holds it until its own readers are done (`_extended`).
+    width = int(dev.max(initial=0)) + 1
+    frees = np.stack([home_free, last_rank, sent_free, sent_rank], axis=1).astype(np.float64)
+    key, latest = _extended(np.flatnonzero(read & (alias >= 0)), alias, raced & (fallback >= 0), fallback, home,
+                            shares, frees, width)
+    if key.size:
+        buffer_code = buffer_t * width + buffer_d
+        by_code = np.argsort(buffer_code, kind="stable")
+        at = np.minimum(np.searchsorted(buffer_code[by_code], key), buffer_code.size - 1)
+        found = buffer_code[by_code[at]] == key
+        k = by_code[at[found]]
+        for c in range(4):
+            free_cols[c][k] = np.maximum(free_cols[c][k], latest[found, c])
+    part(buffer_d, nbytes[buffer_t], cols[2], free_cols[0], cols[4], free_cols[1].astype(np.int64), kinds,
+         src[buffer_t], slot_of[buffer_t], free_cols[2], free_cols[3].astype(np.int64), alternative=cols[8])
     return _stacked(parts)
 
 
-def _latest(a: tuple, b: tuple) -> tuple:
-    """Element by element, the later of two (free, rank, free as TF frees it, rank) tuples."""
-    return (a[0] if a[0] >= b[0] else b[0], a[1] if a[1] >= b[1] else b[1],
-            a[2] if a[2] >= b[2] else b[2], a[3] if a[3] >= b[3] else b[3])
+def _extended(reusing: np.ndarray, alias: np.ndarray, races: np.ndarray, fallback: np.ndarray, home: np.ndarray,
+              shares: Optional[np.ndarray], frees: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """How long the buffers that outputs reuse are held: (key, latest), a buffer's key being
+    ``tensor * width + device`` and latest its (free, free rank, free and rank as TF frees it),
+    each the latest over the outputs that reuse it.
+
+    An output t of `reusing` (its tensor written into the buffer of ``alias[t]``) holds that
+    buffer, on ``alias[t]``'s home where the two devices share memory (`shares`), else on t's,
+    until t's own readers are done (``frees[t]``) or until the outputs that reuse t's buffer in
+    turn let it go, whichever is later; an output of `races` holds its op's fallback input so too.
+    An output's buffer is final once every output that reuses it is counted: those are produced
+    by ops that read it, so levels of reuse are taken in turn, each a vectorized pass. O(R log R)
+    per level for R reusing outputs."""
+    if not reusing.size:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 4))
+    d = home[reusing]
+
+    def target(x: np.ndarray, on: np.ndarray) -> np.ndarray:
+        x_home = home[x]
+        keep = shares[x_home, on] if shares is not None else np.zeros(x.size, dtype=bool)
+        return x * width + np.where(keep, x_home, on)
+
+    raced = races[reusing]
+    edge_from = np.concatenate([np.arange(reusing.size), np.flatnonzero(raced)])
+    edge_to = np.concatenate([target(alias[reusing], d), target(fallback[reusing[raced]], d[raced])])
+    node = reusing * width + d
+    keys, position = np.unique(np.concatenate([node, edge_to]), return_inverse=True)
+    node_at, to_at = position[: node.size], position[node.size:]
+    # A node's level: 0 when no output reuses its buffer, else one more than the highest of theirs.
+    node_of_key = np.full(keys.size, -1, dtype=np.int64)
+    node_of_key[node_at] = np.arange(node.size)
+    to_node = node_of_key[to_at]
+    inner = to_node >= 0
+    level = np.zeros(node.size, dtype=np.int64)
+    while True:
+        raised = level.copy()
+        np.maximum.at(raised, to_node[inner], level[edge_from[inner]] + 1)
+        if np.array_equal(raised, level):
+            break
+        level = raised
+    latest = np.full((keys.size, 4), -np.inf)
+    edge_level = level[edge_from]
+    edges_by_level = np.argsort(edge_level, kind="stable")
+    bounds = np.searchsorted(edge_level[edges_by_level], np.arange(int(level.max()) + 2))
+    for lv in range(int(level.max()) + 1):
+        e = edges_by_level[bounds[lv]:bounds[lv + 1]]
+        if not e.size:
+            continue
+        held = np.maximum(frees[reusing[edge_from[e]]], latest[node_at[edge_from[e]]])
+        np.maximum.at(latest, to_at[e], held)
+    kept = np.isfinite(latest[:, 0])
+    return keys[kept], latest[kept]
+
+
+EdgeTables = collections.namedtuple(
+    "EdgeTables", "t_of reader read unread_slots unread_ops unread_bytes unread_slot_of unread_sink view")
+"""A graph's tables of `memory_blocks` that no schedule changes: per (tensor, reader) pair of its
+data edges, the tensor and the reader (``t_of``, ``reader``); per tensor, whether a data edge
+reads it; the output slots no data edge reads and that have bytes (numbered op by op), their ops,
+bytes and slots, and whether their op is a sink; per op, whether it is a view (`VIEW_OP_TYPES`)."""
+
+_edge_tables_of: "weakref.WeakKeyDictionary[OpGraph, EdgeTables]" = weakref.WeakKeyDictionary()
+
+
+def _edge_tables(graph: OpGraph) -> EdgeTables:
+    """`EdgeTables` of `graph`, once per graph (an `OpGraph` does not change), read-only."""
+    cached = _edge_tables_of.get(graph)
+    if cached is not None:
+        return cached
+    n = graph.num_ops
+    data = graph.edge_src_output >= 0
+    pair = np.unique(graph.edge_tensor[data].astype(np.int64) * max(n, 1) + graph.edge_dst[data])
+    t_of, reader = pair // max(n, 1), pair % max(n, 1)
+    read = np.zeros(graph.num_tensors, dtype=bool)
+    read[t_of] = True
+    src = graph.tensor_src.astype(np.int64)
+    counts = np.fromiter((len(outs) for outs in graph.output_bytes), dtype=np.int64, count=n)
+    first_slot = np.concatenate(([0], np.cumsum(counts)[:-1])) if n else np.zeros(0, np.int64)
+    slot_bytes = np.fromiter(
+        itertools.chain.from_iterable(graph.output_bytes), dtype=np.int64, count=int(counts.sum()))
+    slot_op = np.repeat(np.arange(n, dtype=np.int64), counts)
+    unread = slot_bytes > 0
+    unread[first_slot[src[read]] + graph.tensor_src_output.astype(np.int64)[read]] = False
+    unread[[first_slot[op] + slot for op, slot in graph_buffers(graph).reused]] = False
+    u = np.flatnonzero(unread)
+    op_u = slot_op[u]
+    sink = np.bincount(graph.edge_src, minlength=n)[op_u] == 0
+    view = (np.fromiter((t in VIEW_OP_TYPES for t in graph.op_types), dtype=bool, count=n) if graph.op_types
+            else np.zeros(n, dtype=bool))
+    cached = EdgeTables(t_of, reader, read, u, op_u, slot_bytes[u], u - first_slot[op_u], sink, view)
+    for a in cached:
+        a.setflags(write=False)
+    _edge_tables_of[graph] = cached
+    return cached
 
 
 def _stacked(parts: list[tuple]) -> MemoryBlocks:

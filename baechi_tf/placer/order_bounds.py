@@ -56,8 +56,18 @@ def timed_bounds(
     from it may start, that op's latest end less its duration. Only durations are carried, not
     the times other devices ran their ops at: an op whose input comes from another device still
     waits for that input to be done, however early the ops around it may run. With a schedule's
-    own starts and ends as the bounds, the same are returned. O(V + E), a Python step per op and
+    own starts and ends as the bounds, the same are returned. O(V + E); the selected engine
+    computes it (`engine.current`), the compiled one alike, the Python one a step per op and
     edge."""
+    module = engine.native_module() if engine.current() == "native" else None
+    if module is not None:
+        out_ptr, out_edges = graph._out_csr
+        starts, ends = module.timed_bounds(graph.topo_order.astype(np.int64), out_ptr,
+                                           graph.edge_dst[out_edges].astype(np.int64),
+                                           np.asarray(earliest_start, dtype=np.float64),
+                                           np.asarray(latest_end, dtype=np.float64),
+                                           np.asarray(duration, dtype=np.float64))
+        return np.asarray(starts), np.asarray(ends)
     starts, ends, took = earliest_start.astype(float).tolist(), latest_end.astype(float).tolist(), duration.tolist()
     order = graph.topo_order.tolist()
     for v in order:

@@ -1528,6 +1528,37 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
     return py::make_tuple(lo_out, hi_out);
 }
 
+// order_bounds.timed_bounds on the compiled engine: per op, its earliest start carried forward
+// along every edge by its predecessors' durations, and its latest end carried backward by its
+// successors'. `order` is a topological order; `out_ptr`/`out_dst` the successors of each op in
+// CSR form. O(V + E).
+py::tuple timed_bounds(I64Array order, I64Array out_ptr, I64Array out_dst, F64Array earliest_start,
+                       F64Array latest_end, F64Array duration) {
+    const i64 n = (i64)order.size();
+    const i64* ord = order.data();
+    const i64* optr = out_ptr.data();
+    const i64* odst = out_dst.data();
+    const double* took = duration.data();
+    py::array_t<double> starts_out((py::ssize_t)n), ends_out((py::ssize_t)n);
+    double* starts = starts_out.mutable_data();
+    double* ends = ends_out.mutable_data();
+    std::copy(earliest_start.data(), earliest_start.data() + n, starts);
+    std::copy(latest_end.data(), latest_end.data() + n, ends);
+    {
+        py::gil_scoped_release release;
+        for (i64 k = 0; k < n; ++k) {  // an op's start is final once its predecessors are done
+            const i64 v = ord[k];
+            const double ready = starts[v] + took[v];
+            for (i64 e = optr[v]; e < optr[v + 1]; ++e) starts[odst[e]] = std::max(starts[odst[e]], ready);
+        }
+        for (i64 k = n - 1; k >= 0; --k) {
+            const i64 v = ord[k];
+            for (i64 e = optr[v]; e < optr[v + 1]; ++e) ends[v] = std::min(ends[v], ends[odst[e]] - took[odst[e]]);
+        }
+    }
+    return py::make_tuple(starts_out, ends_out);
+}
+
 // executor_order.emulated_times on the compiled engine (native/executor.hpp).
 py::tuple emulated_times(I64Array succ_ptr, I64Array succ, I64Array dev, I64Array pool, I64Array inline_op,
                          F64Array took, I64Array size, F64Array draws) {
@@ -1548,7 +1579,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "The compiled engine of baechi_tf's list scheduler (see list_scheduler.py).";
     // Bumped whenever the interface with list_scheduler.py changes: engine.py refuses a module
     // of another version (a stale build left in the source tree by a failed rebuild).
-    m.attr("INTERFACE") = 17;
+    m.attr("INTERFACE") = 18;
     py::class_<Tables, std::shared_ptr<Tables>>(m, "Tables")
         .def(py::init<i64, i64, F64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
                       I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array, I64Array,
@@ -1558,6 +1589,7 @@ PYBIND11_MODULE(_native, m) {
     m.def("balance_windows", &balance_windows);
     m.def("chained_bounds", &chained_bounds);
     m.def("emulated_times", &emulated_times);
+    m.def("timed_bounds", &timed_bounds);
     // The channels' tree alone, for tests against `_close_in` and `_slot`'s scan.
     py::class_<GapTreap>(m, "GapTreap")
         .def(py::init<>())
