@@ -23,7 +23,7 @@ def summary_table(result) -> str:
     """A short table: per device ops, compute, peak memory (and, where it differs, the peak as TF
     may hold the step's memory, `PlacementResult.reordered_peak_bytes`: each device's ops up to
     `memory_timeline.order_windows` places out of the simulated order, copies as TF makes them,
-    and on CPU devices of a shared pool of threads at least TF's executor emulated on it
+    or on CPU devices of a shared pool of threads TF's executor emulated on it
     (`executor_order.expected_peaks`), so above or below the simulated peak; where the simulation held ops back for memory, the peak
     with none held back, `PlacementResult.unheld_peak_bytes`); then makespan against the bounds."""
     graph, cluster, schedule = result.graph, result.cluster, result.schedule

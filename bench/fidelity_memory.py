@@ -12,10 +12,11 @@ initialized, ``--warmup_steps`` untraced steps, then ``--traced_steps`` steps wi
 ``FULL_TRACE``, in each of ``--sessions`` sessions (1). A device's measured peak is
 the largest over the traced steps of the memory rebuilt from the step's allocation records plus
 the variables and constants it holds (`baechi_tf.cost_model.measured_memory`); the simulated
-peak is the placement report's (`PlacementResult.reordered_peak_bytes`: the schedule's memory held
-as long as TF may hold it running each device's ops up to its window of places
-(`memory_timeline.order_windows`) out of the simulated order, and a tensor handed to another stand-in as late as its reader may run in the
-order of all the stand-ins, which take turns on the process's threads).
+peak is the placement report's (`PlacementResult.reordered_peak_bytes`): with ``--shared_memory``,
+the highest over steps of TF's executor emulated on the process's pool of threads, which all the
+stand-ins take turns on (`baechi_tf.placer.executor_order.expected_peaks`); without it, the
+schedule's memory held as long as TF may hold it running each device's ops up to its window of
+places (`memory_timeline.order_windows`) out of the simulated order.
 
 It prints one line per placement and device (the host too when the placement put ops there):
 simulated and measured MiB, and their ratio (simulated / measured; the target is every device in
@@ -924,8 +925,9 @@ def _print_summary(rows: Sequence[Row], grappler: bool) -> None:
     if reuse:
         print(reuse)
     if all(r.sim_schedule_bytes is not None for r in rows):
-        print("\nthe simulated order alone (each op at its simulated place; the peak above lets each move "
-              "its device's window of places, `order_windows`):")
+        print("\nthe simulated order alone (each op at its simulated place; the peak above is TF's executor "
+              "emulated on a shared pool, else each op moved up to its device's window of places, "
+              "`order_windows`):")
         print("\n".join("  " + line for line in summary(rows, "sim_schedule_bytes")[1:]))
     if all(r.sim_unheld_bytes is not None for r in rows):
         print("\nthe same placements simulated with no op held back for memory (TF runs an op as soon as "
