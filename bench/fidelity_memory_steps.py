@@ -15,7 +15,10 @@ first). No TensorFlow session runs.
 target [1.0, 1.25] of its measured one. ``--peaks`` prints, instead, for each device of a kept
 placement outside the target, the step memory held at the simulated peak and at the measured one
 (the kept step that measured the highest), side by side by type of the allocating op, largest
-difference first: what the simulated order holds that TF's did not, or the other way round.
+difference first: what the simulated order holds that TF's did not, or the other way round. On a
+device of a shared pool of threads (stand-ins of ``--shared_memory``) the simulated peak is that
+of the emulated step of TF's executor that reaches it (`executor_order.emulated_peak_steps`), and
+its order stands for the simulated one here and below.
 ``--held`` prints, for the same devices, the ops whose blocks the simulated peak holds beyond what
 TF's records held of them at the measured peak, and why the simulation holds each then: the
 allowance for ops out of order, or the op that frees it waiting for its device, for a copy on a
@@ -85,23 +88,26 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
     """The devices `peak_contents` and `held_longer` report, each as (device index, device name,
     simulated peak bytes, measured peak bytes, index of the step that measured it, that step's
     `MeasuredDevice`, mask of the step-memory blocks held at the simulated peak, the simulated
-    peak's time in us), after the schedule's blocks as the simulated peak holds them and as the
-    simulated order does. `key` names a device as the run's rows do and `fed` gives the bytes
+    peak's time in us, those blocks, the same blocks as the order they come from holds them
+    (no op moved), and that order's schedule). The order is, on a device of a shared pool of
+    threads, the emulated step of TF's executor that reaches the device's peak
+    (`executor_order.emulated_peak_steps`), else the simulated one, each op up to its window
+    of places out of it. `key` names a device as the run's rows do and `fed` gives the bytes
     fed to a step (`fidelity_memory._measured`; `run_kind`)."""
     import numpy as np
 
     import fidelity_memory as fm
 
     from baechi_tf.placer.block_timeline import blocks_held_at
+    from baechi_tf.placer.executor_order import emulated_peak_steps
     from baechi_tf.placer.memory_timeline import blocks_timeline, memory_blocks, reordered_blocks, thread_pools
 
     graph, schedule, cluster = result.graph, result.schedule, result.cluster
     in_order = memory_blocks(graph, schedule, cluster)
-    blocks = reordered_blocks(graph, schedule, in_order, None, thread_pools(cluster))
-    timelines = blocks_timeline(blocks, cluster.num_devices)
+    simulated_blocks = reordered_blocks(graph, schedule, in_order, None, thread_pools(cluster))
+    emulated = None
     key = fm._local if key is None else key
     per_step = [fm._measured(ran_def, [step], key, fed)[0] for step in stats]
-    step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
     found = []
     for d, dev in enumerate(cluster.devices):
         name = key(dev.name)
@@ -112,11 +118,20 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
         simulated = int(result.reordered_peak_bytes[d])
         if measured_bytes and low * measured_bytes <= simulated <= high * measured_bytes:
             continue
-        tl = timelines[d]
+        if emulated is None:
+            emulated = emulated_peak_steps(graph, cluster, schedule)
+        _, order, blocks = emulated[d]
+        if order is None:
+            order, blocks, order_blocks = schedule, simulated_blocks, in_order
+        else:
+            order_blocks = memory_blocks(graph, order, cluster)
+        step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
+        tl = blocks_timeline(blocks, cluster.num_devices)[d]
         at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
         live = blocks_held_at(blocks, d, at) & step_memory
-        found.append((d, name, simulated, measured_bytes, k, per_step[k][name], live, at))
-    return blocks, in_order, found
+        found.append((d, name, simulated, measured_bytes, k, per_step[k][name], live, at, blocks, order_blocks,
+                      order))
+    return found
 
 
 def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.0, high: float = 1.25,
@@ -135,10 +150,10 @@ def peak_contents(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 
     import numpy as np
 
     graph = result.graph
-    blocks, _, found = _outside(result, ran_def, stats, low, high, key, fed)
+    found = _outside(result, ran_def, stats, low, high, key, fed)
     types = {n.name: n.op for n in ran_def.node}
     out = []
-    for _, device, simulated, measured_bytes, k, measured, live, _ in found:
+    for _, device, simulated, measured_bytes, k, measured, live, _, blocks, _, _ in found:
         sim: collections.Counter = collections.Counter()
         for i in np.flatnonzero(live).tolist():
             sim[graph.op_types[blocks.op[i]] if graph.op_types else ""] += int(blocks.nbytes[i])
@@ -159,24 +174,24 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
     measured peak, most bytes first: (bytes beyond, op name, the op whose end frees the largest
     such block, with its device, or "", why the simulation holds that block then).
 
-    Why, from the simulated schedule: the allowance for ops out of order (the simulated order had
-    not allocated the block yet, or had freed it); the block's own op running; or the op that
-    frees it waiting for its device (it starts after its inputs are all there, by more than any
-    copy into it waited), for the channel (a copy into it booked later than its tensor was
-    done), or for its last input. With that op's start in TF's step, from the step's first
+    Why, from the schedule of the peak's order (the simulated one, or the emulated step's): the
+    allowance for ops out of order (that order had not allocated the block yet, or had freed it);
+    the block's own op running; or the op that frees it waiting for its device (it starts after
+    its inputs are all there, by more than any copy into it waited), for the channel (a copy into
+    it booked later than its tensor was done), or for its last input. With that op's start in TF's step, from the step's first
     start, where it ran. One pass over the blocks, the schedule's copies and the step's nodes."""
     import numpy as np
 
     import fidelity_memory as fm
 
     key = fm._local if key is None else key
-    graph, schedule, cluster = result.graph, result.schedule, result.cluster
-    blocks, in_order, found = _outside(result, ran_def, stats, low, high, key, fed)
-    device_of = schedule.placement.device_of
-    copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
+    graph, cluster = result.graph, result.cluster
+    found = _outside(result, ran_def, stats, low, high, key, fed)
+    device_of = result.schedule.placement.device_of
     out = []
     starts: dict[int, dict[str, float]] = {}  # kept step -> its nodes' starts, read once per step
-    for d, device, simulated, measured_bytes, k, measured, live, at in found:
+    for d, device, simulated, measured_bytes, k, measured, live, at, blocks, in_order, schedule in found:
+        copies = {(t.tensor, t.dst_device): t for t in schedule.transfers}
         if k not in starts:
             starts[k] = _step_starts(stats[k])
         tf_start = starts[k]

@@ -14,8 +14,8 @@ import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, simulate
-from baechi_tf.placer.executor_order import emulated_peaks, emulated_times, expected_peaks
-from baechi_tf.placer.memory_timeline import reordered_peaks
+from baechi_tf.placer.executor_order import emulated_peak_steps, emulated_peaks, emulated_times, expected_peaks
+from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_peaks
 
 MiB = graphs.MiB
 
@@ -146,6 +146,26 @@ def test_a_cluster_of_both_expects_each_device_by_its_own_pool():
     emulated, windowed = emulated_peaks(g, cluster, schedule), reordered_peaks(g, cluster, schedule)
     assert emulated[2] == 0 and min(emulated[:2]) > 0
     assert expected_peaks(g, cluster, schedule) == emulated[:2] + windowed[2:]
+
+
+def test_the_step_of_each_devices_peak_holds_that_peak():
+    """`emulated_peak_steps`: per device of the shared pool, the peak `emulated_peaks` gives and
+    the emulated step that reaches it, whose blocks peak there on that device; on a GPU of its
+    own pool, nothing."""
+    g = graphs.random_dag(11, 60)
+    devices = tuple(Device(f"/job:w/replica:0/task:0/device:CPU:{i}", 1 << 30, "CPU", shared_memory=True)
+                    for i in range(2)) + (Device("/job:w/replica:0/task:0/device:GPU:0", 1 << 30, "GPU"),)
+    cluster = Cluster(devices, CommCost())
+    schedule = simulate(g, cluster, Placement((np.arange(g.num_ops) % 3).astype(np.int32), "given"))
+    found = emulated_peak_steps(g, cluster, schedule, steps=6)
+    assert tuple(p for p, _, _ in found) == emulated_peaks(g, cluster, schedule, steps=6)
+    assert found[2] == (0, None, None)
+    for d in (0, 1):
+        peak, step, blocks = found[d]
+        assert blocks_timeline(blocks, 3)[d].peak_bytes == peak > 0
+        assert step.placement is schedule.placement and not step.transfers
+        for u, v in zip(g.edge_src.tolist(), g.edge_dst.tolist()):
+            assert step.start_us[v] >= step.end_us[u]
 
 
 def test_bad_arguments_are_refused():

@@ -339,6 +339,7 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
     from fidelity_memory_resim import placed_again
     from fidelity_memory_steps import held_longer, peak_contents, short_devices
 
+    from baechi_tf.placer.executor_order import emulated_peak_steps
     from baechi_tf.placer.memory_timeline import memory_blocks
     from baechi_tf.rewriter.devices import LOCAL_TASK, standin_cluster
 
@@ -389,11 +390,15 @@ def test_kept_steps_name_what_a_device_held_beyond_the_rules(tmp_path):
                "for its device (inputs there at", "for the channel (that one done at", "its reader waits for ",
                "held past the step")
     names = set(result.graph.names)
-    # Each reason as the simulated order holds the op's blocks at the peak's time: not yet
-    # allocated, already freed, or held.
-    in_order = memory_blocks(result.graph, result.schedule, result.cluster)
+    # Each reason as the order of the peak holds the op's blocks at the peak's time: not yet
+    # allocated, already freed, or held. On these stand-ins of one pool, that order is the
+    # emulated step of TF's executor that reaches the device's peak.
+    steps = emulated_peak_steps(result.graph, result.cluster, result.schedule)
     local = [fm._local(dev.name) for dev in result.cluster.devices]
     for device, sim, meas, k, at, rows in beyond:
+        peak, step, _ = steps[local.index(device)]
+        assert peak == sim and step is not None
+        in_order = memory_blocks(result.graph, step, result.cluster)
         assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True)
         assert all(r[0] > 0 and r[1] in names for r in rows) and sum(r[0] for r in rows) <= sim
         assert all(any(reason in r[3] for reason in reasons) for r in rows), rows

@@ -57,11 +57,12 @@ import numpy as np
 from baechi_tf.cluster import Cluster
 from baechi_tf.graph import OpGraph
 from baechi_tf.placer import engine
+from baechi_tf.placer.block_timeline import MemoryBlocks
 from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
-    "EMULATED_STEPS", "EMULATED_WINDOW", "INLINE_OP_TYPES", "JITTER", "SEED", "emulated_peaks", "emulated_times",
-    "expected_peaks",
+    "EMULATED_STEPS", "EMULATED_WINDOW", "INLINE_OP_TYPES", "JITTER", "SEED", "emulated_peak_steps", "emulated_peaks",
+    "emulated_times", "expected_peaks",
 ]
 
 INLINE_OP_TYPES = frozenset({
@@ -265,6 +266,23 @@ def emulated_peaks(
     order. `threads`, per device, the threads of its pool (None: `memory_timeline.running_at_once`,
     the CPUs this process may run on for a shared pool). The same arguments give the same peaks
     (`seed`)."""
+    return tuple(p for p, _, _ in emulated_peak_steps(graph, cluster, schedule, steps, jitter, seed, threads, window))
+
+
+def emulated_peak_steps(
+    graph: OpGraph,
+    cluster: Cluster,
+    schedule: Schedule,
+    steps: int = EMULATED_STEPS,
+    jitter: float = JITTER,
+    seed: int = SEED,
+    threads: Optional[Sequence[int]] = None,
+    window: int = EMULATED_WINDOW,
+) -> list[tuple[int, Optional[Schedule], Optional[MemoryBlocks]]]:
+    """Per device of `cluster`, as `emulated_peaks` with the same arguments: (its peak, the
+    emulated step that reaches it first as a `Schedule`, that step's memory blocks as
+    `reordered_blocks` holds them), or (0, None, None) on a device of a pool of its own. What
+    the peak holds, for a look at a device the model misses (bench/fidelity_memory_steps.py)."""
     from baechi_tf.placer.memory_timeline import (blocks_timeline, memory_blocks, reordered_blocks,
                                                   running_at_once, thread_pools)
 
@@ -272,9 +290,9 @@ def emulated_peaks(
         raise ValueError(f"steps, jitter and window must be at least 0, not {steps}, {jitter} and {window}")
     pools = thread_pools(cluster)
     shared = _shared(pools)
-    peaks = [0] * cluster.num_devices
+    found: list = [(0, None, None)] * cluster.num_devices
     if not any(shared) or graph.num_ops == 0:
-        return tuple(peaks)
+        return found
     threads = running_at_once(pools) if threads is None else tuple(threads)
     if len(threads) < cluster.num_devices or min(threads) < 1:
         raise ValueError(f"threads must give each of the {cluster.num_devices} devices at least 1, not {list(threads)}")
@@ -287,9 +305,9 @@ def emulated_peaks(
         emulated = _as_schedule(schedule, start, end)
         blocks = reordered_blocks(graph, emulated, memory_blocks(graph, emulated, cluster), window, pools)
         for d, line in enumerate(blocks_timeline(blocks, cluster.num_devices)):
-            if shared[d]:
-                peaks[d] = max(peaks[d], int(line.peak_bytes))
-    return tuple(peaks)
+            if shared[d] and (found[d][1] is None or int(line.peak_bytes) > found[d][0]):
+                found[d] = (int(line.peak_bytes), emulated, blocks)
+    return found
 
 
 def expected_peaks(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[int, ...]:
