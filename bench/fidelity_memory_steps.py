@@ -58,6 +58,7 @@ def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float,
 
     import fidelity_memory as fm
 
+    from baechi_tf.placer.block_timeline import blocks_held_at
     from baechi_tf.placer.memory_timeline import blocks_timeline
 
     types = {n.name: n.op for n in ran_def.node}
@@ -73,7 +74,7 @@ def short_devices(result: Any, ran_def: Any, stats: Sequence[Any], below: float,
             if m is None or timelines[d].peak_bytes >= below * m.peak_bytes:
                 continue
             at = m.peak_us - t0
-            live = (blocks.device == d) & (blocks.alloc_us <= at) & (blocks.free_us > at)
+            live = blocks_held_at(blocks, d, at)  # as the timeline counts them, not every candidate
             held: collections.Counter = collections.Counter()
             for i in np.flatnonzero(live).tolist():
                 held[names[blocks.op[i]]] += int(blocks.nbytes[i])
