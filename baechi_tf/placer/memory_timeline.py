@@ -248,8 +248,8 @@ def _extended(reusing: np.ndarray, alias: np.ndarray, races: np.ndarray, fallbac
     until t's own readers are done (``frees[t]``) or until the outputs that reuse t's buffer in
     turn let it go, whichever is later; an output of `races` holds its op's fallback input so too.
     An output's buffer is final once every output that reuses it is counted: those are produced
-    by ops that read it, so levels of reuse are taken in turn, each a vectorized pass. O(R log R)
-    per level for R reusing outputs."""
+    by ops that read it, so levels of reuse are taken in turn, each a vectorized pass. O(R log R +
+    L R) for R reusing outputs in L levels of reuse."""
     if not reusing.size:
         return np.zeros(0, dtype=np.int64), np.zeros((0, 4))
     d = home[reusing]
@@ -292,11 +292,11 @@ def _extended(reusing: np.ndarray, alias: np.ndarray, races: np.ndarray, fallbac
 
 
 EdgeTables = collections.namedtuple(
-    "EdgeTables", "t_of reader read unread_slots unread_ops unread_bytes unread_slot_of unread_sink view")
+    "EdgeTables", "t_of reader read unread_ops unread_bytes unread_slot_of unread_sink view")
 """A graph's tables of `memory_blocks` that no schedule changes: per (tensor, reader) pair of its
 data edges, the tensor and the reader (``t_of``, ``reader``); per tensor, whether a data edge
-reads it; the output slots no data edge reads and that have bytes (numbered op by op), their ops,
-bytes and slots, and whether their op is a sink; per op, whether it is a view (`VIEW_OP_TYPES`)."""
+reads it; of the outputs no data edge reads and that have bytes, the op, the bytes, the slot,
+and whether the op is a sink; per op, whether it is a view (`VIEW_OP_TYPES`)."""
 
 _edge_tables_of: "weakref.WeakKeyDictionary[OpGraph, EdgeTables]" = weakref.WeakKeyDictionary()
 
@@ -326,7 +326,7 @@ def _edge_tables(graph: OpGraph) -> EdgeTables:
     sink = np.bincount(graph.edge_src, minlength=n)[op_u] == 0
     view = (np.fromiter((t in VIEW_OP_TYPES for t in graph.op_types), dtype=bool, count=n) if graph.op_types
             else np.zeros(n, dtype=bool))
-    cached = EdgeTables(t_of, reader, read, u, op_u, slot_bytes[u], u - first_slot[op_u], sink, view)
+    cached = EdgeTables(t_of, reader, read, op_u, slot_bytes[u], u - first_slot[op_u], sink, view)
     for a in cached:
         a.setflags(write=False)
     _edge_tables_of[graph] = cached
