@@ -283,13 +283,13 @@ def emulated_peak_steps(
     emulated step that reaches it first as a `Schedule`, that step's memory blocks as
     `reordered_blocks` holds them), or (0, None, None) on a device of a pool of its own. What
     the peak holds, for a look at a device the model misses (bench/fidelity_memory_steps.py)."""
-    from baechi_tf.placer.memory_timeline import (blocks_timeline, memory_blocks, reordered_blocks,
+    from baechi_tf.placer.memory_timeline import (blocks_timeline, in_shared_pool, memory_blocks, reordered_blocks,
                                                   running_at_once, thread_pools)
 
     if steps < 0 or jitter < 0 or window < 0:
         raise ValueError(f"steps, jitter and window must be at least 0, not {steps}, {jitter} and {window}")
     pools = thread_pools(cluster)
-    shared = _shared(pools)
+    shared = in_shared_pool(pools)
     found: list = [(0, None, None)] * cluster.num_devices
     if not any(shared) or graph.num_ops == 0:
         return found
@@ -317,19 +317,12 @@ def expected_peaks(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tupl
     place, or two ops of one device at once; on a device with a pool of its own, the peak with
     each op up to its window of places out of the simulated order
     (`memory_timeline.reordered_peaks`). Each is computed only where some device needs it."""
-    from baechi_tf.placer.memory_timeline import reordered_peaks, thread_pools
+    from baechi_tf.placer.memory_timeline import in_shared_pool, reordered_peaks, thread_pools
 
-    shared = _shared(thread_pools(cluster))
+    shared = in_shared_pool(thread_pools(cluster))
     emulated = emulated_peaks(graph, cluster, schedule) if any(shared) else None
     windowed = reordered_peaks(graph, cluster, schedule) if not all(shared) else None
     return tuple(emulated[d] if shared[d] else windowed[d] for d in range(cluster.num_devices))
-
-
-def _shared(pools: Sequence[int]) -> list[bool]:
-    """Per device, whether its pool of threads (`memory_timeline.thread_pools`) runs another
-    device's ops too."""
-    counts = collections.Counter(pools)
-    return [counts[p] > 1 for p in pools]
 
 
 def _as_schedule(schedule: Schedule, start: np.ndarray, end: np.ndarray) -> Schedule:

@@ -66,7 +66,7 @@ from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
     "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "ORDER_WINDOW_PROCESS", "DeviceMemory", "MemoryBlocks", "blocks_timeline",
-    "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once",
+    "in_shared_pool", "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once",
     "thread_pools",
 ]
 
@@ -499,8 +499,7 @@ def order_windows(pools: Sequence[int]) -> tuple[int, ...]:
     """Per device, how many places of its order `reordered_blocks` lets its ops move by default:
     `ORDER_WINDOW` where its pool of threads (`pools`, as `thread_pools` gives them) runs another
     device's ops too, `ORDER_WINDOW_OWN_POOL` where it runs this device's alone. O(D)."""
-    counts = collections.Counter(pools)
-    return tuple(ORDER_WINDOW if counts[p] > 1 else ORDER_WINDOW_OWN_POOL for p in pools)
+    return tuple(ORDER_WINDOW if shared else ORDER_WINDOW_OWN_POOL for shared in in_shared_pool(pools))
 
 
 def running_at_once(pools: Sequence[int]) -> tuple[int, ...]:
@@ -508,9 +507,8 @@ def running_at_once(pools: Sequence[int]) -> tuple[int, ...]:
     (`pools`, as `thread_pools` gives them) runs its ops alone (a GPU's stream, a worker task of one
     thread), as many as the process's inter-op pool has threads where the pool runs other
     devices' ops too: TF's default, the CPUs this process may run on. O(D)."""
-    counts = collections.Counter(pools)
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return tuple(threads if counts[p] > 1 else 1 for p in pools)
+    return tuple(threads if shared else 1 for shared in in_shared_pool(pools))
 
 
 def _device_windows(window: Union[int, Sequence[int], None], pools: Optional[Sequence[int]],
@@ -544,6 +542,12 @@ def thread_pools(cluster: Cluster) -> tuple[int, ...]:
     every other device runs its own. Pools are numbered by their first device. O(D^2)."""
     shares = cluster.shares_memory()
     return tuple(next(a for a in range(d + 1) if a == d or shares[a][d]) for d in range(cluster.num_devices))
+
+
+def in_shared_pool(pools: Sequence[int]) -> list[bool]:
+    """Per device, whether its pool of threads (`thread_pools`) runs another device's ops too."""
+    counts = collections.Counter(pools)
+    return [counts[p] > 1 for p in pools]
 
 
 def reordered_peaks(

@@ -61,9 +61,8 @@ def timed_bounds(
     edge."""
     module = engine.native_module() if engine.current() == "native" else None
     if module is not None:
-        out_ptr, out_edges = graph._out_csr
-        starts, ends = module.timed_bounds(graph.topo_order.astype(np.int64), out_ptr,
-                                           graph.edge_dst[out_edges].astype(np.int64),
+        succ_ptr, succ = graph.successor_rows  # cached on the graph: no per-call rebuild
+        starts, ends = module.timed_bounds(graph.topo_order.astype(np.int64), succ_ptr, succ,
                                            np.asarray(earliest_start, dtype=np.float64),
                                            np.asarray(latest_end, dtype=np.float64),
                                            np.asarray(duration, dtype=np.float64))

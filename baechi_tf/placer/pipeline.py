@@ -31,7 +31,7 @@ from baechi_tf.placer.check import check_placement
 from baechi_tf.placer.fusion import FusionOptions, fuse
 from baechi_tf.placer.grouping import GROUPERS, Groups, make_groups
 from baechi_tf.placer.executor_order import expected_peaks
-from baechi_tf.placer.memory_timeline import order_windows, thread_pools
+from baechi_tf.placer.memory_timeline import in_shared_pool, order_windows, thread_pools
 from baechi_tf.placer.methods import PLACEMENT_METHODS
 from baechi_tf.placer.schedule import Placement, Schedule
 from baechi_tf.placer.scheduler_state import format_bytes
@@ -440,12 +440,12 @@ def memory_reordered(
     over = [(d, p) for d, p in enumerate(peaks) if p > cluster.devices[d].memory_bytes and d not in warned]
     if over:
         pools = thread_pools(cluster)
-        shared = {p for p in pools if pools.count(p) > 1}
+        shared = in_shared_pool(pools)
         device_windows = order_windows(pools)
-        windows = sorted({device_windows[d] for d, _ in over if pools[d] not in shared})
+        windows = sorted({device_windows[d] for d, _ in over if not shared[d]})
         ways = ([f"with each op up to {' or '.join(map(str, windows))} places away from its simulated place"]
                 if windows else []) + (["as a shared pool of threads takes them"]
-                                       if any(pools[d] in shared for d, _ in over) else [])
+                                       if any(shared[d] for d, _ in over) else [])
         log.warning(
             "%s's placement fits the devices' memory in the simulated order of its ops, but "
             "TensorFlow runs a device's ready ops in an order of its own: %s, it peaks at %s; a "

@@ -1530,8 +1530,8 @@ py::tuple chained_bounds(int groups, I64Array order, I64Array out_ptr, I64Array 
 
 // order_bounds.timed_bounds on the compiled engine: per op, its earliest start carried forward
 // along every edge by its predecessors' durations, and its latest end carried backward by its
-// successors'. `order` is a topological order; `out_ptr`/`out_dst` the successors of each op in
-// CSR form. O(V + E).
+// successors'. `order` is a topological order; `out_ptr`/`out_dst` the distinct successors of each
+// op in CSR form (`OpGraph.successor_rows`). O(V + E).
 py::tuple timed_bounds(I64Array order, I64Array out_ptr, I64Array out_dst, F64Array earliest_start,
                        F64Array latest_end, F64Array duration) {
     const i64 n = (i64)order.size();
