@@ -32,7 +32,7 @@ def unexplained_flags(help_text):
     return unexplained
 
 
-@pytest.mark.parametrize("script", ["auto_jobs.py", "emulation_cost.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
+@pytest.mark.parametrize("script", ["auto_jobs.py", "emulation_cost.py", "emulation_grid.py", "fidelity.py", "fidelity_memory.py", "fidelity_memory_resim.py", "fidelity_time.py", "host_pins.py", "keras_graphs.py",
                                     "keras_sweep.py", "control_edges.py", "lp_scaling.py", pytest.param("make_profiles.py", marks=pytest.mark.tf),
                                     "placement_scaling.py", "placement_speed.py", "profile_under_load.py", "quality.py",
                                     "reports_scaling.py", "run_overhead.py", "scale.py", "tight_memory.py"])
@@ -111,6 +111,11 @@ METHODS = "auto, expert, heft, layers, m_etf, m_sct, m_topo, m_topo_nonuniform, 
     ("fidelity_time.py", ["--copies_in_flight", "0.5"],
      "argument --copies_in_flight: '0.5': give a number >= 1 or 'unlimited'"),
     ("fidelity_memory_resim.py", ["/tmp", "--graphs", "rnn"], "--graphs: no saved rnn in /tmp"),
+    ("emulation_grid.py", ["/tmp", "--windows", "0,-2"],
+     "argument --windows: '0,-2': give numbers of at least 0, separated by commas, such as 0,2,4"),
+    ("emulation_grid.py", ["/tmp", "--jitters", "wide"],
+     "argument --jitters: 'wide': give numbers of at least 0, separated by commas, such as 0.6,1.0"),
+    ("emulation_grid.py", ["/tmp"], "/tmp: no <graph>.json here; write one with bench/fidelity_memory.py --save DIR"),
     ("fidelity_resim.py", ["/tmp", "--copies_in_flight", "many"],
      "argument --copies_in_flight: 'many': give a number >= 1 or 'unlimited'"),
 ])

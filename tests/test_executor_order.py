@@ -14,7 +14,8 @@ import graphs
 from baechi_tf.cluster import Cluster, CommCost, Device
 from baechi_tf.graph_builder import OpGraphBuilder
 from baechi_tf.placer import Placement, simulate
-from baechi_tf.placer.executor_order import emulated_peak_steps, emulated_peaks, emulated_times, expected_peaks
+from baechi_tf.placer.executor_order import (emulated_peak_steps, emulated_peaks, emulated_step_peaks, emulated_times,
+                                             expected_peaks)
 from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_peaks
 
 MiB = graphs.MiB
@@ -166,6 +167,28 @@ def test_the_step_of_each_devices_peak_holds_that_peak():
         assert step.placement is schedule.placement and not step.transfers
         for u, v in zip(g.edge_src.tolist(), g.edge_dst.tolist()):
             assert step.start_us[v] >= step.end_us[u]
+
+
+def test_each_steps_peaks_give_the_highest_at_every_window_and_fewer_steps_are_the_first():
+    """`emulated_step_peaks`: one emulation of each step, its peak at each window; the highest
+    over the steps is `emulated_peaks` at that window, the steps of a shorter run are the first
+    steps of a longer one, and a GPU of its own pool has none."""
+    g = graphs.random_dag(12, 80)
+    devices = tuple(Device(f"/job:w/replica:0/task:0/device:CPU:{i}", 1 << 30, "CPU", shared_memory=True)
+                    for i in range(2)) + (Device("/job:w/replica:0/task:0/device:GPU:0", 1 << 30, "GPU"),)
+    cluster = Cluster(devices, CommCost())
+    schedule = simulate(g, cluster, Placement((np.arange(g.num_ops) % 3).astype(np.int32), "given"))
+    peaks = emulated_step_peaks(g, cluster, schedule, steps=6, windows=(0, 2, 4))
+    assert peaks.shape == (3, 7, 3) and (peaks[:, :, :2] > 0).all() and (peaks[:, :, 2] == 0).all()
+    for i, window in enumerate((0, 2, 4)):
+        assert tuple(peaks[i].max(axis=0).tolist()) == emulated_peaks(g, cluster, schedule, steps=6, window=window)
+    # Each op may move further with a wider window, so no step holds less.
+    assert (peaks[1] >= peaks[0]).all() and (peaks[2] >= peaks[1]).all()
+    assert (emulated_step_peaks(g, cluster, schedule, steps=3, windows=(2,))[0] == peaks[1, :4]).all()
+    # The jittered steps differ from the schedule's own durations in some step.
+    assert (peaks[0, 1:, :2] != peaks[0, :1, :2]).any()
+    with pytest.raises(ValueError, match="window must be at least 0, not 6, 1.0 and -1"):
+        emulated_step_peaks(g, cluster, schedule, steps=6, windows=(2, -1))
 
 
 def test_bad_arguments_are_refused():

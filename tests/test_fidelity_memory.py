@@ -464,6 +464,24 @@ def test_a_saved_run_simulated_again_gives_every_device_as_saved(tmp_path):
     drawn = [r for r in rows if r.measured_bytes > 0]
     assert f"{sum(fm.LOW <= r.ratio <= fm.HIGH for r in drawn)} of {len(drawn)} devices in the target" in \
         plot.read_text()
+    # bench/emulation_grid.py on the same run: with the constants as they are, the devices in the
+    # target are those the run printed; fewer steps and a narrower window are scored beside them.
+    from baechi_tf.placer.executor_order import EMULATED_STEPS, EMULATED_WINDOW, JITTER
+
+    grid = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "emulation_grid.py"), str(tmp_path),
+                           "--steps", "2", "--jitters", str(JITTER), "--windows", "0"],
+                          capture_output=True, text=True, timeout=600)
+    assert grid.returncode == 0, grid.stderr
+    lines = grid.stdout.splitlines()
+    assert lines[0].startswith(f"{len(rows)} devices of 1 run(s)"), grid.stdout
+    assert lines[1] == f"| emulated steps, jitter | window 0 | window {EMULATED_WINDOW} |", grid.stdout
+    kept = next(i for i, line in enumerate(lines) if line.startswith("as they are:"))
+    assert lines[kept] == f"as they are: {EMULATED_STEPS} steps, jitter {float(JITTER)!r}, window {EMULATED_WINDOW}"
+    under = sum(r.ratio < fm.LOW for r in rows)
+    over = sum(r.ratio > fm.HIGH for r in rows)
+    assert lines[kept + 1] == f"  {tmp_path.name}: {both} of {len(rows)} in the target, {under} under, {over} over"
+    assert f"| {EMULATED_STEPS}, {float(JITTER)!r} | " in grid.stdout and f"{both} ({under} / {over})*" in grid.stdout
+    assert sum(line.startswith("| 2, ") for line in lines) == 1, grid.stdout
 
 
 def test_resim_of_a_folder_without_a_saved_run_says_how_to_make_one(tmp_path):

@@ -62,7 +62,7 @@ from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
     "EMULATED_STEPS", "EMULATED_WINDOW", "INLINE_OP_TYPES", "JITTER", "SEED", "emulated_peak_steps", "emulated_peaks",
-    "emulated_times", "expected_peaks",
+    "emulated_step_peaks", "emulated_times", "expected_peaks",
 ]
 
 INLINE_OP_TYPES = frozenset({
@@ -266,7 +266,8 @@ def emulated_peaks(
     order. `threads`, per device, the threads of its pool (None: `memory_timeline.running_at_once`,
     the CPUs this process may run on for a shared pool). The same arguments give the same peaks
     (`seed`)."""
-    return tuple(p for p, _, _ in emulated_peak_steps(graph, cluster, schedule, steps, jitter, seed, threads, window))
+    peaks = emulated_step_peaks(graph, cluster, schedule, steps, jitter, seed, threads, (window,))[0]
+    return tuple(int(p) for p in peaks.max(axis=0))
 
 
 def emulated_peak_steps(
@@ -283,16 +284,61 @@ def emulated_peak_steps(
     emulated step that reaches it first as a `Schedule`, that step's memory blocks as
     `reordered_blocks` holds them), or (0, None, None) on a device of a pool of its own. What
     the peak holds, for a look at a device the model misses (bench/fidelity_memory_steps.py)."""
-    from baechi_tf.placer.memory_timeline import (blocks_timeline, in_shared_pool, memory_blocks, reordered_blocks,
-                                                  running_at_once, thread_pools)
+    from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks
 
-    if steps < 0 or jitter < 0 or window < 0:
-        raise ValueError(f"steps, jitter and window must be at least 0, not {steps}, {jitter} and {window}")
+    found: list = [(0, None, None)] * cluster.num_devices
+    for shared, pools, emulated, in_order in _emulated_steps(graph, cluster, schedule, steps, jitter, seed, threads,
+                                                            (window,)):
+        blocks = reordered_blocks(graph, emulated, in_order, window, pools)
+        for d, line in enumerate(blocks_timeline(blocks, cluster.num_devices)):
+            if shared[d] and (found[d][1] is None or int(line.peak_bytes) > found[d][0]):
+                found[d] = (int(line.peak_bytes), emulated, blocks)
+    return found
+
+
+def emulated_step_peaks(
+    graph: OpGraph,
+    cluster: Cluster,
+    schedule: Schedule,
+    steps: int = EMULATED_STEPS,
+    jitter: float = JITTER,
+    seed: int = SEED,
+    threads: Optional[Sequence[int]] = None,
+    windows: Sequence[int] = (EMULATED_WINDOW,),
+) -> np.ndarray:
+    """int64 [len(windows), steps + 1, devices]: the peak of each emulated step of `emulated_peaks`
+    (the first of the schedule's own durations, then the jittered ones in the order drawn), on
+    each device, with each op up to each of `windows` places out of its emulated order; 0 on a
+    device of a pool of its own. The highest over the steps at ``windows[i]`` is `emulated_peaks`
+    with ``window=windows[i]``, and the first k + 1 steps are those of ``steps=k``: the steps'
+    random draws do not depend on how many follow. For choosing `EMULATED_STEPS`, `JITTER` and
+    `EMULATED_WINDOW` on measured peaks (bench/emulation_grid.py): one emulation of each step
+    serves every window. O(S (V + E) log V + S W k) for W windows and k blocks."""
+    from baechi_tf.placer.memory_timeline import blocks_timeline, reordered_blocks
+
+    windows = [int(w) for w in windows]
+    peaks = np.zeros((len(windows), steps + 1, cluster.num_devices), dtype=np.int64)
+    for k, (shared, pools, emulated, in_order) in enumerate(
+            _emulated_steps(graph, cluster, schedule, steps, jitter, seed, threads, windows)):
+        for i, window in enumerate(windows):
+            lines = blocks_timeline(reordered_blocks(graph, emulated, in_order, window, pools), cluster.num_devices)
+            peaks[i, k] = [int(line.peak_bytes) if shared[d] else 0 for d, line in enumerate(lines)]
+    return peaks
+
+
+def _emulated_steps(graph: OpGraph, cluster: Cluster, schedule: Schedule, steps: int, jitter: float, seed: int,
+                    threads: Optional[Sequence[int]], windows: Sequence[int]):
+    """Yields, per emulated step of `emulated_peak_steps` in turn (none where no device shares its
+    pool of threads): (per device, whether its pool is shared; the cluster's `thread_pools`; the
+    step as a `Schedule`; its `memory_blocks`). Checks the arguments first."""
+    from baechi_tf.placer.memory_timeline import in_shared_pool, memory_blocks, running_at_once, thread_pools
+
+    if steps < 0 or jitter < 0 or min(windows, default=0) < 0:
+        raise ValueError(f"steps, jitter and window must be at least 0, not {steps}, {jitter} and {min(windows)}")
     pools = thread_pools(cluster)
     shared = in_shared_pool(pools)
-    found: list = [(0, None, None)] * cluster.num_devices
     if not any(shared) or graph.num_ops == 0:
-        return found
+        return
     threads = running_at_once(pools) if threads is None else tuple(threads)
     if len(threads) < cluster.num_devices or min(threads) < 1:
         raise ValueError(f"threads must give each of the {cluster.num_devices} devices at least 1, not {list(threads)}")
@@ -303,11 +349,7 @@ def emulated_peak_steps(
         factor = 1.0 if k == 0 else np.exp(rng.normal(0.0, jitter, graph.num_ops))
         start, end = emulated_times(graph, device_of, took * factor, pools, threads, rng.random(2 * graph.num_ops))
         emulated = _as_schedule(schedule, start, end)
-        blocks = reordered_blocks(graph, emulated, memory_blocks(graph, emulated, cluster), window, pools)
-        for d, line in enumerate(blocks_timeline(blocks, cluster.num_devices)):
-            if shared[d] and (found[d][1] is None or int(line.peak_bytes) > found[d][0]):
-                found[d] = (int(line.peak_bytes), emulated, blocks)
-    return found
+        yield shared, pools, emulated, memory_blocks(graph, emulated, cluster)
 
 
 def expected_peaks(graph: OpGraph, cluster: Cluster, schedule: Schedule) -> tuple[int, ...]:
