@@ -107,6 +107,8 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
     in_order = memory_blocks(graph, schedule, cluster)
     simulated_blocks = reordered_blocks(graph, schedule, in_order, None, thread_pools(cluster))
     emulated = None
+    # Per order's blocks (id): what devices peaking in the same step share, computed once.
+    done: dict[int, tuple] = {}
     key = fm._local if key is None else key
     per_step = [fm._measured(ran_def, [step], key, fed)[0] for step in stats]
     found = []
@@ -123,11 +125,13 @@ def _outside(result: Any, ran_def: Any, stats: Sequence[Any], low: float, high: 
             emulated = emulated_peak_steps(graph, cluster, schedule)
         _, order, blocks = emulated[d]
         if order is None:
-            order, blocks, order_blocks = schedule, simulated_blocks, in_order
-        else:
-            order_blocks = memory_blocks(graph, order, cluster)
-        step_memory = np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool)
-        tl = blocks_timeline(blocks, cluster.num_devices)[d]
+            order, blocks = schedule, simulated_blocks
+        if id(blocks) not in done:
+            done[id(blocks)] = (in_order if order is schedule else memory_blocks(graph, order, cluster),
+                                np.asarray([kind != "persistent" for kind in blocks.kind], dtype=bool),
+                                blocks_timeline(blocks, cluster.num_devices))
+        order_blocks, step_memory, timelines = done[id(blocks)]
+        tl = timelines[d]
         at = tl.times_us[int(np.argmax(tl.bytes))] if tl.bytes.size else 0.0
         live = blocks_held_at(blocks, d, at) & step_memory
         found.append((d, name, simulated, measured_bytes, k, per_step[k][name], live, at, blocks, order_blocks,
@@ -179,8 +183,8 @@ def held_longer(result: Any, ran_def: Any, stats: Sequence[Any], low: float = 1.
     allowance for ops out of order (that order had not allocated the block yet, or had freed it);
     the block's own op running; or the op that frees it waiting for its device (it starts after
     its inputs are all there, by more than any copy into it waited), for the channel (a copy into
-    it booked later than its tensor was done), or for its last input. With that op's start in TF's step, from the step's first
-    start, where it ran. One pass over the blocks, the schedule's copies and the step's nodes."""
+    it booked later than its tensor was done), or for its last input. With that op's start in
+    TF's step, from the step's first start, where it ran. One pass over the blocks, the schedule's copies and the step's nodes."""
     import numpy as np
 
     import fidelity_memory as fm

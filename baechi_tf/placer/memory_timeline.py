@@ -66,8 +66,8 @@ from baechi_tf.placer.schedule import Schedule
 
 __all__ = [
     "ORDER_WINDOW", "ORDER_WINDOW_OWN_POOL", "ORDER_WINDOW_PROCESS", "DeviceMemory", "MemoryBlocks", "blocks_timeline",
-    "in_shared_pool", "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks", "running_at_once",
-    "thread_pools",
+    "in_shared_pool", "memory_blocks", "memory_timeline", "order_windows", "reordered_blocks", "reordered_peaks",
+    "running_at_once", "thread_pools",
 ]
 
 KEPT = float("inf")  # free time of memory held past the end of the step
